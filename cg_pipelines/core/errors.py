@@ -18,3 +18,24 @@ class ConfigError(ValueError):
         super().__init__(f"{field}: {rule}")
         self.field = field
         self.rule = rule
+
+
+class GroupNotFoundError(LookupError):
+    """No config for ``<stream>.<group>`` in the kind's KV bucket (or no bucket at all)."""
+
+    def __init__(self, kind: str, stream: str, group: str, why: str = "not found") -> None:
+        super().__init__(f"{kind} consumer group {group!r} on stream {stream!r}: {why}")
+        self.kind, self.stream, self.group = kind, stream, group
+
+
+class GroupExistsError(ValueError):
+    """A create found an existing group whose config differs from the requested one."""
+
+
+class MembershipError(ValueError):
+    """A membership change that the group's config does not allow (e.g. adding members to a
+    group that uses member mappings)."""
+
+
+class ConcurrentUpdateError(RuntimeError):
+    """A compare-and-set config update kept losing to concurrent writers and gave up."""

@@ -1,0 +1,84 @@
+"""Dead-letter stream ``<stream>-<group>-dlq`` for messages the processing step rejects.
+
+Each dead letter keeps the original payload and headers and adds ``Cg-Origin-Stream``,
+``Cg-Stream`` (the stream it was read from), ``Cg-Sequence``, ``Cg-Subject`` (partition token
+stripped), ``Cg-Partition`` and ``Cg-Error``. It is published with ``Nats-Msg-Id =
+<stream read from>:<sequence>`` so a batch re-processed after a crash or by a newer holder
+dead-letters each message once (within the stream's duplicate window, default 7 days).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from nats.js import JetStreamContext
+
+from cg_pipelines.engine.model import DeadLetter, Record
+from cg_pipelines.jetstream.api import JetStreamAPI, seconds_to_ns
+from cg_pipelines.jetstream.errors import JetStreamError
+
+DLQ_DUPLICATE_WINDOW_S = 7 * 24 * 3600.0
+
+
+def dlq_stream_name(stream: str, group: str) -> str:
+    """``<stream>-<group>-dlq``."""
+    return f"{stream}-{group}-dlq"
+
+
+async def ensure_dlq_stream(
+    api: JetStreamAPI, stream: str, group: str, *, replicas: int = 1,
+    duplicate_window_s: float = DLQ_DUPLICATE_WINDOW_S,
+) -> str:
+    """Create the dead-letter stream if missing (subjects ``<name>.>``); returns its name."""
+    name = dlq_stream_name(stream, group)
+    try:
+        await api.stream_info(name)
+    except JetStreamError as e:
+        if e.status != 404:
+            raise
+        await api.create_stream({
+            "name": name, "subjects": [f"{name}.>"], "storage": "file",
+            "num_replicas": replicas, "retention": "limits",
+            "duplicate_window": seconds_to_ns(duplicate_window_s),
+        })
+    return name
+
+
+async def publish_dead_letters(
+    js: JetStreamContext,
+    *,
+    origin_stream: str,
+    read_stream: str,
+    group: str,
+    partition: int,
+    records: Sequence[Record],
+    dead: Sequence[DeadLetter],
+    timeout: float = 5.0,
+) -> int:
+    """Publish each dead letter (awaiting the stream's acks). Returns how many were stored.
+
+    Raises ``ValueError`` if a dead letter names a sequence not in ``records`` (the processing
+    step must only reject messages it was given).
+    """
+    by_seq = {r.seq: r for r in records}
+    name = dlq_stream_name(origin_stream, group)
+    acks = []
+    for d in dead:
+        rec = by_seq.get(d.seq)
+        if rec is None:
+            raise ValueError(f"dead letter for sequence {d.seq} which is not in the batch")
+        headers = dict(rec.headers or {})
+        headers.update({
+            "Nats-Msg-Id": f"{read_stream}:{rec.seq}",
+            "Cg-Origin-Stream": origin_stream,
+            "Cg-Stream": read_stream,
+            "Cg-Sequence": str(rec.seq),
+            "Cg-Subject": rec.subject,
+            "Cg-Partition": str(partition),
+            "Cg-Error": " ".join(d.reason.split())[:1000],
+        })
+        acks.append(await js.publish_async(f"{name}.{partition}", rec.data, headers=headers))
+    if acks:
+        await asyncio.wait_for(asyncio.gather(*acks), timeout)
+    return len(acks)

@@ -1,0 +1,422 @@
+"""The ordered partition engine: lease-and-range over an elastic group's work-queue stream.
+
+Algorithm (DESIGN §5, the draining rule of seed 004):
+
+1. **Lease.** A durable consumer per partition on ``<stream>-<group>`` (name
+   ``partition-<p>``, filter ``<p>.>``, explicit ack, ``max_ack_pending=1``, priority group
+   ``PCG`` with ``pinned_client``). Pulling one message pins this run; with one ack pending the
+   server hands no other message of the partition to anyone.
+2. **Range.** Read the backlog from the leased sequence on, in stream order, without consuming
+   it (batched direct get, ``next_by_subj = "<p>.>"``), bounded by messages and bytes. The range
+   starts after the committed watermark: anything at or below it is never processed again.
+3. **Process.** The processing step turns the batch into rows (and dead letters).
+4. **Commit, fenced.** One sink commit with the rows and the watermark (application
+   transaction ``<stream>/<group>/<p>`` = last sequence), only if the watermark is still the
+   one read in 2. A stale holder (a zombie) gets a fence conflict and stops.
+5. **Acknowledge after commit.** Purge the partition below ``last + 1`` (dead letters were
+   published before the commit), then ack the lease.
+
+While a batch is processed, the lease is kept with ``+WPI`` (in progress) every third of the
+ack wait. A run drains the backlog present when it started (new messages wait for the next
+run), or stops at a message/time limit. A crash anywhere is safe: before the commit nothing is
+visible; after it, the rerun sees the watermark and skips what is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.subjects import strip_partition
+from cg_pipelines.engine.deadletter import ensure_dlq_stream, publish_dead_letters
+from cg_pipelines.engine.model import (
+    BatchContext,
+    FenceConflictError,
+    Processed,
+    Processor,
+    Record,
+    RunResult,
+    Sink,
+)
+from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config
+from cg_pipelines.jetstream.errors import (
+    ConsumerAlreadyExistsError,
+    WorkQueueConsumerNotUniqueError,
+)
+
+PRIORITY_GROUP = "PCG"
+Hook = Callable[[str, dict[str, Any]], None]
+"""``hook(step, info)``: called after each step (``"leased"``, ``"read"``, ``"processed"``,
+``"committed"``, ``"purged"``, ``"acked"``) with ``first_seq``/``last_seq``; used by
+fault-injection tests and progress reporting. It runs on the event loop: keep it short."""
+
+
+class EngineConfigError(RuntimeError):
+    """The partition cannot be run as configured (e.g. the lease consumer exists with another
+    config, or streaming member consumers already hold the partition's subjects)."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Tuning of one partition run.
+
+    Attributes:
+        batch_max_msgs: most messages per batch (one commit each).
+        batch_max_bytes: most payload bytes per batch (at least one message is taken).
+        read_chunk: messages per direct-get request.
+        ack_wait_s: the lease consumer's ack wait (seconds); the lease is renewed every third.
+        priority_timeout_s: seconds without a pull after which the server unpins a holder.
+        hold_wait_s: seconds to wait for the pin when another instance holds the partition.
+        max_messages: stop after about this many messages (``None``: drain the backlog).
+        max_seconds: stop starting new batches after this many seconds.
+        dead_letter_policy: ``"dlq"`` (dead-letter and go on) or ``"halt"`` (commit what is
+            before the bad message, stop there).
+        timeout_s: seconds allowed for each NATS request.
+    """
+
+    batch_max_msgs: int = 20_000
+    batch_max_bytes: int = 64 * 1024 * 1024
+    read_chunk: int = 2_000
+    ack_wait_s: float = 30.0
+    priority_timeout_s: float = 30.0
+    hold_wait_s: float = 5.0
+    max_messages: int | None = None
+    max_seconds: float | None = None
+    dead_letter_policy: Literal["dlq", "halt"] = "dlq"
+    timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.batch_max_msgs < 1 or self.batch_max_bytes < 1 or self.read_chunk < 1:
+            raise ValueError("batch_max_msgs, batch_max_bytes and read_chunk must be >= 1")
+        if self.ack_wait_s <= 0 or self.priority_timeout_s <= 0 or self.hold_wait_s <= 0:
+            raise ValueError("ack_wait_s, priority_timeout_s and hold_wait_s must be > 0 seconds")
+        if self.dead_letter_policy not in ("dlq", "halt"):
+            raise ValueError(f"dead_letter_policy must be 'dlq' or 'halt', not "
+                             f"{self.dead_letter_policy!r}")
+
+
+def lease_consumer_name(partition: int) -> str:
+    """The partition's lease consumer on the work-queue stream: ``partition-<p>``."""
+    return f"partition-{partition}"
+
+
+def app_id_for(stream: str, group: str, partition: int) -> str:
+    """The partition's watermark key in the sink: ``<stream>/<group>/<partition>``."""
+    return f"{stream}/{group}/{partition}"
+
+
+def lease_consumer_config(partition: int, options: EngineOptions) -> dict[str, Any]:
+    """Wire config of the lease consumer; identical for every instance (required by
+    action ``create``)."""
+    return consumer_config(
+        durable_name=lease_consumer_name(partition),
+        filter_subjects=[f"{partition}.>"],
+        ack_wait_s=options.ack_wait_s,
+        max_ack_pending=1,
+        priority_groups=[PRIORITY_GROUP],
+        priority_policy="pinned_client",
+        priority_timeout_s=options.priority_timeout_s,
+        description="cg_pipelines lease-and-range partition lease",
+    )
+
+
+async def ensure_lease_consumer(
+    api: JetStreamAPI, wq: str, partition: int, options: EngineOptions
+) -> None:
+    """Create the partition's lease consumer (idempotent). Raises :class:`EngineConfigError`."""
+    try:
+        await api.create_consumer(wq, lease_consumer_config(partition, options))
+    except ConsumerAlreadyExistsError as e:
+        raise EngineConfigError(
+            f"lease consumer {lease_consumer_name(partition)} on {wq} exists with other "
+            f"settings (ack wait / priority timeout): run every instance with the same engine "
+            f"options, or delete the consumer while no run is active ({e})"
+        ) from e
+    except WorkQueueConsumerNotUniqueError as e:
+        raise EngineConfigError(
+            f"partition {partition} of {wq} is held by another consumer (streaming members?): "
+            f"a group is consumed either by members or by partition runs, not both ({e})"
+        ) from e
+
+
+@dataclass
+class _Lease:
+    msg: Msg
+    seq: int
+    pin_id: str | None
+    renewer: asyncio.Task[None] | None = field(default=None)
+
+
+class _PartitionRun:
+    def __init__(
+        self, nc: Client, stream: str, group: str, partition: int, processor: Processor,
+        sink: Sink, options: EngineOptions, hook: Hook | None,
+    ) -> None:
+        self.nc, self.js = nc, nc.jetstream(timeout=options.timeout_s)
+        self.stream, self.group, self.partition = stream, group, partition
+        self.wq = work_queue_stream_name(stream, group)
+        self.flt = f"{partition}.>"
+        self.cname = lease_consumer_name(partition)
+        self.app_id = app_id_for(stream, group, partition)
+        self.processor, self.sink, self.opt = processor, sink, options
+        self.hook = hook
+        self.api = JetStreamAPI(nc, timeout=options.timeout_s)
+        self.res = RunResult(stream, group, partition)
+        self.t0 = time.monotonic()
+
+    def _step(self, name: str, **info: Any) -> None:
+        if self.hook is not None:
+            self.hook(name, info)
+
+    def _timed(self, key: str, t: float) -> None:
+        self.res.timings[key] = self.res.timings.get(key, 0.0) + (time.monotonic() - t)
+
+    async def run(self) -> RunResult:
+        try:
+            await ensure_lease_consumer(self.api, self.wq, self.partition, self.opt)
+            await self._loop()
+        finally:
+            await self.api.close()
+            self.res.seconds = time.monotonic() - self.t0
+        return self.res
+
+    async def _renew(self, msg: Msg) -> None:
+        every = self.opt.ack_wait_s / 3
+        while True:
+            await asyncio.sleep(every)
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+    async def _first_lease(self) -> _Lease | None:
+        info = await self.api.consumer_info(self.wq, self.cname)
+        if not info.get("num_pending") and not info.get("num_ack_pending") and not info.get(
+                "num_redelivered"):
+            self.res.status = "empty"
+            return None
+        got = await self.api.pull(self.wq, self.cname, batch=1, expires_s=self.opt.hold_wait_s)
+        if got.messages:
+            return self._lease_of(got.messages[0], got.pin_id)
+        info = await self.api.consumer_info(self.wq, self.cname)
+        pinned = [pg.get("pinned_client_id") for pg in info.get("priority_groups") or []
+                  if pg.get("pinned_client_id")]
+        if info.get("num_ack_pending") or pinned:
+            self.res.status = "held"
+            self.res.detail = (f"partition {self.partition} held by another instance "
+                               f"(waited {self.opt.hold_wait_s:g} s)")
+        else:
+            self.res.status = "empty"
+        return None
+
+    def _lease_of(self, msg: Msg, pin_id: str | None) -> _Lease:
+        lease = _Lease(msg, msg.metadata.sequence.stream, pin_id)
+        lease.renewer = asyncio.create_task(self._renew(msg))
+        self._step("leased", first_seq=lease.seq, last_seq=lease.seq)
+        return lease
+
+    @staticmethod
+    def _release(lease: _Lease) -> None:
+        if lease.renewer is not None:
+            lease.renewer.cancel()
+
+    async def _next_lease(self, done: _Lease) -> _Lease | None:
+        """Release the finished lease ``done`` and pull the partition's next message."""
+        self._release(done)
+        got = await self.api.pull(self.wq, self.cname, batch=1, expires_s=0, no_wait=True,
+                                  pin_id=done.pin_id)
+        if got.messages:
+            return self._lease_of(got.messages[0], got.pin_id)
+        if got.pin_lost:
+            self.res.status = "handed_over"
+            self.res.detail = "the pin moved to another instance (step-down or pin timeout)"
+        elif got.status in (None, 404, 408):
+            self.res.status = "drained"
+        else:
+            got.raise_for_status()
+        return None
+
+    def _limit_hit(self) -> bool:
+        o = self.opt
+        if o.max_messages is not None and self.res.processed >= o.max_messages:
+            return True
+        return o.max_seconds is not None and time.monotonic() - self.t0 >= o.max_seconds
+
+    async def _loop(self) -> None:
+        start = await self.api.stream_info(self.wq)
+        start_last = int(start["state"].get("last_seq") or 0)
+        lease = await self._first_lease()
+        dlq_ready = False
+        try:
+            while lease is not None:
+                if lease.seq > start_last or self._limit_hit():
+                    # Arrived after the run started, or a limit: leave it for the next run.
+                    await lease.msg.nak()
+                    self.res.status = "drained" if lease.seq > start_last else "limit"
+                    return
+                t = time.monotonic()
+                watermark = await asyncio.to_thread(self.sink.watermark, self.app_id)
+                self._timed("watermark", t)
+                self.res.watermark = watermark
+                if lease.seq <= watermark:
+                    # Committed by an earlier run that stopped before purge/ack: finish its job.
+                    await self.api.purge(self.wq, filter=self.flt, seq=watermark + 1)
+                    await lease.msg.ack_sync(timeout=self.opt.timeout_s)
+                    self.res.duplicates_skipped += 1
+                    lease = await self._next_lease(lease)
+                    continue
+                records = await self._read(max(lease.seq, watermark + 1), start_last)
+                if not records:
+                    # The leased message was purged after a commit (crash before its ack).
+                    await lease.msg.ack_sync(timeout=self.opt.timeout_s)
+                    lease = await self._next_lease(lease)
+                    continue
+                self._step("read", first_seq=records[0].seq, last_seq=records[-1].seq)
+                if not dlq_ready:
+                    await ensure_dlq_stream(self.api, self.stream, self.group)
+                    dlq_ready = True
+                if await self._process_and_commit(lease, records, watermark):
+                    return
+                lease = await self._next_lease(lease)
+        finally:
+            if lease is not None:
+                self._release(lease)
+
+    async def _read(self, from_seq: int, start_last: int) -> list[Record]:
+        t = time.monotonic()
+        out: list[Record] = []
+        nbytes = 0
+        seq = from_seq
+        opt = self.opt
+        while len(out) < opt.batch_max_msgs and nbytes < opt.batch_max_bytes:
+            want = min(opt.read_chunk, opt.batch_max_msgs - len(out))
+            msgs = await self.api.direct_get_batch(self.wq, seq, self.flt, want,
+                                                   max_bytes=opt.batch_max_bytes - nbytes)
+            for m in msgs:
+                if m.seq > start_last:
+                    self._timed("read", t)
+                    return out
+                _, subject = strip_partition(m.subject)
+                out.append(Record(m.seq, subject, m.data, m.time_ns, m.headers))
+                nbytes += len(m.data)
+            if len(msgs) < want or (msgs and msgs[-1].num_pending == 0):
+                break
+            seq = msgs[-1].seq + 1
+        self._timed("read", t)
+        return out
+
+    async def _process(self, records: Sequence[Record], watermark: int) -> Processed:
+        ctx = BatchContext(self.stream, self.group, self.partition, self.app_id,
+                           records[0].seq, records[-1].seq, self.sink)
+        t = time.monotonic()
+        processed = await asyncio.to_thread(self.processor.process, records, ctx)
+        self._timed("process", t)
+        seqs = {r.seq for r in records}
+        unknown = [d.seq for d in processed.dead if d.seq not in seqs]
+        if unknown:
+            raise ValueError(f"processing step dead-lettered sequences not in the batch: "
+                             f"{unknown[:5]}")
+        return processed
+
+    async def _process_and_commit(
+        self, lease: _Lease, records: list[Record], watermark: int
+    ) -> bool:
+        """Process, dead-letter, commit, purge, ack one batch. Returns True to stop the run."""
+        res = self.res
+        processed = await self._process(records, watermark)
+        halted = None
+        if processed.dead and self.opt.dead_letter_policy == "halt":
+            halted = min(processed.dead, key=lambda d: d.seq)
+            records = [r for r in records if r.seq < halted.seq]
+            if not records:
+                await lease.msg.nak()
+                res.status, res.halted_at = "halted", halted.seq
+                res.detail = f"halted at sequence {halted.seq}: {halted.reason}"
+                return True
+            processed = await self._process(records, watermark)
+            if processed.dead:  # the prefix must process cleanly: it did in the full batch
+                raise RuntimeError("processing step is not deterministic: the batch before a "
+                                   "bad message produced dead letters on re-processing")
+        self._step("processed", first_seq=records[0].seq, last_seq=records[-1].seq)
+        last = records[-1].seq
+        if processed.dead:
+            t = time.monotonic()
+            res.dead_lettered += await publish_dead_letters(
+                self.js, origin_stream=self.stream, read_stream=self.wq, group=self.group,
+                partition=self.partition, records=records, dead=processed.dead,
+                timeout=self.opt.timeout_s)
+            self._timed("dead_letter", t)
+        t = time.monotonic()
+        try:
+            await asyncio.to_thread(self.sink.commit, processed.table, self.app_id, last,
+                                    watermark)
+        except FenceConflictError as e:
+            res.fence_conflicts += 1
+            res.status = "fenced"
+            res.detail = f"{e}; a newer holder owns this range, stopping"
+            return True
+        self._timed("commit", t)
+        res.commits += 1
+        res.watermark = last
+        res.processed += len(records) - len(processed.dead)
+        res.first_seq = res.first_seq or records[0].seq
+        res.last_seq = last
+        self._step("committed", first_seq=records[0].seq, last_seq=last)
+        t = time.monotonic()
+        await self.api.purge(self.wq, filter=self.flt, seq=last + 1)
+        self._step("purged", first_seq=records[0].seq, last_seq=last)
+        if halted is not None:
+            # The bad message is now the partition's first: leave it for an operator.
+            res.status, res.halted_at = "halted", halted.seq
+            res.detail = f"halted at sequence {halted.seq}: {halted.reason}"
+            await lease.msg.ack_sync(timeout=self.opt.timeout_s)
+            self._timed("purge_ack", t)
+            return True
+        await lease.msg.ack_sync(timeout=self.opt.timeout_s)
+        self._timed("purge_ack", t)
+        self._step("acked", first_seq=records[0].seq, last_seq=last)
+        return False
+
+
+async def run_partition(
+    nc: Client,
+    stream: str,
+    group: str,
+    partition: int,
+    processor: Processor,
+    sink: Sink,
+    options: EngineOptions | None = None,
+    *,
+    hook: Hook | None = None,
+) -> RunResult:
+    """Drain one partition of an elastic group with lease-and-range (see module docstring).
+
+    Args:
+        nc: a connected nats-py client.
+        stream, group: the origin stream and elastic group (work-queue stream
+            ``<stream>-<group>`` must exist: :func:`cg_pipelines.jetstream.admin.create_elastic`).
+        partition: 0 <= partition < max_members.
+        processor: the processing step; sink: where effects commit, fenced.
+        options: :class:`EngineOptions`; hook: step callback (fault injection, progress).
+
+    Returns:
+        A :class:`RunResult`; ``status`` says how the run ended. "Held by another instance",
+        "fenced" and "halted" are results, not exceptions.
+
+    Raises:
+        EngineConfigError: the lease consumer cannot be created as required.
+        JetStreamError / RequestTimeoutError: NATS failures (nothing acknowledged that was
+            not committed).
+        Exceptions of the processing step or the sink (other than fence conflicts), unchanged.
+    """
+    if partition < 0:
+        raise ValueError(f"partition must be >= 0, got {partition}")
+    run = _PartitionRun(nc, stream, group, partition, processor, sink,
+                        options or EngineOptions(), hook)
+    return await run.run()
