@@ -149,10 +149,16 @@ async def ensure_lease_consumer(
 
 @dataclass
 class _Lease:
-    msg: Msg
+    """Delivered, unacknowledged messages this run holds (one for the elastic lease)."""
+
+    msgs: list[Msg]
     seq: int
     pin_id: str | None
     renewer: asyncio.Task[None] | None = field(default=None)
+
+    @property
+    def msg(self) -> Msg:
+        return self.msgs[0]
 
 
 class _PartitionRun:
@@ -179,31 +185,45 @@ class _PartitionRun:
     def _timed(self, key: str, t: float) -> None:
         self.res.timings[key] = self.res.timings.get(key, 0.0) + (time.monotonic() - t)
 
+    async def _ensure_consumer(self) -> None:
+        await ensure_lease_consumer(self.api, self.wq, self.partition, self.opt)
+
     async def run(self) -> RunResult:
         try:
-            await ensure_lease_consumer(self.api, self.wq, self.partition, self.opt)
+            await self._ensure_consumer()
             await self._loop()
         finally:
             await self.api.close()
             self.res.seconds = time.monotonic() - self.t0
         return self.res
 
-    async def _renew(self, msg: Msg) -> None:
+    async def _renew(self, msgs: list[Msg]) -> None:
         every = self.opt.ack_wait_s / 3
         while True:
             await asyncio.sleep(every)
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
+            for msg in msgs:
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+
+    async def _has_backlog(self) -> bool:
+        info = await self.api.consumer_info(self.wq, self.cname)
+        if info.get("num_pending") or info.get("num_ack_pending"):
+            return True
+        self.res.status = "empty"
+        return False
 
     async def _first_lease(self) -> _Lease | None:
-        info = await self.api.consumer_info(self.wq, self.cname)
-        if not info.get("num_pending") and not info.get("num_ack_pending") and not info.get(
-                "num_redelivered"):
-            self.res.status = "empty"
+        if not await self._has_backlog():
             return None
         got = await self.api.pull(self.wq, self.cname, batch=1, expires_s=self.opt.hold_wait_s)
         if got.messages:
             return self._lease_of(got.messages[0], got.pin_id)
+        await self._why_nothing()
+        return None
+
+    async def _why_nothing(self) -> None:
+        """Set ``held`` (another instance holds the partition) or ``empty`` after a first pull
+        that returned nothing."""
         info = await self.api.consumer_info(self.wq, self.cname)
         pinned = [pg.get("pinned_client_id") for pg in info.get("priority_groups") or []
                   if pg.get("pinned_client_id")]
@@ -213,11 +233,11 @@ class _PartitionRun:
                                f"(waited {self.opt.hold_wait_s:g} s)")
         else:
             self.res.status = "empty"
-        return None
 
-    def _lease_of(self, msg: Msg, pin_id: str | None) -> _Lease:
-        lease = _Lease(msg, msg.metadata.sequence.stream, pin_id)
-        lease.renewer = asyncio.create_task(self._renew(msg))
+    def _lease_of(self, msg: Msg | list[Msg], pin_id: str | None) -> _Lease:
+        msgs = msg if isinstance(msg, list) else [msg]
+        lease = _Lease(msgs, msgs[0].metadata.sequence.stream, pin_id)
+        lease.renewer = asyncio.create_task(self._renew(msgs))
         self._step("leased", first_seq=lease.seq, last_seq=lease.seq)
         return lease
 
@@ -303,7 +323,7 @@ class _PartitionRun:
                     self._timed("read", t)
                     return out
                 _, subject = strip_partition(m.subject)
-                out.append(Record(m.seq, subject, m.data, m.time_ns, m.headers))
+                out.append(Record(m.seq, subject, m.data, m.time_ns, _user_headers(m.headers)))
                 nbytes += len(m.data)
             if len(msgs) < want or (msgs and msgs[-1].num_pending == 0):
                 break
@@ -369,19 +389,121 @@ class _PartitionRun:
         res.last_seq = last
         self._step("committed", first_seq=records[0].seq, last_seq=last)
         t = time.monotonic()
-        await self.api.purge(self.wq, filter=self.flt, seq=last + 1)
-        self._step("purged", first_seq=records[0].seq, last_seq=last)
+        await self._settle(lease, last, halted is not None)
+        self._timed("settle", t)
         if halted is not None:
             # The bad message is now the partition's first: leave it for an operator.
             res.status, res.halted_at = "halted", halted.seq
             res.detail = f"halted at sequence {halted.seq}: {halted.reason}"
-            await lease.msg.ack_sync(timeout=self.opt.timeout_s)
-            self._timed("purge_ack", t)
             return True
-        await lease.msg.ack_sync(timeout=self.opt.timeout_s)
-        self._timed("purge_ack", t)
         self._step("acked", first_seq=records[0].seq, last_seq=last)
         return False
+
+    async def _settle(self, lease: _Lease, last: int, halted: bool) -> None:
+        """After a commit: purge the partition below ``last + 1``, then ack the lease."""
+        await self.api.purge(self.wq, filter=self.flt, seq=last + 1)
+        self._step("purged", last_seq=last)
+        await lease.msg.ack_sync(timeout=self.opt.timeout_s)
+
+
+def _user_headers(headers: dict[str, str] | None) -> dict[str, str] | None:
+    """Headers without the server's ``Nats-*`` ones (stream source, pin id ...)."""
+    user = {k: v for k, v in (headers or {}).items() if not k.startswith("Nats-")}
+    return user or None
+
+
+def _record_of(m: Msg) -> Record:
+    """A delivered message as a :class:`Record` (partition token stripped)."""
+    md = m.metadata
+    return Record(md.sequence.stream, strip_partition(m.subject)[1], m.data,
+                  int(md.timestamp.timestamp() * 1_000_000_000), _user_headers(m.headers))
+
+
+class _StaticPartitionRun(_PartitionRun):
+    """Static groups: the origin stream holds ``<p>.<...>`` subjects and is never purged.
+
+    A durable consumer per partition (``<group>-partition-<p>``, filters ``<p>.<filter>``,
+    pinned, ``max_ack_pending`` = batch size) delivers a batch in stream order; after the commit
+    every delivered message is acknowledged (one ack each). Messages at or below the watermark
+    are acknowledged without processing.
+    """
+
+    def __init__(self, *args: Any, filters: Sequence[str] = ()) -> None:
+        super().__init__(*args)
+        self.wq = self.stream
+        self.cname = f"{self.group}-partition-{self.partition}"
+        self.filters = [f"{self.partition}.{f}" for f in filters] or [self.flt]
+
+    async def _ensure_consumer(self) -> None:
+        cfg = consumer_config(
+            durable_name=self.cname, filter_subjects=self.filters,
+            ack_wait_s=self.opt.ack_wait_s, max_ack_pending=self.opt.batch_max_msgs,
+            priority_groups=[PRIORITY_GROUP], priority_policy="pinned_client",
+            priority_timeout_s=self.opt.priority_timeout_s,
+            description="cg_pipelines static partition run")
+        try:
+            await self.api.create_consumer(self.stream, cfg)
+        except ConsumerAlreadyExistsError as e:
+            raise EngineConfigError(
+                f"consumer {self.cname} on {self.stream} exists with other settings: run every "
+                f"instance with the same engine options ({e})") from e
+
+    async def _loop(self) -> None:
+        start = await self.api.stream_info(self.stream)
+        start_last = int(start["state"].get("last_seq") or 0)
+        if not await self._has_backlog():
+            return
+        pin: str | None = None
+        first = True
+        while not self._limit_hit():
+            got = await self.api.pull(
+                self.stream, self.cname, batch=self.opt.batch_max_msgs,
+                max_bytes=self.opt.batch_max_bytes, expires_s=self.opt.hold_wait_s if first
+                else 0, no_wait=not first, pin_id=pin)
+            if not got.messages:
+                if first:
+                    await self._why_nothing()
+                elif got.pin_lost:
+                    self.res.status = "handed_over"
+                elif got.status in (None, 404, 408):
+                    self.res.status = "drained"
+                else:
+                    got.raise_for_status()
+                return
+            first, pin = False, got.pin_id
+            watermark = await asyncio.to_thread(self.sink.watermark, self.app_id)
+            self.res.watermark = watermark
+            msgs = got.messages
+            seqs = [m.metadata.sequence.stream for m in msgs]
+            done = [m for m, q in zip(msgs, seqs, strict=True) if q <= watermark]
+            later = [m for m, q in zip(msgs, seqs, strict=True) if q > start_last]
+            fresh = [m for m, q in zip(msgs, seqs, strict=True) if watermark < q <= start_last]
+            for m in done:
+                await m.ack()
+            self.res.duplicates_skipped += len(done)
+            for m in later:
+                await m.nak()
+            if fresh:
+                lease = self._lease_of(fresh, pin)
+                try:
+                    records = [_record_of(m) for m in fresh]
+                    if await self._process_and_commit(lease, records, watermark):
+                        return
+                finally:
+                    self._release(lease)
+            if later or (not fresh and not done):
+                self.res.status = "drained"
+                return
+        self.res.status = "limit"
+
+    async def _settle(self, lease: _Lease, last: int, halted: bool) -> None:
+        """After a commit: ack every delivered message up to ``last``; nak the rest."""
+        for m in lease.msgs:
+            if m.metadata.sequence.stream <= last:
+                await m.ack()
+            else:
+                await m.nak()
+        await self.nc.flush(timeout=self.opt.timeout_s)
 
 
 async def run_partition(
@@ -419,4 +541,29 @@ async def run_partition(
         raise ValueError(f"partition must be >= 0, got {partition}")
     run = _PartitionRun(nc, stream, group, partition, processor, sink,
                         options or EngineOptions(), hook)
+    return await run.run()
+
+
+async def run_static_partition(
+    nc: Client,
+    stream: str,
+    group: str,
+    partition: int,
+    processor: Processor,
+    sink: Sink,
+    options: EngineOptions | None = None,
+    *,
+    filters: Sequence[str] = (),
+    hook: Hook | None = None,
+) -> RunResult:
+    """Drain one partition of a static group (origin stream ``<p>.<...>`` subjects).
+
+    Same contract and results as :func:`run_partition`; ``filters`` are the static group's
+    subject filters (after the partition token). The origin stream is never purged: the
+    partition's consumer advances by acknowledging each delivered message after its commit.
+    """
+    if partition < 0:
+        raise ValueError(f"partition must be >= 0, got {partition}")
+    run = _StaticPartitionRun(nc, stream, group, partition, processor, sink,
+                              options or EngineOptions(), hook, filters=filters)
     return await run.run()

@@ -1,0 +1,363 @@
+"""Consumer-group administration, static and elastic, wire-compatible with the reference.
+
+Mirrors synadia-io/orbit.go ``pcgroups`` (v0.2.1) admin calls, fixing its known defects
+(DESIGN §4): membership and mapping updates are compare-and-set; members are written sorted and
+de-duplicated; static delete removes only this group's member consumers (``<group>-<member>``),
+not every consumer whose name starts with ``<group>-``; the active-member check is per member.
+
+All calls take a nats-py ``JetStreamContext`` and raise:
+``ConfigError`` (invalid config or arguments, nothing written), ``GroupNotFoundError``,
+``GroupExistsError``, ``MembershipError``, ``ConcurrentUpdateError`` (cg_pipelines.core.errors)
+and ``JetStreamError`` subclasses for server errors (cg_pipelines.jetstream.errors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+
+from cg_pipelines.core.assignment import as_mappings, assignment, sticky_assignment
+from cg_pipelines.core.config import (
+    ElasticConfig,
+    MemberMapping,
+    StaticConfig,
+    with_mappings,
+    with_members,
+    work_queue_stream_name,
+)
+from cg_pipelines.core.errors import ConfigError, GroupExistsError, MembershipError
+from cg_pipelines.core.subjects import name_error, transform_destination
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.errors import ConsumerNotFoundError, StreamNotFoundError
+from cg_pipelines.jetstream.kv import ConfigStore, Versioned
+
+PRIORITY_GROUP = "PCG"
+
+
+def static_consumer_name(group: str, member: str) -> str:
+    """Durable consumer name of a static member on the origin stream: ``<group>-<member>``."""
+    return f"{group}-{member}"
+
+
+def _check_names(**names: str) -> None:
+    for what, value in names.items():
+        if err := name_error(value):
+            raise ConfigError(what, f"{value!r} {err}")
+
+
+def _api(js: JetStreamContext, timeout: float) -> JetStreamAPI:
+    return JetStreamAPI.from_js(js, timeout=timeout)
+
+
+async def _stream_info(api: JetStreamAPI, stream: str) -> dict:
+    return await api.stream_info(stream)
+
+
+# --------------------------------------------------------------------------------------- static
+
+
+async def create_static(
+    js: JetStreamContext, stream: str, group: str, config: StaticConfig, *, timeout: float = 5.0
+) -> Versioned[StaticConfig]:
+    """Create a static group (config in KV only; members create their consumers).
+
+    The stream must exist; idempotent for an equal config. Raises ``ConfigError``,
+    ``StreamNotFoundError``, ``GroupExistsError``.
+    """
+    _check_names(stream=stream, group=group)
+    config.validate()
+    info = await _stream_info(_api(js, timeout), stream)
+    replicas = int(info["config"].get("num_replicas") or 1)
+    return await ConfigStore(js, "static", timeout).create(stream, group, config, replicas=replicas)
+
+
+async def get_static(
+    js: JetStreamContext, stream: str, group: str, *, timeout: float = 5.0
+) -> Versioned[StaticConfig]:
+    """The static group's config and KV revision. Raises ``GroupNotFoundError``, ``ConfigError``."""
+    return await ConfigStore(js, "static", timeout).get(stream, group)
+
+
+async def list_static(js: JetStreamContext, stream: str, *, timeout: float = 5.0) -> list[str]:
+    """Static group names on ``stream``, sorted."""
+    return await ConfigStore(js, "static", timeout).list_groups(stream)
+
+
+async def delete_static(js: JetStreamContext, stream: str, group: str, *, timeout: float = 5.0
+                        ) -> list[str]:
+    """Delete a static group: its KV config and exactly its members' consumers.
+
+    Returns the names of the consumers deleted. Raises ``GroupNotFoundError`` if absent.
+    """
+    store = ConfigStore(js, "static", timeout)
+    cfg = (await store.get(stream, group)).config
+    await store.delete(stream, group)
+    names = {static_consumer_name(group, m) for m in _members_of(cfg)}
+    api = _api(js, timeout)
+    deleted = []
+    for name in sorted(names & set(await api.list_consumer_names(stream))):
+        try:
+            await api.delete_consumer(stream, name)
+            deleted.append(name)
+        except ConsumerNotFoundError:
+            pass
+    return deleted
+
+
+async def static_step_down(
+    js: JetStreamContext, stream: str, group: str, member: str, *, timeout: float = 5.0
+) -> None:
+    """Unpin the active instance of a static member (another joined instance takes over)."""
+    await _api(js, timeout).unpin(stream, static_consumer_name(group, member), PRIORITY_GROUP)
+
+
+# -------------------------------------------------------------------------------------- elastic
+
+
+def work_queue_stream_config(
+    stream: str, group: str, config: ElasticConfig, *, replicas: int, storage: str
+) -> dict:
+    """Wire config of the elastic group's work-queue stream ``<stream>-<group>``.
+
+    Retention workqueue, no subjects, one source (the origin stream) with one subject transform
+    per partitioning filter (``>`` when none), discard new, direct get allowed, limits from the
+    config (0 = unlimited).
+    """
+    pfs = config.partitioning_filters
+    transforms = [
+        {"src": pf.filter,
+         "dest": transform_destination(pf.filter, pf.partitioning_wildcards, config.max_members)}
+        for pf in pfs
+    ] or [{"src": ">", "dest": transform_destination(">", (), config.max_members)}]
+    return {
+        "name": work_queue_stream_name(stream, group),
+        "retention": "workqueue",
+        "storage": storage,
+        "num_replicas": replicas,
+        "max_msgs": config.max_buffered_msgs or -1,
+        "max_bytes": config.max_buffered_bytes or -1,
+        "discard": "new",
+        "allow_direct": True,
+        "sources": [{"name": stream, "subject_transforms": transforms}],
+    }
+
+
+async def create_elastic(
+    js: JetStreamContext, stream: str, group: str, config: ElasticConfig, *, timeout: float = 5.0
+) -> Versioned[ElasticConfig]:
+    """Create an elastic group: the KV config and the work-queue stream ``<stream>-<group>``.
+
+    The origin stream must exist; its replicas and storage are used for both. Idempotent for an
+    equal config shape (membership may differ: the stored one is kept). Raises ``ConfigError``,
+    ``StreamNotFoundError``, ``GroupExistsError`` (a different shape exists).
+    """
+    _check_names(stream=stream, group=group)
+    config.validate()
+    api = _api(js, timeout)
+    info = await _stream_info(api, stream)
+    replicas = int(info["config"].get("num_replicas") or 1)
+    storage = str(info["config"].get("storage") or "file")
+    store = ConfigStore(js, "elastic", timeout)
+    try:
+        ver = await store.create(stream, group, config, replicas=replicas)
+    except GroupExistsError:
+        ver = await store.get(stream, group)
+        if not ver.config.same_shape(config):
+            raise
+    wq = work_queue_stream_config(stream, group, ver.config, replicas=replicas, storage=storage)
+    await api.create_stream(wq)
+    return ver
+
+
+async def get_elastic(
+    js: JetStreamContext, stream: str, group: str, *, timeout: float = 5.0
+) -> Versioned[ElasticConfig]:
+    """The elastic group's config and KV revision.
+
+    Raises ``GroupNotFoundError``, ``ConfigError``.
+    """
+    return await ConfigStore(js, "elastic", timeout).get(stream, group)
+
+
+async def list_elastic(js: JetStreamContext, stream: str, *, timeout: float = 5.0) -> list[str]:
+    """Elastic group names on ``stream``, sorted."""
+    return await ConfigStore(js, "elastic", timeout).list_groups(stream)
+
+
+async def delete_elastic(
+    js: JetStreamContext, stream: str, group: str, *, timeout: float = 5.0
+) -> bool:
+    """Delete an elastic group: KV config, then the work-queue stream (and its consumers).
+
+    Returns False if neither existed.
+    """
+    found = await ConfigStore(js, "elastic", timeout).delete(stream, group)
+    try:
+        await _api(js, timeout).delete_stream(work_queue_stream_name(stream, group))
+        return True
+    except StreamNotFoundError:
+        return found
+
+
+def _members_of(cfg: StaticConfig | ElasticConfig) -> list[str]:
+    return list(cfg.members) or [m.member for m in cfg.member_mappings]
+
+
+def _membership_change(
+    cfg: ElasticConfig, new_members: Iterable[str], *, sticky: bool
+) -> ElasticConfig:
+    members = sorted(set(new_members))
+    if sticky:
+        if not members:
+            return with_members(cfg, [])
+        return with_mappings(
+            cfg, as_mappings(sticky_assignment(assignment(cfg), members, cfg.max_members))
+        )
+    if cfg.member_mappings:
+        raise MembershipError(
+            "the group uses member mappings: change them with set/delete mappings "
+            "(or use the sticky strategy)"
+        )
+    return with_members(cfg, members)
+
+
+async def add_members(
+    js: JetStreamContext,
+    stream: str,
+    group: str,
+    members: Sequence[str],
+    *,
+    sticky: bool = False,
+    timeout: float = 5.0,
+) -> Versioned[ElasticConfig]:
+    """Add members (compare-and-set; written sorted and de-duplicated).
+
+    Default: the reference's ``members`` list. ``sticky=True``: the sticky strategy — partitions
+    stay with surviving owners and the result is written as ``member_mappings`` (so reference
+    members compute the same filters). Raises ``ConfigError`` (bad name, nothing written),
+    ``MembershipError`` (group uses mappings and not sticky), ``GroupNotFoundError``.
+    """
+    if not members:
+        raise ConfigError("members", "give at least one member name")
+    for m in members:
+        _check_names(member=m)
+    return await ConfigStore(js, "elastic", timeout).update(
+        stream, group,
+        lambda c: _membership_change(c, [*_members_of(c), *members], sticky=sticky),
+    )
+
+
+async def drop_members(
+    js: JetStreamContext,
+    stream: str,
+    group: str,
+    members: Sequence[str],
+    *,
+    sticky: bool = False,
+    timeout: float = 5.0,
+) -> Versioned[ElasticConfig]:
+    """Drop members (compare-and-set). Unknown names are ignored. Errors as :func:`add_members`."""
+    if not members:
+        raise ConfigError("members", "give at least one member name")
+    gone = set(members)
+    return await ConfigStore(js, "elastic", timeout).update(
+        stream, group,
+        lambda c: _membership_change(c, [m for m in _members_of(c) if m not in gone],
+                                     sticky=sticky),
+    )
+
+
+async def set_member_mappings(
+    js: JetStreamContext,
+    stream: str,
+    group: str,
+    mappings: Sequence[MemberMapping],
+    *,
+    timeout: float = 5.0,
+) -> Versioned[ElasticConfig]:
+    """Replace the membership with explicit mappings (validated, compare-and-set).
+
+    Raises ``ConfigError`` naming the broken rule (nothing written), ``GroupNotFoundError``.
+    """
+    if not mappings:
+        raise ConfigError("member_mappings", "give at least one mapping")
+    return await ConfigStore(js, "elastic", timeout).update(
+        stream, group, lambda c: with_mappings(c, mappings)
+    )
+
+
+async def delete_member_mappings(
+    js: JetStreamContext, stream: str, group: str, *, timeout: float = 5.0
+) -> Versioned[ElasticConfig]:
+    """Remove the mappings (the group then has no members). Compare-and-set."""
+    return await ConfigStore(js, "elastic", timeout).update(
+        stream, group, lambda c: with_members(c, []) if c.member_mappings else c
+    )
+
+
+async def elastic_step_down(
+    js: JetStreamContext, stream: str, group: str, member: str, *, timeout: float = 5.0
+) -> None:
+    """Unpin the active instance of an elastic member (another joined instance takes over)."""
+    await _api(js, timeout).unpin(work_queue_stream_name(stream, group), member, PRIORITY_GROUP)
+
+
+# ------------------------------------------------------------------------------- active members
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    """One member's state: in the config's membership; its consumer exists; an instance is
+    active (pinned, or a pull request waiting); its partitions under the current config."""
+
+    member: str
+    in_membership: bool
+    consumer_exists: bool
+    active: bool
+    pinned_id: str | None
+    partitions: tuple[int, ...]
+
+
+async def member_status(
+    js: JetStreamContext,
+    kind: str,
+    stream: str,
+    group: str,
+    *,
+    members: Sequence[str] | None = None,
+    timeout: float = 5.0,
+) -> list[MemberStatus]:
+    """Status of each member (default: every member of the config), checked per member name.
+
+    ``kind`` is ``"static"`` or ``"elastic"``. The reference's check answers "active" for a
+    member when any member's consumer exists; here each member is judged by its own consumer.
+    """
+    store: ConfigStore = ConfigStore(js, "static" if kind == "static" else "elastic", timeout)
+    cfg = (await store.get(stream, group)).config
+    assign = assignment(cfg)
+    api = _api(js, timeout)
+    static = kind == "static"
+    on_stream = stream if static else work_queue_stream_name(stream, group)
+    infos = {ci["name"]: ci for ci in await api.list_consumers(on_stream)}
+    out = []
+    for m in members if members is not None else sorted(_members_of(cfg)):
+        ci = infos.get(static_consumer_name(group, m) if static else m)
+        pinned = None
+        if ci:
+            for pg in ci.get("priority_groups") or []:
+                if pg.get("group") == PRIORITY_GROUP and pg.get("pinned_client_id"):
+                    pinned = pg["pinned_client_id"]
+        active = bool(ci) and (pinned is not None or int(ci.get("num_waiting") or 0) > 0)
+        out.append(MemberStatus(m, cfg.is_member(m), ci is not None, active, pinned,
+                                tuple(assign.get(m, ()))))
+    return out
+
+
+async def active_members(
+    js: JetStreamContext, kind: str, stream: str, group: str, *, timeout: float = 5.0
+) -> list[str]:
+    """Members of the config with an active instance, sorted."""
+    return [s.member for s in await member_status(js, kind, stream, group, timeout=timeout)
+            if s.active]

