@@ -40,7 +40,7 @@ async def ensure_dlq_stream(
         await api.create_stream({
             "name": name, "subjects": [f"{name}.>"], "storage": "file",
             "num_replicas": replicas, "retention": "limits",
-            "duplicate_window": seconds_to_ns(duplicate_window_s),
+            "duplicate_window": seconds_to_ns(duplicate_window_s), "allow_direct": True,
         })
     return name
 

@@ -23,6 +23,7 @@ from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, StaticCo
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.engine.deadletter import dlq_stream_name
 from cg_pipelines.engine.runner import (
+    EngineConfigError,
     EngineOptions,
     lease_consumer_name,
     run_partition,
@@ -271,7 +272,7 @@ async def test_s3_sink_on_moto(nc, js, unique_name, moto_s3) -> None:
 
 async def test_static_group_partition(nc, js, unique_name, tmp_path) -> None:
     stream = unique_name
-    await js.add_stream(StreamConfig(name=stream, subjects=[f"*.{stream}.>"]))
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{p}.{stream}.>" for p in range(2)]))
     await admin.create_static(js, stream, "g", StaticConfig(2, (f"{stream}.>",), ("m1",)))
     evs = keyed.events(10, 300)
     acks = [await js.publish_async(f"{partition_for([k], 2)}.{stream}.{k}",
@@ -289,6 +290,11 @@ async def test_static_group_partition(nc, js, unique_name, tmp_path) -> None:
     assert keyed.mismatches(sink.read(), evs) is None
     # The origin stream is never purged.
     assert (await JetStreamAPI.from_js(js).stream_info(stream))["state"]["messages"] == len(evs)
-    r = await run_static_partition(nc, stream, "g", 0, keyed.processor(), sink,
-                                   EngineOptions(**FAST), filters=(f"{stream}.>",))
+    opts = EngineOptions(batch_max_msgs=32, **FAST)
+    r = await run_static_partition(nc, stream, "g", 0, keyed.processor(), sink, opts,
+                                   filters=(f"{stream}.>",))
     assert r.processed == 0
+    # Every instance must use one consumer config: other settings are refused with the reason.
+    with pytest.raises(EngineConfigError, match="exists with other settings"):
+        await run_static_partition(nc, stream, "g", 0, keyed.processor(), sink,
+                                   EngineOptions(**FAST), filters=(f"{stream}.>",))
