@@ -5,6 +5,7 @@
 Starts its own nats-server (temp store, random port) and stops it at the end.
 - pull: pinned consumer (priority group PCG), max_ack_pending=1, loop of pull(batch=1) + ack —
   the per-message ordered ceiling of DESIGN §7 (~10k msg/s there).
+  Also the same loop through nats-py's fetch(1), as a same-machine baseline.
 - direct: direct_get_batch over N small messages in batches of B.
 """
 
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import nats
+from nats.js.api import ConsumerConfig, StreamConfig
 
 from cg_pipelines.devserver import NatsServer
 from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config
@@ -60,6 +62,26 @@ async def bench_pull(api: JetStreamAPI, js, n: int) -> float:
     return n / dt
 
 
+async def bench_fetch(js, n: int) -> float:
+    """The same loop through nats-py's own pull subscription, for comparison."""
+    await js.add_stream(StreamConfig(name="BF", subjects=["bf.>"]))
+    await publish(js, "bf.{i}", n)
+    await js.add_consumer(
+        "BF", ConsumerConfig(durable_name="f", ack_policy="explicit", max_ack_pending=1)
+    )
+    sub = await js.pull_subscribe_bind("f", "BF")
+    got = 0
+    t0 = time.perf_counter()
+    while got < n:
+        for m in await sub.fetch(1, timeout=2):
+            await m.ack()
+            got += 1
+    dt = time.perf_counter() - t0
+    await sub.unsubscribe()
+    await js.delete_stream("BF")
+    return n / dt
+
+
 async def bench_direct(api: JetStreamAPI, js, n: int, batch: int) -> float:
     await api.create_stream({"name": "BD", "subjects": ["bd.>"], "allow_direct": True})
     await publish(js, "bd.{i}", n)
@@ -83,14 +105,18 @@ async def main() -> None:
     ap.add_argument("--direct", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=1000)
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d, NatsServer(Path(d)) as srv:
+    with tempfile.TemporaryDirectory() as d, NatsServer(Path(d), die_with_parent=True) as srv:
         nc = await nats.connect(srv.url)
         js = nc.jetstream()
         async with JetStreamAPI(nc) as api:
             if a.pull:
-                print(f"pull(batch=1)+ack, max_ack_pending=1, pinned: {await bench_pull(api, js, a.pull):,.0f} msg/s ({a.pull} msgs)")
+                rate = await bench_pull(api, js, a.pull)
+                print(f"pull(batch=1)+ack, max_ack_pending=1, pinned: {rate:,.0f} msg/s ({a.pull})")
+                rate = await bench_fetch(js, a.pull)
+                print(f"baseline nats-py fetch(1)+ack, max_ack_pending=1: {rate:,.0f} msg/s")
             if a.direct:
-                print(f"direct_get_batch(batch={a.batch}): {await bench_direct(api, js, a.direct, a.batch):,.0f} msg/s ({a.direct} msgs)")
+                rate = await bench_direct(api, js, a.direct, a.batch)
+                print(f"direct_get_batch(batch={a.batch}): {rate:,.0f} msg/s ({a.direct} msgs)")
         await nc.close()
 
 

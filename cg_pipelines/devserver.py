@@ -18,6 +18,7 @@ All durations in this module are seconds (``float``).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.metadata
 import os
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -40,6 +42,7 @@ __all__ = [
     "NatsServerStartError",
     "find_nats_server",
     "nats_server_version",
+    "server_version",
 ]
 
 #: Oldest server accepted: priority groups / pinned clients and batched direct get need 2.12.
@@ -129,6 +132,10 @@ def nats_server_version(binary: str) -> tuple[int, int, int]:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3)))
 
 
+#: Alias of :func:`nats_server_version` (used by ``scripts/setup.sh``).
+server_version = nats_server_version
+
+
 def find_nats_server() -> str:
     """Return the path of a ``nats-server`` binary with version >= 2.12.
 
@@ -182,6 +189,17 @@ def _reset_signals_in_child() -> None:  # pragma: no cover - runs in the forked 
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
+def _reset_signals_and_die_with_parent() -> None:  # pragma: no cover - forked child
+    """``preexec_fn``: :func:`_reset_signals_in_child` plus ``PR_SET_PDEATHSIG`` = SIGKILL (Linux),
+    so the server is killed when the thread that started it exits."""
+    _reset_signals_in_child()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 class NatsServer:
     """A local ``nats-server`` process with JetStream, usable as a context manager.
 
@@ -200,6 +218,10 @@ class NatsServer:
         binary: path of the binary; default :func:`find_nats_server`.
         ready_timeout_s: seconds to wait for readiness in :meth:`start` (default 10).
         stop_timeout_s: seconds :meth:`stop` waits after SIGTERM before SIGKILL (default 5).
+        die_with_parent: Linux only: the kernel SIGKILLs the server when the starting *thread*
+            exits (``PR_SET_PDEATHSIG``), so a test or benchmark killed by a timeout leaves no
+            orphan. Off by default: a server started from a short-lived thread would die with
+            that thread.
 
     Attributes:
         url: ``"nats://127.0.0.1:<port>"`` (valid once started).
@@ -218,6 +240,7 @@ class NatsServer:
         binary: str | None = None,
         ready_timeout_s: float = 10.0,
         stop_timeout_s: float = 5.0,
+        die_with_parent: bool = False,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
@@ -228,7 +251,9 @@ class NatsServer:
         self.binary = binary
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
+        self._argv: list[str] = []
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -309,6 +334,7 @@ class NatsServer:
         if self.config_text is not None:
             self.config_path.write_text(self.config_text)
         argv = self.command()
+        self._argv = argv
         log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
@@ -317,7 +343,7 @@ class NatsServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_reset_signals_in_child if os.name == "posix" else None,
+                preexec_fn=self._preexec(),
                 close_fds=True,
             )
         try:
@@ -326,6 +352,13 @@ class NatsServer:
             self._terminate(force=True)
             raise
         return self
+
+    def _preexec(self) -> Callable[[], None] | None:
+        if os.name != "posix":
+            return None
+        if self.die_with_parent and sys.platform.startswith("linux"):
+            return _reset_signals_and_die_with_parent
+        return _reset_signals_in_child
 
     def _log_since(self, offset: int) -> str:
         try:
@@ -347,7 +380,7 @@ class NatsServer:
             rc = self._proc.poll()
             if rc is not None:
                 raise NatsServerStartError(
-                    f"nats-server exited with code {rc} during start ({' '.join(self._proc.args)})"
+                    f"nats-server exited with code {rc} during start ({' '.join(self._argv)})"
                     f"; log tail:\n{_tail(text)}"
                 )
             if _READY_LINE in text:
@@ -363,7 +396,7 @@ class NatsServer:
             if time.monotonic() >= deadline:
                 raise NatsServerStartError(
                     f"nats-server not ready after {self.ready_timeout_s:g} s "
-                    f"({' '.join(self._proc.args)}); log tail:\n{_tail(text)}"
+                    f"({' '.join(self._argv)}); log tail:\n{_tail(text)}"
                 )
             time.sleep(0.02)
 

@@ -12,12 +12,16 @@ Units: durations are **seconds** (``float``) in the Python API and **integer nan
 the wire (``ack_wait``, ``priority_timeout``, ``expires`` ...). Sequences are stream sequences
 (``int``, first message is 1).
 
-Pull requests and direct gets reply with several messages on one inbox. The API object keeps one
-wildcard subscription ``_INBOX.<id>.*`` for all of them and routes replies by the last token, so
-a pull does not pay for a SUBSCRIBE/UNSUB round per call. Messages delivered by a pull are plain
-``nats.aio.msg.Msg`` objects: ``await msg.ack()`` and ``msg.metadata.sequence.stream`` work as
-usual. A JetStream message that arrives for a pull the caller already gave up on (client-side
-timeout) is nak'ed so the server redelivers it at once instead of after ``ack_wait``.
+Pull requests and direct gets reply with several messages on one reply inbox. Messages a pull
+delivers carry their *stream* subject (not the inbox), so replies are told apart by subscription
+(SID), not by subject: each in-flight pull or direct get owns one inbox subscription, taken from
+a small pool of idle ones and put back when the request ended cleanly (batch filled, or a
+terminating status such as 404/408/423/204 EOB, after which the server sends nothing more to
+that inbox). A request abandoned early (client deadline, missed heartbeats, cancellation) drops
+its subscription instead, so a late reply can never reach a later request; JetStream messages
+still queued on it are nak'ed so the server redelivers them at once instead of after
+``ack_wait``. Messages delivered by a pull are plain ``nats.aio.msg.Msg`` objects:
+``await msg.ack()`` and ``msg.metadata.sequence.stream`` work as usual.
 
 Errors: API error responses raise the typed errors of :mod:`cg_pipelines.jetstream.errors`
 (:class:`StreamNotFoundError`, :class:`ConsumerAlreadyExistsError`, ...); a request that gets no
@@ -32,7 +36,7 @@ import datetime
 import functools
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -68,6 +72,10 @@ NANOS_PER_SECOND = 1_000_000_000
 _STATUS = "Status"
 _DESCRIPTION = "Description"
 _PIN_ID = "Nats-Pin-Id"
+
+_MAX_IDLE_INBOXES = 8
+_INBOX_PENDING_MSGS = 1 << 20
+_INBOX_PENDING_BYTES = 1 << 30
 
 #: Headers the server adds to direct-get replies; stripped from :attr:`StoredMessage.headers`.
 DIRECT_GET_HEADERS: frozenset[str] = frozenset(
@@ -223,8 +231,11 @@ class PullResult:
     @property
     def error(self) -> JetStreamError | None:
         """The typed error for a failure status (400, 409, 423, 503 ...), ``None`` for success,
-        404 (no messages) and 408 (expired)."""
+        404 (no messages), 408 (expired) and a 409 ``Message Size Exceeds MaxBytes`` that ended
+        a batch after some messages (the byte budget was used up)."""
         if self.status is None or self.status in (404, 408):
+            return None
+        if self.status == 409 and self.messages and "MaxBytes" in self.description:
             return None
         return error_from_status(self.status, self.description)
 
@@ -308,39 +319,54 @@ def parse_rfc3339_ns(ts: str) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _ack_consumer(reply: str) -> tuple[str, str] | None:
-    """``(stream, consumer)`` from a ``$JS.ACK`` reply subject (v1: 9 tokens; v2 with domain
-    and account hash: 12 or more), ``None`` if it is not one."""
-    tokens = reply.split(".")
-    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
-        return None
-    return (tokens[2], tokens[3]) if len(tokens) == 9 else (tokens[4], tokens[5])
+class _Inbox:
+    """One reply subscription (a unique ``_INBOX.<nuid>`` subject) used by one request at a time.
 
+    Reads the subscription's pending queue directly (nats-py is pinned to 2.16.0): the public
+    ``Subscription.next_msg`` creates a task and a UUID per call, which costs more than the rest
+    of a pull.
+    """
 
-class _Collector:
-    """Replies for one in-flight pull / direct-get request."""
+    __slots__ = ("sub", "subject")
 
-    __slots__ = ("queue",)
+    def __init__(self, sub: Subscription, subject: str) -> None:
+        self.sub = sub
+        self.subject = subject
 
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[Msg] = asyncio.Queue()
+    async def get(self, timeout: float) -> Msg | None:
+        """Next reply, or ``None`` after ``timeout`` seconds without one."""
+        sub = self.sub
+        queue = sub._pending_queue
+        if queue.empty():
+            if timeout <= 0:
+                return None
+            try:
+                async with asyncio.timeout(timeout):
+                    msg = await queue.get()
+            except TimeoutError:
+                return None
+        else:
+            msg = queue.get_nowait()
+        sub._pending_size -= len(msg.data)
+        queue.task_done()
+        return msg
+
+    def drain_nowait(self) -> list[Msg]:
+        """Everything already queued (not waiting)."""
+        out: list[Msg] = []
+        queue = self.sub._pending_queue
+        while not queue.empty():
+            msg = queue.get_nowait()
+            self.sub._pending_size -= len(msg.data)
+            queue.task_done()
+            out.append(msg)
+        return out
 
 
 def _json(payload: Mapping[str, Any] | None) -> bytes:
     if payload is None:
         return b""
     return json.dumps(payload, separators=(",", ":")).encode()
-
-
-def _status_of(msg: Msg) -> tuple[int | None, str]:
-    """``(status, description)`` of a status message, ``(None, "")`` for a data message."""
-    hdrs = msg.headers
-    if not hdrs:
-        return None, ""
-    st = hdrs.get(_STATUS)
-    if st is None:
-        return None, ""
-    return int(st), hdrs.get(_DESCRIPTION, "")
 
 
 def _int_header(hdrs: Mapping[str, str] | None, key: str) -> int | None:
@@ -368,14 +394,10 @@ class JetStreamAPI:
         self.nc = nc
         self.prefix = prefix.rstrip(".")
         self.timeout = timeout
-        self._sub: Subscription | None = None
-        self._inbox_prefix = ""
-        self._collectors: dict[str, _Collector] = {}
-        # Pulled messages arrive with their stream subject, not the request inbox: they are
-        # routed by the consumer named in their ack subject to that consumer's open pulls.
-        self._by_consumer: dict[tuple[str, str], list[_Collector]] = {}
-        self._sub_lock = asyncio.Lock()
-        self._seq = 0
+        # Idle reply subscriptions (see the module docstring); at most _MAX_IDLE_INBOXES kept.
+        self._idle: list[_Inbox] = []
+        # Background housekeeping (see _sweep_waiting); referenced so they are not collected.
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_js(cls, js: JetStreamContext, timeout: float | None = None) -> JetStreamAPI:
@@ -397,13 +419,13 @@ class JetStreamAPI:
         await self.close()
 
     async def close(self) -> None:
-        """Unsubscribe the shared reply inbox (idempotent). In-flight pulls end without status."""
-        sub, self._sub = self._sub, None
-        if sub is not None and not self.nc.is_closed:
-            try:
-                await sub.unsubscribe()
-            except nats.errors.Error:
-                pass
+        """Unsubscribe the idle reply inboxes (idempotent). The connection stays open; requests
+        still in flight drop their own inbox when they end."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        idle, self._idle = self._idle, []
+        for box in idle:
+            await self._unsubscribe(box)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -451,49 +473,40 @@ class JetStreamAPI:
             raise error_from_response(resp)
         return resp
 
-    async def _ensure_sub(self) -> None:
-        if self._sub is not None:
+    async def _acquire(self) -> _Inbox:
+        """An idle reply inbox, or a new subscription on a fresh ``_INBOX.<nuid>``."""
+        if self._idle:
+            return self._idle.pop()
+        subject = self.nc.new_inbox()
+        sub = await self.nc.subscribe(
+            subject,
+            pending_msgs_limit=_INBOX_PENDING_MSGS,
+            pending_bytes_limit=_INBOX_PENDING_BYTES,
+        )
+        return _Inbox(sub, subject)
+
+    async def _release(self, box: _Inbox, *, clean: bool) -> None:
+        """Give ``box`` back. ``clean``: the server will send nothing more to it (the request got
+        its terminating status or filled its batch), so it can serve the next request."""
+        if clean and box.sub._pending_queue.empty() and len(self._idle) < _MAX_IDLE_INBOXES:
+            self._idle.append(box)
             return
-        async with self._sub_lock:
-            if self._sub is not None:
-                return
-            self._inbox_prefix = self.nc.new_inbox() + "."
-            self._sub = await self.nc.subscribe(self._inbox_prefix + "*", cb=self._on_reply)
+        await self._unsubscribe(box)
+        # Deliveries nobody will process: hand them back now rather than after ack_wait.
+        for msg in box.drain_nowait():
+            if msg.reply and msg.reply.startswith("$JS.ACK."):
+                try:
+                    await msg.nak()
+                except nats.errors.Error:
+                    pass
 
-    async def _on_reply(self, msg: Msg) -> None:
-        if msg.subject.startswith(self._inbox_prefix):
-            col = self._collectors.get(msg.subject[len(self._inbox_prefix) :])
-        else:
-            key = _ack_consumer(msg.reply) if msg.reply else None
-            cols = self._by_consumer.get(key) if key else None
-            col = cols[0] if cols else None
-        if col is not None:
-            col.queue.put_nowait(msg)
+    async def _unsubscribe(self, box: _Inbox) -> None:
+        if self.nc.is_closed:
             return
-        # Late delivery for a request we abandoned: hand the message back right away.
-        if msg.reply and msg.reply.startswith("$JS.ACK."):
-            try:
-                await msg.nak()
-            except nats.errors.Error:
-                pass
-
-    async def _open(self, consumer: tuple[str, str] | None = None) -> tuple[str, _Collector]:
-        await self._ensure_sub()
-        self._seq += 1
-        token = str(self._seq)
-        col = _Collector()
-        self._collectors[token] = col
-        if consumer is not None:
-            self._by_consumer.setdefault(consumer, []).append(col)
-        return self._inbox_prefix + token, col
-
-    def _close(self, inbox: str) -> None:
-        col = self._collectors.pop(inbox[len(self._inbox_prefix) :], None)
-        for key, cols in list(self._by_consumer.items()):
-            if col in cols:
-                cols.remove(col)
-                if not cols:
-                    del self._by_consumer[key]
+        try:
+            await box.sub.unsubscribe()
+        except nats.errors.Error:
+            pass
 
     # -- consumers ---------------------------------------------------------------------------
 
@@ -637,13 +650,21 @@ class JetStreamAPI:
         was released, e.g. by :meth:`unpin` or after ``priority_timeout`` without pulls).
         :attr:`PullResult.pin_id` tells what to send next time.
 
+        A pull cancelled (or ended by missed heartbeats) while the server still holds it drops
+        its inbox and asks the server, in the background, to sweep dead waiting requests: on a
+        pinned group a dead request could otherwise be pinned by the next message and lock live
+        pullers out for ``priority_timeout``.
+
         Args:
             batch: maximum messages (>= 1).
             expires_s: seconds the server keeps the request waiting (> 0 unless ``no_wait``).
             group: priority group, ``None`` for consumers without one.
             pin_id: the last ``Nats-Pin-Id`` seen, if any.
-            max_bytes: byte budget for the batch.
-            no_wait: answer at once (404 when nothing is available).
+            max_bytes: byte budget for the batch; the server ends the batch with 409
+                ``Message Size Exceeds MaxBytes`` when the next message does not fit (not an
+                error in :attr:`PullResult.error` when messages came).
+            no_wait: answer at once (404 when nothing is available). With ``expires_s > 0``
+                too, the server waits until expiry instead (408) when nothing is available.
             heartbeat_s: ask for idle heartbeats at this interval (seconds); if neither a message
                 nor a heartbeat comes for twice this long the pull ends (status ``None``,
                 description ``"missed heartbeats"``).
@@ -675,27 +696,24 @@ class JetStreamAPI:
 
         result = PullResult(pin_id=pin_id)
         subject = self._subject("CONSUMER", "MSG", "NEXT", stream, consumer)
-        inbox, col = await self._open((stream, consumer))
+        box = await self._acquire()
+        clean = False
         try:
-            await self.nc.publish(subject, _json(body), reply=inbox)
+            await self.nc.publish(subject, _json(body), reply=box.subject)
             deadline = time.monotonic() + max(expires_s, 0.0) + self.timeout
             idle = 2 * heartbeat_s if heartbeat_s else None
-            queue = col.queue
             messages = result.messages
-            while len(messages) < batch:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+            while True:
+                if len(messages) >= batch:
+                    clean = True  # the request is complete: the server sends nothing more
                     break
+                remaining = deadline - time.monotonic()
                 wait = remaining if idle is None else min(remaining, idle)
-                if queue.empty():
-                    try:
-                        msg = await asyncio.wait_for(queue.get(), wait)
-                    except TimeoutError:
-                        if idle is not None and time.monotonic() < deadline:
-                            result.description = "missed heartbeats"
-                        break
-                else:
-                    msg = queue.get_nowait()
+                msg = await box.get(wait)
+                if msg is None:
+                    if idle is not None and time.monotonic() < deadline:
+                        result.description = "missed heartbeats"
+                    break
                 hdrs = msg.headers
                 if hdrs is not None and _STATUS in hdrs:
                     status = int(hdrs[_STATUS])
@@ -709,6 +727,7 @@ class JetStreamAPI:
                         result.pin_id = None
                     elif status == 503:
                         result.description = result.description or "no responders"
+                    clean = True
                     break
                 messages.append(msg)
                 if hdrs is not None:
@@ -716,11 +735,33 @@ class JetStreamAPI:
                     if pid is not None:
                         result.pin_id = pid
         finally:
-            self._close(inbox)
-            # Anything already queued for this request is a delivery nobody will process.
-            while not col.queue.empty():
-                await self._on_reply(col.queue.get_nowait())
+            await self._release(box, clean=clean)
+            if not clean:
+                self._spawn(self._sweep_waiting(stream, consumer))
         return result
+
+    async def _sweep_waiting(self, stream: str, consumer: str) -> None:
+        """Make the server drop pull requests whose inbox is gone.
+
+        A pull abandoned while the server still holds it (cancelled, missed heartbeats) leaves a
+        waiting request on an unsubscribed inbox. On a ``pinned_client`` group the server may
+        pin that ghost when the next message arrives, locking every live puller out for
+        ``priority_timeout``. A consumer info request makes the server check the waiting
+        requests' interest and drop the dead ones (checked on nats-server 2.15.1). A message
+        published between the abandonment and this sweep can still pin the ghost.
+        """
+        try:
+            await self.request(
+                self._subject("CONSUMER", "INFO", stream, consumer),
+                timeout=min(self.timeout, 2.0),
+            )
+        except (JetStreamError, nats.errors.Error):
+            pass
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- streams -----------------------------------------------------------------------------
 
@@ -867,25 +908,22 @@ class JetStreamAPI:
             body["max_bytes"] = max_bytes
         subject = self._subject("DIRECT", "GET", stream)
         out: list[StoredMessage] = []
-        inbox, col = await self._open()
+        box = await self._acquire()
+        clean = False
         try:
-            await self.nc.publish(subject, _json(body), reply=inbox)
-            queue = col.queue
+            await self.nc.publish(subject, _json(body), reply=box.subject)
             strip = DIRECT_GET_HEADERS
             while True:
-                if queue.empty():
-                    try:
-                        msg = await asyncio.wait_for(queue.get(), self.timeout)
-                    except TimeoutError as e:
-                        raise RequestTimeoutError(subject, self.timeout) from e
-                else:
-                    msg = queue.get_nowait()
+                msg = await box.get(self.timeout)
+                if msg is None:
+                    raise RequestTimeoutError(subject, self.timeout)
                 hdrs = msg.headers
                 if not hdrs:
                     raise JetStreamError(0, 0, f"direct get reply without headers from {subject}")
                 status = hdrs.get(_STATUS)
                 if status is not None:
                     code = int(status)
+                    clean = True  # a status always ends the reply stream
                     if code in (204, 404, 408):  # end of batch / nothing found / timed out
                         return out
                     if code == 503:
@@ -911,4 +949,4 @@ class JetStreamAPI:
                 if len(out) > batch:  # defensive: never trust a runaway reply stream
                     return out[:batch]
         finally:
-            self._close(inbox)
+            await self._release(box, clean=clean)

@@ -7,21 +7,24 @@ most specific :class:`JetStreamError` subclass. Pull requests and direct gets re
 status messages instead (headers ``NATS/1.0 423 Nats-Pin-Id Mismatch``); those map to
 :func:`error_from_status`.
 
-Error codes (checked against nats-server 2.15.1):
+Error codes seen from nats-server 2.15.1 (by experiment; status in brackets):
 
-=====  =========================================================================
-10059  stream not found (status 404)                -> StreamNotFoundError
-10014  consumer not found (status 404)              -> ConsumerNotFoundError
-10148  consumer already exists with another config,
-       on action ``create`` (status 400)            -> ConsumerAlreadyExistsError
-10105  consumer already exists, on action ``update``
-       of a missing consumer it is 10149            -> ConsumerNotFoundError for 10149
-10100  work-queue stream: filtered consumer not unique (status 400)
-                                                    -> WorkQueueConsumerNotUniqueError
-10099  work-queue stream: multiple non-filtered consumers (status 400)
-                                                    -> WorkQueueConsumerNotUniqueError
-10037  no message found (status 404)                -> NoMessageFoundError
-=====  =========================================================================
+- 10059 [404] stream not found -> :class:`StreamNotFoundError`
+- 10014 [404] consumer not found -> :class:`ConsumerNotFoundError`
+- 10149 [400] consumer does not exist (action ``update``) -> :class:`ConsumerNotFoundError`
+- 10148 [400] consumer already exists (action ``create``, different config; an identical
+  config succeeds) -> :class:`ConsumerAlreadyExistsError`; so do 10013 "consumer name already
+  in use" and 10105 "consumer already exists and is still active" (older create paths)
+- 10100 [400] filtered consumer not unique on workqueue stream, 10099 [400] multiple
+  non-filtered consumers not allowed on workqueue stream -> :class:`WorkQueueConsumerNotUniqueError`
+- 10037 [404] no message found -> :class:`NoMessageFoundError`
+- 10160 [400] provided priority group does not exist for this consumer (unpin) and 10025 [400]
+  invalid JSON (e.g. unknown config field ``pinned_ttl``) -> plain :class:`JetStreamError`
+
+Pull statuses: 423 ``Nats-Pin-Id mismatch`` (a pull carried an id that is not the current pin)
+and 423 ``Nats-Wrong-Pin-Id`` (the pin was released: unpin or ``priority_timeout``) ->
+:class:`NotPinnedError`; 400 ``Bad Request - Priority Group missing`` / ``Invalid Priority
+Group`` -> :class:`JetStreamError`.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ ERR_STREAM_NOT_FOUND = 10059
 ERR_CONSUMER_NOT_FOUND = 10014
 ERR_CONSUMER_DOES_NOT_EXIST = 10149  # action "update" on a consumer that does not exist
 ERR_CONSUMER_ALREADY_EXISTS = 10148  # action "create", existing consumer, different config
-ERR_CONSUMER_EXISTS = 10105  # legacy "consumer already exists" (create, some server paths)
+ERR_CONSUMER_EXISTS_ACTIVE = 10105  # "consumer already exists and is still active"
+ERR_CONSUMER_NAME_EXISTS = 10013  # "consumer name already in use"
 ERR_WQ_CONSUMER_NOT_UNIQUE = 10100
 ERR_WQ_MULTIPLE_UNFILTERED = 10099
 ERR_NO_MESSAGE_FOUND = 10037
@@ -89,7 +93,8 @@ class ConsumerNotFoundError(JetStreamError):
 
 
 class ConsumerAlreadyExistsError(JetStreamError):
-    """Action ``create`` found a consumer of that name with a different config (10148/10105).
+    """Action ``create`` found a consumer of that name with a different config (10148; also
+    10013, 10105).
 
     Every instance of a group member must send an identical config; see DESIGN §4.
     """
@@ -134,7 +139,8 @@ _BY_ERR_CODE: dict[int, type[JetStreamError]] = {
     ERR_CONSUMER_NOT_FOUND: ConsumerNotFoundError,
     ERR_CONSUMER_DOES_NOT_EXIST: ConsumerNotFoundError,
     ERR_CONSUMER_ALREADY_EXISTS: ConsumerAlreadyExistsError,
-    ERR_CONSUMER_EXISTS: ConsumerAlreadyExistsError,
+    ERR_CONSUMER_EXISTS_ACTIVE: ConsumerAlreadyExistsError,
+    ERR_CONSUMER_NAME_EXISTS: ConsumerAlreadyExistsError,
     ERR_WQ_CONSUMER_NOT_UNIQUE: WorkQueueConsumerNotUniqueError,
     ERR_WQ_MULTIPLE_UNFILTERED: WorkQueueConsumerNotUniqueError,
     ERR_NO_MESSAGE_FOUND: NoMessageFoundError,

@@ -1,0 +1,47 @@
+"""Spark test fixtures: ONE SparkSession (one JVM) for the whole suite, and a nats-server.
+
+Both are session-scoped and started lazily: tests that need neither start neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+from cg_pipelines.devserver import NatsServer
+from cg_pipelines.spark.session import get_spark, session_start_seconds, stop_spark
+
+_FIGURES: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """The suite's SparkSession (local[2]); stopped at the end of the session."""
+    session = get_spark("local[2]", app_name="cg_pipelines-tests")
+    started = session_start_seconds()
+    if started is not None:
+        _FIGURES.append(f"spark session start: {started:.1f} s")
+    try:
+        yield session
+    finally:
+        stop_spark()
+
+
+@pytest.fixture(scope="session")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a nats-server with JetStream (temp store); stopped at the end of the session."""
+    server = NatsServer(tmp_path_factory.mktemp("nats"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _FIGURES:
+        terminalreporter.section("cg_pipelines spark figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)
