@@ -154,7 +154,8 @@ class _Lease:
     msgs: list[Msg]
     seq: int
     pin_id: str | None
-    renewer: asyncio.Task[None] | None = field(default=None)
+    keeper: asyncio.Task[None] | None = field(default=None)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def msg(self) -> Msg:
@@ -197,13 +198,41 @@ class _PartitionRun:
             self.res.seconds = time.monotonic() - self.t0
         return self.res
 
-    async def _renew(self, msgs: list[Msg]) -> None:
-        every = self.opt.ack_wait_s / 3
-        while True:
-            await asyncio.sleep(every)
-            for msg in msgs:
-                with contextlib.suppress(Exception):
-                    await msg.in_progress()
+    async def _keep(self, lease: _Lease) -> None:
+        """Keep the lease while a batch is processed: ``+WPI`` on the held messages every third
+        of the ack wait, and, every third of the pin timeout, a short pull carrying the pin id
+        (a pinned client that does not pull within the pin timeout loses the pin). With the
+        lease unacknowledged (``max_ack_pending=1``) such a pull gets nothing, unless the lease
+        itself was redelivered: then the newest delivery replaces it (that is the one to ack).
+        """
+        renew_every = self.opt.ack_wait_s / 3
+        pin_every = self.opt.priority_timeout_s / 3
+        loop = asyncio.get_running_loop()
+        next_renew = loop.time() + renew_every
+        next_pin = loop.time() + pin_every
+        while not lease.stop.is_set():
+            wait = max(0.0, min(next_renew, next_pin) - loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lease.stop.wait(), wait)
+            if lease.stop.is_set():
+                return
+            now = loop.time()
+            if now >= next_renew:
+                next_renew = now + renew_every
+                for msg in lease.msgs:
+                    with contextlib.suppress(Exception):
+                        await msg.in_progress()
+            if now >= next_pin and len(lease.msgs) == 1:
+                next_pin = now + pin_every
+                got = await self.api.pull(self.wq, self.cname, batch=1, pin_id=lease.pin_id,
+                                          expires_s=min(1.0, pin_every / 2))
+                for m in got.messages:
+                    if m.metadata.sequence.stream == lease.seq:
+                        lease.msgs[0] = m
+                    else:
+                        await m.nak()
+                if got.pin_id:
+                    lease.pin_id = got.pin_id
 
     async def _has_backlog(self) -> bool:
         info = await self.api.consumer_info(self.wq, self.cname)
@@ -225,9 +254,7 @@ class _PartitionRun:
         """Set ``held`` (another instance holds the partition) or ``empty`` after a first pull
         that returned nothing."""
         info = await self.api.consumer_info(self.wq, self.cname)
-        pinned = [pg.get("pinned_client_id") for pg in info.get("priority_groups") or []
-                  if pg.get("pinned_client_id")]
-        if info.get("num_ack_pending") or pinned:
+        if info.get("num_ack_pending") or info.get("num_pending"):
             self.res.status = "held"
             self.res.detail = (f"partition {self.partition} held by another instance "
                                f"(waited {self.opt.hold_wait_s:g} s)")
@@ -237,18 +264,22 @@ class _PartitionRun:
     def _lease_of(self, msg: Msg | list[Msg], pin_id: str | None) -> _Lease:
         msgs = msg if isinstance(msg, list) else [msg]
         lease = _Lease(msgs, msgs[0].metadata.sequence.stream, pin_id)
-        lease.renewer = asyncio.create_task(self._renew(msgs))
+        lease.keeper = asyncio.create_task(self._keep(lease))
         self._step("leased", first_seq=lease.seq, last_seq=lease.seq)
         return lease
 
     @staticmethod
-    def _release(lease: _Lease) -> None:
-        if lease.renewer is not None:
-            lease.renewer.cancel()
+    async def _release(lease: _Lease) -> None:
+        """Stop keeping the lease (waits for an in-flight keep-alive pull to end, so no pull
+        of ours is left waiting at the server when the next one is sent)."""
+        lease.stop.set()
+        if lease.keeper is not None:
+            with contextlib.suppress(BaseException):
+                await lease.keeper
 
     async def _next_lease(self, done: _Lease) -> _Lease | None:
         """Release the finished lease ``done`` and pull the partition's next message."""
-        self._release(done)
+        await self._release(done)
         got = await self.api.pull(self.wq, self.cname, batch=1, expires_s=0, no_wait=True,
                                   pin_id=done.pin_id)
         if got.messages:
@@ -273,10 +304,15 @@ class _PartitionRun:
         start_last = int(start["state"].get("last_seq") or 0)
         lease = await self._first_lease()
         dlq_ready = False
+        # The next range is read while the current batch is processed and committed: reading
+        # consumes nothing, and a prefetch that no longer starts where the next range starts
+        # (or whose range another holder took over) is discarded or fenced at commit.
+        prefetch: tuple[int, asyncio.Task[list[Record]]] | None = None
         try:
             while lease is not None:
                 if lease.seq > start_last or self._limit_hit():
                     # Arrived after the run started, or a limit: leave it for the next run.
+                    await self._release(lease)
                     await lease.msg.nak()
                     self.res.status = "drained" if lease.seq > start_last else "limit"
                     return
@@ -291,7 +327,14 @@ class _PartitionRun:
                     self.res.duplicates_skipped += 1
                     lease = await self._next_lease(lease)
                     continue
-                records = await self._read(max(lease.seq, watermark + 1), start_last)
+                from_seq = max(lease.seq, watermark + 1)
+                if prefetch is not None and prefetch[0] == from_seq:
+                    records = await prefetch[1]
+                else:
+                    if prefetch is not None:
+                        prefetch[1].cancel()
+                    records = await self._read(from_seq, start_last)
+                prefetch = None
                 if not records:
                     # The leased message was purged after a commit (crash before its ack).
                     await lease.msg.ack_sync(timeout=self.opt.timeout_s)
@@ -301,14 +344,24 @@ class _PartitionRun:
                 if not dlq_ready:
                     await ensure_dlq_stream(self.api, self.stream, self.group)
                     dlq_ready = True
+                if len(records) >= self.opt.batch_max_msgs and records[-1].seq < start_last:
+                    nxt = records[-1].seq + 1
+                    prefetch = (nxt, asyncio.create_task(
+                        self._read(nxt, start_last, timing="read_overlapped")))
                 if await self._process_and_commit(lease, records, watermark):
                     return
                 lease = await self._next_lease(lease)
         finally:
+            if prefetch is not None:
+                prefetch[1].cancel()
+                with contextlib.suppress(BaseException):
+                    await prefetch[1]
             if lease is not None:
-                self._release(lease)
+                await self._release(lease)
 
-    async def _read(self, from_seq: int, start_last: int) -> list[Record]:
+    async def _read(self, from_seq: int, start_last: int, timing: str = "read") -> list[Record]:
+        """The partition's stored messages from ``from_seq`` on, in order, up to the batch
+        limits and never past ``start_last`` (direct get: nothing is consumed)."""
         t = time.monotonic()
         out: list[Record] = []
         nbytes = 0
@@ -320,7 +373,7 @@ class _PartitionRun:
                                                    max_bytes=opt.batch_max_bytes - nbytes)
             for m in msgs:
                 if m.seq > start_last:
-                    self._timed("read", t)
+                    self._timed(timing, t)
                     return out
                 _, subject = strip_partition(m.subject)
                 out.append(Record(m.seq, subject, m.data, m.time_ns, _user_headers(m.headers)))
@@ -328,7 +381,7 @@ class _PartitionRun:
             if len(msgs) < want or (msgs and msgs[-1].num_pending == 0):
                 break
             seq = msgs[-1].seq + 1
-        self._timed("read", t)
+        self._timed(timing, t)
         return out
 
     async def _process(self, records: Sequence[Record], watermark: int) -> Processed:
@@ -355,6 +408,7 @@ class _PartitionRun:
             halted = min(processed.dead, key=lambda d: d.seq)
             records = [r for r in records if r.seq < halted.seq]
             if not records:
+                await self._release(lease)
                 await lease.msg.nak()
                 res.status, res.halted_at = "halted", halted.seq
                 res.detail = f"halted at sequence {halted.seq}: {halted.reason}"
@@ -389,6 +443,7 @@ class _PartitionRun:
         res.last_seq = last
         self._step("committed", first_seq=records[0].seq, last_seq=last)
         t = time.monotonic()
+        await self._release(lease)  # no keep-alive pull may be waiting when the lease is acked
         await self._settle(lease, last, halted is not None)
         self._timed("settle", t)
         if halted is not None:
@@ -490,7 +545,7 @@ class _StaticPartitionRun(_PartitionRun):
                     if await self._process_and_commit(lease, records, watermark):
                         return
                 finally:
-                    self._release(lease)
+                    await self._release(lease)
             if later or (not fresh and not done):
                 self.res.status = "drained"
                 return

@@ -126,24 +126,24 @@ def legs_transform(spark: SparkSession, df: DataFrame, ctx: BatchContext) -> Dat
     arr = F.when(dep.isNotNull() & F.col("arr_time").isNotNull(),
                  base + steps.cast("long") * _DAY)
 
-    legs = (
-        df.join(F.broadcast(sdf), on="tailnum", how="left")
-        .withColumn("dep_minute", dep.cast("long"))
-        .withColumn("arr_minute", arr.cast("long"))
-        .withColumn("leg_number", F.coalesce(F.col("s_leg_number"), F.lit(0)) + rn)
-        .withColumn("prev_dest", _prev("dest", first, w, "s_dest"))
-        .withColumn("prev_arr_delay", _prev("arr_delay", first, w, "s_arr_delay"))
-        .withColumn("prev_arr_minute", _prev("arr_minute", first, w, "s_arr_minute"))
-        .withColumn("prev_dest_matches_origin", F.col("prev_dest") == F.col("origin"))
-        .withColumn("ground_minutes", F.col("dep_minute") - F.col("prev_arr_minute"))
-        .withColumn(
-            "cum_distance",
-            F.coalesce(F.col("s_cum_distance"), F.lit(0)) + F.sum("distance").over(upto),
-        )
+    joined = df.join(F.broadcast(sdf), on="tailnum", how="left").select(
+        "*", dep.cast("long").alias("dep_minute"), arr.cast("long").alias("arr_minute"),
     )
+    prev_dest = _prev("dest", first, w, "s_dest")
+    computed = {
+        "leg_number": F.coalesce(F.col("s_leg_number"), F.lit(0)) + rn,
+        "prev_dest": prev_dest,
+        "prev_dest_matches_origin": prev_dest == F.col("origin"),
+        "prev_arr_delay": _prev("arr_delay", first, w, "s_arr_delay"),
+        "ground_minutes": F.col("dep_minute") - _prev("arr_minute", first, w, "s_arr_minute"),
+        "cum_distance": (F.coalesce(F.col("s_cum_distance"), F.lit(0))
+                         + F.sum("distance").over(upto)),
+    }
     spark_types = {pa.int64(): "long", pa.string(): "string", pa.bool_(): "boolean"}
-    return legs.select([F.col(f.name).cast(spark_types[f.type]).alias(f.name)
-                        for f in LEGS_SCHEMA])
+    return joined.select([
+        computed.get(f.name, F.col(f.name)).cast(spark_types[f.type]).alias(f.name)
+        for f in LEGS_SCHEMA
+    ])
 
 
 def _conform(table: pa.Table) -> pa.Table:

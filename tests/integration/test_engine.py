@@ -205,6 +205,38 @@ async def test_held_partition_and_handover_on_step_down(nc, js, unique_name, tmp
     assert await _wq_left(api, f"{stream}-g") == 0
 
 
+async def test_slow_batch_keeps_lease_and_pin(nc, js, unique_name, tmp_path) -> None:
+    """A batch that takes longer than the pin timeout and the ack wait keeps its lease: no
+    redelivery, no handover to a waiting standby, and the standby then finds nothing."""
+    stream = unique_name
+    evs = keyed.events(5, 90)
+    api = await _setup(js, stream, evs, n=1)
+    sink = DeltaSink(str(tmp_path / "t"))
+    slow = keyed.processor()
+    orig = slow.transform
+    calls = {"n": 0}
+
+    def slow_transform(table, ctx):  # the first batch takes 2.5 pin timeouts
+        calls["n"] += 1
+        if calls["n"] == 1:
+            time.sleep(2.5 * FAST["priority_timeout_s"])
+        return orig(table, ctx)
+
+    slow.transform = slow_transform
+    started = asyncio.Event()
+    holder = asyncio.create_task(run_partition(
+        nc, stream, "g", 0, slow, sink, EngineOptions(batch_max_msgs=30, **FAST),
+        hook=lambda s, i: started.set() if s == "read" else None))
+    await started.wait()
+    standby = await run_partition(nc, stream, "g", 0, keyed.processor(), sink,
+                                  EngineOptions(**{**FAST, "hold_wait_s": 2.0}))
+    a = await holder
+    assert standby.status == "held" and standby.processed == 0
+    assert a.status == "drained" and a.processed == len(evs) and a.fence_conflicts == 0, a
+    assert keyed.mismatches(sink.read(), evs) is None
+    assert await _wq_left(api, f"{stream}-g") == 0
+
+
 async def _bad_input_setup(js, stream: str):
     evs = keyed.events(5, 120)
     payloads = [json.dumps({"key": k, "n": n}).encode() for k, n in evs]
