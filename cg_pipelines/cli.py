@@ -135,7 +135,7 @@ def dev(port: int, store: str | None) -> None:
     click.echo(f"nats-server {server.url} (JetStream store {store_dir}, pid {server.pid})")
     click.echo(f"export NATS_URL={server.url}   # Ctrl-C stops it")
     try:
-        while not stop["now"] and server.running():
+        while not stop["now"] and server.running:
             time.sleep(0.2)
     finally:
         server.stop()

@@ -86,7 +86,8 @@ class ConfigStore(Generic[C]):
     async def _require(self, stream: str, group: str) -> KeyValue:
         kv = await self.bucket()
         if kv is None:
-            raise GroupNotFoundError(self.kind, stream, group, f"bucket {self.bucket_name} missing")
+            raise GroupNotFoundError(self.kind, stream, group,
+                                     f"not found (no {self.bucket_name} bucket)")
         return kv
 
     def decode(self, data: bytes) -> C:
