@@ -216,7 +216,6 @@ def build_group_definitions(spec: GroupAsset) -> GroupDefinitions:
     job = define_asset_job(
         f"{spec.name}_job",
         selection=[spec.name],
-        partitions_def=partitions,
         config=PartitionedConfig(partitions, run_config_for_partition_key_fn=lambda _k: {},
                                  tags_for_partition_key_fn=spec.partition_tags),
         description=f"Drain one partition of {spec.stream}.{spec.group} per run.",
@@ -253,6 +252,9 @@ def build_group_definitions(spec: GroupAsset) -> GroupDefinitions:
                           for p in sorted(gained)],
             asset_events=events,
             cursor=encode_membership_cursor(v.revision, new),
+            skip_reason=None if gained else
+            f"membership changed (revision {v.revision}); no partition gained by the members "
+            f"served here",
         )
 
     def backlog_run_requests(nats_res: NatsResource, runs: PartitionRunsResource

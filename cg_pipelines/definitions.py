@@ -6,14 +6,14 @@ through ``EnvVar``, ``NATS_USER``, ``NATS_CREDS``, ``NATS_CA``; the warehouse ro
 ``CG_WAREHOUSE`` (default ``<state dir>/warehouse``; ``s3://...`` with ``CG_S3_ENDPOINT`` and
 ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` through ``EnvVar``); served members from
 ``CG_MEMBERS`` (comma separated; empty = all); ``CG_SPARK_KEEP=1`` keeps the SparkSession
-between in-process runs (the main job).
+between in-process runs (the main job); ``CG_BATCH_MAX_MSGS`` sets messages per batch.
 """
 
 from __future__ import annotations
 
 import os
 
-from dagster import Definitions, EnvVar
+from dagster import Definitions, EnvVar, in_process_executor
 
 from assets.legs import legs
 from resources.group import PartitionRunsResource
@@ -53,6 +53,7 @@ def build_resources() -> dict[str, object]:
         ),
         "partition_runs": PartitionRunsResource(
             members=[m.strip() for m in os.environ.get("CG_MEMBERS", "").split(",") if m.strip()],
+            batch_max_msgs=int(os.environ.get("CG_BATCH_MAX_MSGS", "20000")),
         ),
     }
 
@@ -63,4 +64,6 @@ defs = Definitions(
     sensors=legs.sensors,
     schedules=[legs.schedule],
     resources=build_resources(),
+    # One asset per run: executing it in the run's own process halves run start-up.
+    executor=in_process_executor,
 )

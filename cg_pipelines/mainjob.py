@@ -85,9 +85,10 @@ async def _wait_sourced(url: str, n: int, timeout_s: float = 120.0) -> None:
         await nc.close()
 
 
-def run_main_job(state: Path, limit: int | None = None) -> int:
+def run_main_job(state: Path, limit: int | None = None, batch: int | None = None) -> int:
     """Run the main job (see module docstring); returns the number of mismatches (or -1 when a
-    run failed). ``limit`` publishes only the first ``limit`` flights (for quick checks)."""
+    run failed or did not drain its partition). ``limit`` publishes only the first ``limit``
+    flights; ``batch`` sets the engine's messages per batch (default 20,000)."""
     t0 = time.monotonic()
     from cg_pipelines.devserver import NatsServer
     from cg_pipelines.flights.data import load_flights
@@ -109,6 +110,8 @@ def run_main_job(state: Path, limit: int | None = None) -> int:
             "NATS_URL": server.url, "CG_WAREHOUSE": str(work / "warehouse"),
             "DAGSTER_HOME": str(home), "CG_SPARK_KEEP": "1", "CG_STATE_DIR": str(state),
         })
+        if batch is not None:
+            os.environ["CG_BATCH_MAX_MSGS"] = str(batch)
         pub_s = asyncio.run(_prepare(server.url, df, progress=True))
         click.echo(f"published {len(df):,} events in {pub_s:.1f} s "
                    f"({len(df) / max(pub_s, 1e-9):,.0f}/s)")
@@ -138,9 +141,11 @@ def _run_partitions() -> int:
             mats = res.asset_materializations_for_node("aircraft_legs")
             md = mats[0].metadata if mats else {}
             msgs = md["messages"].value if "messages" in md else 0
+            commits = md["commits"].value if "commits" in md else 0
             status = md["status"].value if "status" in md else "failed"
-            click.echo(f"  partition {p}: run {res.run_id[:8]} {status}, {msgs:,} messages in "
-                       f"{time.monotonic() - t:.1f} s")
+            click.echo(f"  partition {p}: run {res.run_id[:8]} {status}, {msgs:,} messages, "
+                       f"{commits} commits in {time.monotonic() - t:.1f} s")
+            failed += status not in ("drained", "empty")
             failed += not res.success
     finally:
         stop_spark()

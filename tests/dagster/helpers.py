@@ -15,6 +15,7 @@ from dagster import (
     build_schedule_context,
     build_sensor_context,
 )
+from dagster._core.definitions.schedule_definition import ScheduleExecutionData
 from dagster._core.definitions.sensor_definition import SensorExecutionData
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
@@ -78,8 +79,9 @@ async def publish(js: JetStreamContext, stream: str, evs: list[Event], total: in
 
 
 def table(warehouse_root: str, keys: Collection[str] | None = None) -> pd.DataFrame:
-    """The asset's Delta table (rows of ``keys`` only if given), as keyed.table_frame."""
-    sink = DeltaSink(f"{warehouse_root}/{ASSET}")
+    """The asset's Delta table (rows of ``keys`` only if given), as keyed.table_frame; no
+    rows if the table does not exist."""
+    sink = DeltaSink(f"{warehouse_root}/{ASSET}", schema=keyed.OUT_SCHEMA)
     flt = None if keys is None else pc.field("key").isin(sorted(keys))
     return keyed.table_frame(sink.read(filter=flt))
 
@@ -100,6 +102,14 @@ def tick(defs: Definitions, sensor_name: str, instance: DagsterInstance, *,
                               resources=dict(defs.resources or {}) if resources is None
                               else resources) as ctx:
         return defs.resolve_sensor_def(sensor_name).evaluate_tick(ctx)
+
+
+def schedule_tick(defs: Definitions, schedule_name: str, instance: DagsterInstance
+                  ) -> ScheduleExecutionData:
+    """One schedule evaluation with the definitions' resources (sync, like :func:`tick`)."""
+    with build_schedule_context(instance=instance, resources=dict(defs.resources or {}),
+                                repository_def=defs.get_repository_def()) as ctx:
+        return defs.resolve_schedule_def(schedule_name).evaluate_tick(ctx)
 
 
 def partitions_of(requests: Sequence[RunRequest]) -> list[str]:

@@ -1,10 +1,11 @@
-"""Test helper: a ``dagster-webserver`` process (no daemon) on a free loopback port, and GraphQL.
+"""Test helper: a ``dagster-webserver`` process (no daemon) on a free loopback port, GraphQL
+queries against it, and stopping process groups by PID.
 
-Used by the UI tests. The server runs with ``cwd`` = the project root (``workspace.yaml``
-loads ``cg_pipelines.definitions`` with ``working_directory: .``), its own ``DAGSTER_HOME``,
-default signal handlers restored in the child and its own session; :meth:`DagsterWebserver.stop`
-sends SIGTERM to the process group by PID, then SIGKILL after ``stop_timeout_s`` (5 s).
-All durations are seconds.
+The server runs with ``cwd`` = the project root (``workspace.yaml`` loads
+``cg_pipelines.definitions`` with ``working_directory: .``), its own ``DAGSTER_HOME``, default
+signal handlers restored in the child and its own session (``start_new_session=True``);
+:meth:`DagsterWebserver.stop` sends SIGTERM to the process group by the leader's PID, then
+SIGKILL after ``stop_timeout_s`` (5 s). All durations are seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import yaml
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -33,17 +36,57 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def write_dagster_home(home: Path, extra_yaml: str = "") -> Path:
-    """Create ``home`` with a ``dagster.yaml`` that turns telemetry off; returns ``home``."""
+def configure_dagster_home(home: Path) -> Path:
+    """Create ``home`` and set, in its ``dagster.yaml`` (kept otherwise), ``telemetry.enabled``
+    and ``nux.enabled`` to false.
+
+    ``nux`` off keeps the "Join the Dagster community" dialog, which the UI opens on
+    ``http://127.0.0.1`` / ``localhost`` origins, from covering the page. Returns ``home``.
+    """
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n" + extra_yaml)
+    path = home / "dagster.yaml"
+    config = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+    config.setdefault("telemetry", {})["enabled"] = False
+    config.setdefault("nux", {})["enabled"] = False
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     return home
 
 
-def _default_signals() -> None:  # pragma: no cover - runs in the forked child
+def default_signals() -> None:  # pragma: no cover - runs in the forked child
+    """``preexec_fn``: default SIGINT/SIGTERM/SIGHUP dispositions, unblocked (ignored or
+    blocked signals survive ``exec``)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], timeout_s: float = 5.0,
+                       first: signal.Signals = signal.SIGTERM) -> None:
+    """Stop a process started with ``start_new_session=True``, and its group, by PID.
+
+    Sends ``first`` (SIGTERM) to the group whose id is the leader's PID, waits ``timeout_s``,
+    then SIGKILLs the group; finally SIGKILLs any member still in the group (e.g. the code
+    server the webserver spawned). Never signals a bare PID that ``proc`` has already reaped.
+    """
+    if proc.poll() is None:
+        _killpg(proc, first)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _killpg(proc, signal.SIGKILL)
+            proc.wait(timeout=10)
+    try:  # the group id stays valid while any member lives
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _killpg(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        if proc.poll() is None:
+            proc.send_signal(sig)
 
 
 def _webserver_binary() -> str:
@@ -59,8 +102,8 @@ class DagsterWebserver:
         log_path: file that receives the server's stdout+stderr.
         port: 0 picks a free port.
         cwd: working directory (default: the project root).
-        env: extra environment variables for the child.
-        ready_timeout_s: :meth:`start` waits this long for ``/server_info`` to answer.
+        env: the child's environment (default ``os.environ``); ``DAGSTER_HOME`` is set on top.
+        ready_timeout_s: :meth:`start` waits this long for the server and the code location.
         stop_timeout_s: :meth:`stop` waits this long after SIGTERM before SIGKILL.
     """
 
@@ -79,7 +122,7 @@ class DagsterWebserver:
         self.log_path = Path(log_path)
         self.port = port or free_port()
         self.cwd = Path(cwd) if cwd else PROJECT_ROOT
-        self.env = dict(env or {})
+        self.env = dict(os.environ if env is None else env)
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
@@ -97,12 +140,13 @@ class DagsterWebserver:
                 "-p", str(self.port)]
 
     def start(self) -> DagsterWebserver:
-        env = {**os.environ, **self.env, "DAGSTER_HOME": str(self.dagster_home)}
+        """Launch the server and wait until it answers and the code location is loaded."""
+        env = {**self.env, "DAGSTER_HOME": str(self.dagster_home)}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.argv(), cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_default_signals,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_signals,
                 close_fds=True)
         try:
             self.wait_ready()
@@ -119,7 +163,7 @@ class DagsterWebserver:
         return "\n".join(text.splitlines()[-lines:])
 
     def wait_ready(self) -> None:
-        """Wait until ``GET /server_info`` answers 200 and the code location has loaded."""
+        """Wait until ``GET /server_info`` answers 200 and every code location is LOADED."""
         deadline = time.monotonic() + self.ready_timeout_s
         last = ""
         while True:
@@ -129,16 +173,17 @@ class DagsterWebserver:
                                    f"log tail:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/server_info", timeout=5) as r:
-                    if r.status == 200 and self._location_loaded():
+                    if r.status == 200 and self._locations_loaded():
                         return
-            except (urllib.error.URLError, OSError, ValueError) as e:
+                    last = "code location not loaded yet"
+            except (urllib.error.URLError, OSError, ValueError, RuntimeError) as e:
                 last = repr(e)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"dagster-webserver not ready after {self.ready_timeout_s} s "
                                    f"({last}); log tail:\n{self.log_tail()}")
             time.sleep(0.5)
 
-    def _location_loaded(self) -> bool:
+    def _locations_loaded(self) -> bool:
         data = self.graphql("""{ workspaceOrError { __typename ... on Workspace {
               locationEntries { name loadStatus } } } }""")
         entries = data["workspaceOrError"].get("locationEntries") or []
@@ -150,20 +195,10 @@ class DagsterWebserver:
         return graphql(self.url, query, variables, timeout_s)
 
     def stop(self) -> None:
-        """SIGTERM the process group (by the leader's PID), then SIGKILL after the timeout."""
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        # children left in the session (the code server) die with a SIGKILL to the group
-        _signal_group(proc.pid, signal.SIGKILL)
-        self.proc = None
+        """SIGTERM the process group (led by the server's PID), SIGKILL after the timeout."""
+        if self.proc is not None:
+            stop_process_group(self.proc, self.stop_timeout_s)
+            self.proc = None
 
     def __enter__(self) -> DagsterWebserver:
         return self.start()
@@ -173,20 +208,13 @@ class DagsterWebserver:
         self.stop()
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    """Signal the process group led by ``pid`` (started with ``start_new_session``)."""
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 def graphql(base_url: str, query: str, variables: Mapping[str, Any] | None = None,
             timeout_s: float = 30.0) -> dict[str, Any]:
-    """POST a GraphQL query to ``<base_url>/graphql``; returns ``data``."""
+    """POST a GraphQL query to ``<base_url>/graphql``; returns ``data``.
+
+    Raises:
+        RuntimeError: the answer carries GraphQL ``errors``.
+    """
     body = json.dumps({"query": query, "variables": dict(variables or {})}).encode()
     req = urllib.request.Request(base_url + "/graphql", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})
@@ -216,5 +244,5 @@ query AssetPartitions($key: AssetKeyInput!) {
 
 
 def asset_partitions(base_url: str, asset: str) -> dict[str, Any]:
-    """The asset's partition keys, partition stats and materializations (GraphQL)."""
+    """``assetOrError`` for ``asset``: partition keys, partition stats, materializations."""
     return graphql(base_url, ASSET_PARTITIONS_QUERY, {"key": {"path": [asset]}})["assetOrError"]

@@ -1,0 +1,93 @@
+"""Single partitions materialized through Dagster (job ``execute_in_process`` and
+``materialize``): metadata, asset checks, the Delta table against the pandas reference; a
+partition owned by a member this deployment does not serve fails with a clear Failure."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dagster import DagsterInstance, ExecuteInProcessResult, materialize
+from nats.js import JetStreamContext
+
+from cg_pipelines.devserver import NatsServer
+from tests.dagster import helpers as h
+from tests.dagster.defs_keyed import ASSET, JOB, group_definitions, make_defs, make_resources
+from tests.support import keyed
+
+
+async def test_materialize_one_partition(js: JetStreamContext, nats_server: NatsServer,
+                                         unique_name: str, warehouse: str,
+                                         instance: DagsterInstance) -> None:
+    stream = unique_name
+    v = await h.create_group(js, stream, members=("m1", "m2"))  # m1: 0, 1; m2: 2, 3
+    evs = keyed.events(n_keys=30, n_events=600)
+    await h.publish(js, stream, evs, len(evs))
+    defs = make_defs(stream, nats_server.url, warehouse)
+    job = defs.resolve_job_def(JOB)
+
+    for p, owner in ((1, "m1"), (2, "m2")):
+        mine = [e for e in evs if h.partition_of(e[0]) == p]
+        seqs = [i + 1 for i, (k, _) in enumerate(evs) if h.partition_of(k) == p]
+        res = await asyncio.to_thread(job.execute_in_process, partition_key=str(p),
+                                      instance=instance)
+        assert res.success
+        assert res.dagster_run.tags["dagster/partition"] == str(p)
+        (mat,) = res.asset_materializations_for_node(ASSET)
+        assert mat.partition == str(p)
+        md = {k: v.value for k, v in mat.metadata.items()}
+        assert md["status"] == "drained"
+        assert md["messages"] == len(mine)
+        assert (md["first_seq"], md["last_seq"]) == (seqs[0], seqs[-1])
+        assert md["watermark"] == seqs[-1]
+        assert md["owner_member"] == owner
+        assert md["config_revision"] == v.revision
+        assert md["dead_lettered"] == 0 and md["fence_conflicts"] == 0
+        checks = {c.check_name: c for c in res.get_asset_check_evaluations()}
+        assert set(checks) == {"backlog_drained", "no_unexplained_fence_conflicts"}
+        for c in checks.values():
+            assert c.passed, c
+            assert c.target_materialization_data is not None
+            assert c.target_materialization_data.run_id == res.run_id
+        # the partition's keys are exactly the reference; nothing else was written yet
+        h.assert_table_equals_reference(warehouse, mine)
+
+    done = [e for e in evs if h.partition_of(e[0]) in (1, 2)]
+    assert len(h.table(warehouse)) == len(done)
+    h.assert_table_equals_reference(warehouse, done)
+
+    # a second run of a drained partition is empty and changes nothing
+    again = await asyncio.to_thread(job.execute_in_process, partition_key="1", instance=instance)
+    assert again.success
+    (mat,) = again.asset_materializations_for_node(ASSET)
+    assert mat.metadata["status"].value == "empty" and mat.metadata["messages"].value == 0
+    assert all(c.passed for c in again.get_asset_check_evaluations())
+    h.assert_table_equals_reference(warehouse, done)
+    assert await h.work_queue_messages(js, stream) == len(evs) - len(done)
+
+
+async def test_partition_of_unserved_member_fails(js: JetStreamContext, nats_server: NatsServer,
+                                                  unique_name: str, warehouse: str,
+                                                  instance: DagsterInstance) -> None:
+    stream = unique_name
+    await h.create_group(js, stream, members=("m1", "m2"))  # m1: 0, 1; m2: 2, 3
+    evs = keyed.events(n_keys=30, n_events=200)
+    await h.publish(js, stream, evs, len(evs))
+    asset = group_definitions(stream).asset
+    resources = make_resources(nats_server.url, warehouse, members=["m1"])
+
+    def run(p: str) -> ExecuteInProcessResult:
+        return materialize([asset], partition_key=p, instance=instance, resources=resources,
+                           raise_on_error=False)
+
+    res = await asyncio.to_thread(run, "3")
+    assert not res.success
+    failure = res.failure_data_for_node(ASSET)
+    assert failure is not None and failure.user_failure_data is not None
+    description = failure.user_failure_data.description or ""
+    assert "owned by m2" in description and "serves m1" in description, description
+    assert await h.work_queue_messages(js, stream) == len(evs)  # nothing consumed
+    assert len(h.table(warehouse)) == 0
+
+    ok = await asyncio.to_thread(run, "0")  # m1's partition runs
+    assert ok.success
+    h.assert_table_equals_reference(warehouse, [e for e in evs if h.partition_of(e[0]) == 0])

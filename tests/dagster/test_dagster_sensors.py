@@ -1,0 +1,271 @@
+"""The membership and backlog sensors and the drain schedule, evaluated as the daemon evaluates
+them (``build_sensor_context(..., definitions=defs)`` + ``evaluate_tick``), against a real
+group on the session's nats-server.
+
+Sensors call ``asyncio.run`` inside (``NatsResource.run``): they run in a worker thread here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from dagster import DagsterInstance, RunRequest, SkipReason
+from nats.js import JetStreamContext
+
+from assets.factory import PARTITION_TAG
+from cg_pipelines.core.assignment import assignment
+from cg_pipelines.core.config import ELASTIC_BUCKET, config_key
+from cg_pipelines.core.triggers import decode_membership_cursor
+from cg_pipelines.devserver import NatsServer
+from cg_pipelines.jetstream import admin
+from tests.dagster import helpers as h
+from tests.dagster.defs_keyed import (
+    BACKLOG_SENSOR,
+    DRAIN_SCHEDULE,
+    GROUP,
+    JOB,
+    MEMBERSHIP_SENSOR,
+    make_defs,
+    make_resources,
+)
+
+
+def _check_requests(reqs: list[RunRequest], stream: str, partitions: list[int],
+                    run_keys: list[str]) -> None:
+    """Exactly these partitions in order, with these run keys and the partition tags."""
+    assert h.partitions_of(reqs) == [str(p) for p in partitions]
+    assert [r.run_key for r in reqs] == run_keys
+    for r, p in zip(reqs, partitions, strict=True):
+        assert r.tags[PARTITION_TAG] == f"{stream}/{GROUP}/{p}"
+        assert r.tags["dagster/partition"] == str(p)
+
+
+# ------------------------------------------------------------------------------- membership
+
+
+@pytest.mark.parametrize("served", [None, ["m2"]], ids=["all-members", "m2-only"])
+async def test_membership_sensor_runs_gained_partitions(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance, served: list[str] | None) -> None:
+    stream = unique_name
+    v1 = await h.create_group(js, stream, members=("m1",))
+    defs = make_defs(stream, nats_server.url, warehouse, members=served)
+
+    def tick(cursor: str | None) -> h.SensorExecutionData:
+        return h.tick(defs, MEMBERSHIP_SENSOR, instance, cursor=cursor)
+
+    def check_tick(data: h.SensorExecutionData, rev: int, cfg_assign: dict[str, list[int]],
+                   gained: list[int]) -> None:
+        # no gain: nothing to run, yet the cursor moves (Dagster reports the tick as skipped)
+        assert (data.skip_message is None) == bool(gained)
+        assert data.cursor is not None
+        assert decode_membership_cursor(data.cursor) == (rev, cfg_assign)
+        _check_requests(list(data.run_requests or []), stream, gained,
+                        [f"{GROUP}:member:{rev}:{p}" for p in gained])
+
+    # first tick: m1 owns every partition
+    d1 = await asyncio.to_thread(tick, None)
+    assert assignment(v1.config) == {"m1": [0, 1, 2, 3]}
+    check_tick(d1, v1.revision, {"m1": [0, 1, 2, 3]}, [0, 1, 2, 3] if served is None else [])
+    # movement is recorded as observations of the partitions gained
+    assert [e.partition for e in d1.asset_events] == (["0", "1", "2", "3"] if served is None
+                                                      else [])
+
+    # no change: skip, cursor kept
+    d2 = await asyncio.to_thread(tick, d1.cursor)
+    assert not d2.run_requests
+    assert d2.skip_message == f"no membership change (revision {v1.revision})"
+    assert d2.cursor in (None, d1.cursor)
+
+    # m2 joins: partitions 2 and 3 move m1 -> m2
+    v2 = await admin.add_members(js, stream, GROUP, ["m2"])
+    assert v2.revision > v1.revision
+    assert assignment(v2.config) == {"m1": [0, 1], "m2": [2, 3]}
+    d3 = await asyncio.to_thread(tick, d1.cursor)
+    check_tick(d3, v2.revision, {"m1": [0, 1], "m2": [2, 3]}, [2, 3])
+    assert [(e.partition, e.metadata["moved_to"].value) for e in d3.asset_events] == [
+        ("2", "m2"), ("3", "m2")]
+
+    # m0 joins: 0 -> m0 (from m1), 3 -> m0 (from m2); m2 keeps 2 and gains nothing
+    v3 = await admin.add_members(js, stream, GROUP, ["m0"])
+    assert assignment(v3.config) == {"m0": [0, 3], "m1": [1], "m2": [2]}
+    d4 = await asyncio.to_thread(tick, d3.cursor)
+    check_tick(d4, v3.revision, {"m0": [0, 3], "m1": [1], "m2": [2]},
+               [0, 3] if served is None else [])
+
+    # the daemon keeps run keys forever: every request so far has a distinct key
+    keys = [r.run_key for d in (d1, d3, d4) for r in d.run_requests or []]
+    assert len(keys) == len(set(keys))
+
+
+async def test_membership_sensor_corrupt_cursor_skips(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance) -> None:
+    stream = unique_name
+    await h.create_group(js, stream)
+    defs = make_defs(stream, nats_server.url, warehouse)
+    data = await asyncio.to_thread(h.tick, defs, MEMBERSHIP_SENSOR, instance, cursor="{bad")
+    assert not data.run_requests
+    assert data.skip_message is not None and "corrupt membership cursor" in data.skip_message
+
+
+# ---------------------------------------------------------------------------------- backlog
+
+
+async def test_backlog_sensor_one_request_per_partition_with_backlog(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance) -> None:
+    stream = unique_name
+    await h.create_group(js, stream)
+    defs = make_defs(stream, nats_server.url, warehouse)
+
+    # no backlog at all
+    empty = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    assert not empty.run_requests and empty.skip_message == "no partition with backlog"
+
+    evs = h.events_on({1, 3})
+    await h.publish(js, stream, evs, len(evs))
+    # work-queue sequences follow the publish order (one origin stream, sourced in order)
+    first = {p: h.first_index(evs, p) + 1 for p in (1, 3)}
+
+    d1 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    _check_requests(list(d1.run_requests or []), stream, [1, 3],
+                    [f"{GROUP}:{p}:{first[p]}" for p in (1, 3)])
+    # the same backlog gives the same run keys (the daemon launches it once)
+    d2 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    assert [r.run_key for r in d2.run_requests or []] == [r.run_key for r in
+                                                          d1.run_requests or []]
+
+    # drain partition 1 through Dagster, then publish more to it: a new backlog, a new key
+    job = defs.resolve_job_def(JOB)
+    res = await asyncio.to_thread(job.execute_in_process, partition_key="1", instance=instance)
+    assert res.success
+    more = h.events_on({1}, prefix="x")
+    await h.publish(js, stream, more, len(evs) + len(more))
+    d3 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    new_first_1 = len(evs) + h.first_index(more, 1) + 1
+    _check_requests(list(d3.run_requests or []), stream, [1, 3],
+                    [f"{GROUP}:1:{new_first_1}", f"{GROUP}:3:{first[3]}"])
+    assert d3.run_requests and d1.run_requests
+    assert d3.run_requests[0].run_key != d1.run_requests[0].run_key
+
+
+async def test_backlog_sensor_thresholds_and_served_members(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance) -> None:
+    stream = unique_name
+    await h.create_group(js, stream, members=("m1", "m2"))  # m1: 0, 1; m2: 2, 3
+    defs = make_defs(stream, nats_server.url, warehouse)
+    evs = h.events_on({1, 3})
+    await h.publish(js, stream, evs, len(evs))
+    pending = {p: sum(1 for k, _ in evs if h.partition_of(k) == p) for p in (1, 3)}
+
+    def tick(members: list[str] | None = None, min_pending: int = 1,
+             max_age_s: float | None = None) -> h.SensorExecutionData:
+        resources = make_resources(nats_server.url, warehouse, members,
+                                   min_pending=min_pending, max_age_s=max_age_s)
+        return h.tick(defs, BACKLOG_SENSOR, instance, resources=resources)
+
+    big = await asyncio.to_thread(tick, min_pending=10_000)
+    assert not big.run_requests and big.skip_message == "no partition with backlog"
+    # a threshold between the two partitions' backlogs: only the larger one qualifies
+    assert pending[1] < pending[3], pending  # 100 and 101 with these events
+    mid = await asyncio.to_thread(tick, min_pending=pending[3])
+    assert h.partitions_of(list(mid.run_requests or [])) == ["3"]
+    assert [r.run_key for r in mid.run_requests or []] == [
+        f"{GROUP}:3:{h.first_index(evs, 3) + 1}"]
+    # ... or when the oldest pending message is old enough
+    await asyncio.sleep(0.2)
+    aged = await asyncio.to_thread(tick, min_pending=10_000, max_age_s=0.1)
+    assert h.partitions_of(list(aged.run_requests or [])) == ["1", "3"]
+    young = await asyncio.to_thread(tick, min_pending=10_000, max_age_s=3600.0)
+    assert not young.run_requests
+    # a deployment serving only m2 runs only m2's partition 3
+    only_m2 = await asyncio.to_thread(tick, members=["m2"])
+    assert h.partitions_of(list(only_m2.run_requests or [])) == ["3"]
+
+
+# ------------------------------------------------------------------------------ drain schedule
+
+
+async def test_drain_schedule_requests_partitions_with_backlog(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance) -> None:
+    stream = unique_name
+    await h.create_group(js, stream)
+    defs = make_defs(stream, nats_server.url, warehouse)
+
+    def evaluate() -> list[RunRequest] | SkipReason:
+        data = h.schedule_tick(defs, DRAIN_SCHEDULE, instance)
+        if data.skip_message:
+            return SkipReason(data.skip_message)
+        return list(data.run_requests or [])
+
+    nothing = await asyncio.to_thread(evaluate)
+    assert isinstance(nothing, SkipReason)
+    assert nothing.skip_message == "no partition with backlog"
+
+    evs = h.events_on({0, 2})
+    await h.publish(js, stream, evs, len(evs))
+    reqs = await asyncio.to_thread(evaluate)
+    assert isinstance(reqs, list)
+    _check_requests(reqs, stream, [0, 2],
+                    [f"{GROUP}:{p}:{h.first_index(evs, p) + 1}" for p in (0, 2)])
+    assert all(r.job_name in (None, JOB) for r in reqs)
+
+
+# ----------------------------------------------------------------------------- broken config
+
+
+BROKEN = ["missing-group", "invalid-json", "max-members-differs"]
+
+
+async def _break(js: JetStreamContext, stream: str, how: str) -> str:
+    """Set up the broken case; returns text the skip reason must contain."""
+    if how == "missing-group":
+        await h.create_group(js, stream)
+        await admin.delete_elastic(js, stream, GROUP)
+        return "not found"
+    if how == "invalid-json":
+        await h.create_group(js, stream)
+        kv = await js.key_value(ELASTIC_BUCKET)
+        await kv.put(config_key(stream, GROUP), b"{oops")
+        return f"stored elastic config {stream}.{GROUP}"
+    await h.create_group(js, stream, max_members=3)
+    return "3 partitions in KV but the code declares 4"
+
+
+@pytest.mark.parametrize("how", BROKEN)
+async def test_broken_config_skips_with_reason(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance, how: str) -> None:
+    stream = unique_name
+    expected = await _break(js, stream, how)
+    defs = make_defs(stream, nats_server.url, warehouse)
+
+    def evaluate_all() -> list[tuple[str, str | None, int]]:
+        out = []
+        for name in (MEMBERSHIP_SENSOR, BACKLOG_SENSOR):
+            d = h.tick(defs, name, instance)
+            out.append((name, d.skip_message, len(d.run_requests or [])))
+        s = h.schedule_tick(defs, DRAIN_SCHEDULE, instance)
+        out.append((DRAIN_SCHEDULE, s.skip_message, len(s.run_requests or [])))
+        return out
+
+    t0 = time.perf_counter()
+    for name, skip, n_requests in await asyncio.to_thread(evaluate_all):
+        assert n_requests == 0, name
+        assert skip is not None, name
+        assert skip.startswith(f"consumer group {stream}.{GROUP}: "), (name, skip)
+        assert expected in skip, (name, skip)
+    assert time.perf_counter() - t0 < 10  # bounded: no retry loop on a broken config
+
+    # a run of a partition fails with the same explanation instead of touching anything
+    res = await asyncio.to_thread(defs.resolve_job_def(JOB).execute_in_process,
+                                  partition_key="0", instance=instance, raise_on_error=False)
+    assert not res.success
+    failure = res.failure_data_for_node("keyed_events")
+    assert failure is not None and failure.user_failure_data is not None
+    assert expected in (failure.user_failure_data.description or "")
