@@ -148,9 +148,10 @@ def build_group_definitions(spec: GroupAsset) -> GroupDefinitions:
     keys = [str(i) for i in range(spec.max_members)]
     partitions = StaticPartitionsDefinition(keys)
     checks = [
-        AssetCheckSpec("backlog_drained", asset=spec.name,
+        AssetCheckSpec("backlog_drained", asset=spec.name, partitions_def=partitions,
                        description="The run drained the partition's backlog seen at its start."),
         AssetCheckSpec("no_unexplained_fence_conflicts", asset=spec.name,
+                       partitions_def=partitions,
                        description="No commit was refused by the watermark fence (a refusal "
                        "means another holder took the partition over mid-run)."),
     ]

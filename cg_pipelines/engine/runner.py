@@ -178,6 +178,8 @@ class _PartitionRun:
         self.api = JetStreamAPI(nc, timeout=options.timeout_s)
         self.res = RunResult(stream, group, partition)
         self.t0 = time.monotonic()
+        self._pending = 0  # the partition's backlog at start (consumer pending + ack pending)
+        self._dense = False  # read ranges unfiltered (see _loop)
 
     def _step(self, name: str, **info: Any) -> None:
         if self.hook is not None:
@@ -236,7 +238,8 @@ class _PartitionRun:
 
     async def _has_backlog(self) -> bool:
         info = await self.api.consumer_info(self.wq, self.cname)
-        if info.get("num_pending") or info.get("num_ack_pending"):
+        self._pending = int(info.get("num_pending") or 0) + int(info.get("num_ack_pending") or 0)
+        if self._pending:
             return True
         self.res.status = "empty"
         return False
@@ -303,6 +306,11 @@ class _PartitionRun:
         start = await self.api.stream_info(self.wq)
         start_last = int(start["state"].get("last_seq") or 0)
         lease = await self._first_lease()
+        # Dense partition: when it holds at least half of the work queue's messages, reading
+        # the range unfiltered and skipping other partitions' messages here is cheaper than
+        # the server's per-message wildcard lookup (``next_by_subj="<p>.>"`` slows down with
+        # the number of distinct subjects: ~2.3x on 1,000 subjects, bench/partition_drain.py).
+        self._dense = 2 * self._pending >= int(start["state"].get("messages") or 0)
         dlq_ready = False
         # The next range is read while the current batch is processed and committed: reading
         # consumes nothing, and a prefetch that no longer starts where the next range starts
@@ -367,14 +375,18 @@ class _PartitionRun:
         nbytes = 0
         seq = from_seq
         opt = self.opt
+        flt = ">" if self._dense else self.flt
+        prefix = f"{self.partition}."
         while len(out) < opt.batch_max_msgs and nbytes < opt.batch_max_bytes:
             want = min(opt.read_chunk, opt.batch_max_msgs - len(out))
-            msgs = await self.api.direct_get_batch(self.wq, seq, self.flt, want,
+            msgs = await self.api.direct_get_batch(self.wq, seq, flt, want,
                                                    max_bytes=opt.batch_max_bytes - nbytes)
             for m in msgs:
                 if m.seq > start_last:
                     self._timed(timing, t)
                     return out
+                if not m.subject.startswith(prefix):
+                    continue  # another partition's message (dense, unfiltered read)
                 _, subject = strip_partition(m.subject)
                 out.append(Record(m.seq, subject, m.data, m.time_ns, _user_headers(m.headers)))
                 nbytes += len(m.data)

@@ -108,6 +108,34 @@ async def test_new_messages_after_start_wait_for_next_run(nc, js, unique_name, t
     assert keyed.mismatches(sink.read(), evs + more) is None
 
 
+async def test_dense_and_sparse_partitions_read_only_their_messages(nc, js, unique_name,
+                                                                    tmp_path) -> None:
+    """Partition 1 holds a fifth of the work queue (read with the partition filter), then
+    partition 0 all of it (read unfiltered); and with both interleaved, partition 0 (80%, dense)
+    skips partition 1's messages. Each commits exactly its own keys, in order."""
+    stream = unique_name
+    keys0 = [k for k in (f"k{i}" for i in range(200)) if partition_for([k], 2) == 0][:6]
+    keys1 = [k for k in (f"k{i}" for i in range(200)) if partition_for([k], 2) == 1][:2]
+    evs = [(keys0[i % 6] if i % 5 else keys1[i % 2], 1000 + i) for i in range(600)]
+    api = await _setup(js, stream, evs)
+    sink = DeltaSink(str(tmp_path / "t"))
+    opts = EngineOptions(batch_max_msgs=50, read_chunk=20, **FAST)
+    r1 = await run_partition(nc, stream, "g", 1, keyed.processor(), sink, opts)  # 20%: sparse
+    r0 = await run_partition(nc, stream, "g", 0, keyed.processor(), sink, opts)  # now 100%
+    assert (r0.processed, r1.processed) == (480, 120)
+    assert keyed.mismatches(sink.read(), evs) is None
+    assert await _wq_left(api, f"{stream}-g") == 0
+    # Interleaved: the dense partition first, skipping the other's messages.
+    more = [(k, n + 5000) for k, n in evs]
+    await keyed.publish(js, stream, more)
+    await _wait_sourced(api, f"{stream}-g", len(more))
+    r0 = await run_partition(nc, stream, "g", 0, keyed.processor(), sink, opts)
+    assert r0.processed == 480 and await _wq_left(api, f"{stream}-g") == 120
+    r1 = await run_partition(nc, stream, "g", 1, keyed.processor(), sink, opts)
+    assert r1.processed == 120
+    assert keyed.mismatches(sink.read(), evs + more) is None
+
+
 def _worker(url: str, stream: str, partition: int, uri: str, step: str, at: int,
             sig: str = "KILL", batch: int = 40) -> subprocess.Popen:
     return subprocess.Popen(
