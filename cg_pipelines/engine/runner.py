@@ -396,7 +396,7 @@ class _PartitionRun:
         self._timed(timing, t)
         return out
 
-    async def _process(self, records: Sequence[Record], watermark: int) -> Processed:
+    async def _process(self, records: Sequence[Record]) -> Processed:
         ctx = BatchContext(self.stream, self.group, self.partition, self.app_id,
                            records[0].seq, records[-1].seq, self.sink)
         t = time.monotonic()
@@ -414,7 +414,7 @@ class _PartitionRun:
     ) -> bool:
         """Process, dead-letter, commit, purge, ack one batch. Returns True to stop the run."""
         res = self.res
-        processed = await self._process(records, watermark)
+        processed = await self._process(records)
         halted = None
         if processed.dead and self.opt.dead_letter_policy == "halt":
             halted = min(processed.dead, key=lambda d: d.seq)
@@ -425,7 +425,7 @@ class _PartitionRun:
                 res.status, res.halted_at = "halted", halted.seq
                 res.detail = f"halted at sequence {halted.seq}: {halted.reason}"
                 return True
-            processed = await self._process(records, watermark)
+            processed = await self._process(records)
             if processed.dead:  # the prefix must process cleanly: it did in the full batch
                 raise RuntimeError("processing step is not deterministic: the batch before a "
                                    "bad message produced dead letters on re-processing")
@@ -456,7 +456,7 @@ class _PartitionRun:
         self._step("committed", first_seq=records[0].seq, last_seq=last)
         t = time.monotonic()
         await self._release(lease)  # no keep-alive pull may be waiting when the lease is acked
-        await self._settle(lease, last, halted is not None)
+        await self._settle(lease, last)
         self._timed("settle", t)
         if halted is not None:
             # The bad message is now the partition's first: leave it for an operator.
@@ -466,7 +466,7 @@ class _PartitionRun:
         self._step("acked", first_seq=records[0].seq, last_seq=last)
         return False
 
-    async def _settle(self, lease: _Lease, last: int, halted: bool) -> None:
+    async def _settle(self, lease: _Lease, last: int) -> None:
         """After a commit: purge the partition below ``last + 1``, then ack the lease."""
         await self.api.purge(self.wq, filter=self.flt, seq=last + 1)
         self._step("purged", last_seq=last)
@@ -563,7 +563,7 @@ class _StaticPartitionRun(_PartitionRun):
                 return
         self.res.status = "limit"
 
-    async def _settle(self, lease: _Lease, last: int, halted: bool) -> None:
+    async def _settle(self, lease: _Lease, last: int) -> None:
         """After a commit: ack every delivered message up to ``last``; nak the rest."""
         for m in lease.msgs:
             if m.metadata.sequence.stream <= last:
