@@ -241,9 +241,18 @@ class _Member:
                 if self.stopping.is_set():
                     await msg.nak()
                     continue
-                result = self.handler(GroupMsg(msg))
-                if self.is_async:
-                    await result  # type: ignore[misc]
+                try:
+                    result = self.handler(GroupMsg(msg))
+                    if self.is_async:
+                        await result  # type: ignore[misc]
+                except Exception as e:  # noqa: BLE001 - a handler bug must not stop the member
+                    # Never lost: the message is nak'ed (redelivered); a message the handler
+                    # already acked ignores the nak.
+                    log.warning("member %s: handler failed on %s #%s: %s: %s; nak'ed",
+                                self.member, msg.subject, msg.metadata.sequence.stream,
+                                type(e).__name__, e)
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
 
     async def watch_loop(self) -> BaseException | None:
         kv = await self.store.bucket()
@@ -371,7 +380,8 @@ async def static_consume(js: JetStreamContext, stream: str, group: str, member: 
                          handler: Handler, config: MemberConfig | None = None) -> ConsumeHandle:
     """Join a static group as ``member`` and hand its messages to ``handler``.
 
-    ``handler(msg: GroupMsg)`` may be sync or async; it acks (or naks) the message.
+    ``handler(msg: GroupMsg)`` may be sync or async; it acks (or naks) the message. A handler
+    that raises gets the message nak'ed (redelivered) and the member goes on.
     Raises ``GroupNotFoundError``, ``StreamNotFoundError``, ``MembershipError`` (not a member),
     ``ConfigError`` (stored config invalid).
     """

@@ -701,3 +701,32 @@ async def test_member_recreates_its_deleted_consumer(js, unique_name, report) ->
                       f"{recreated:.2f} s, messages flowing after {flowing:.2f} s")
     finally:
         assert await stop_all(h) == [None]
+
+
+async def test_handler_error_naks_and_member_goes_on(js, unique_name) -> None:
+    """A handler that raises: the message is nak'ed and redelivered, the member keeps going."""
+    stream = unique_name
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
+    await admin.create_elastic(js, stream, "g", ElasticConfig(1, members=("m1",)))
+    seen: list[bytes] = []
+    failed: list[bytes] = []
+
+    async def handler(msg) -> None:
+        if msg.data == b"boom" and not failed:
+            failed.append(msg.data)
+            raise RuntimeError("handler bug")
+        seen.append(msg.data)
+        await msg.ack()
+
+    h = await elastic_consume(js, stream, "g", "m1", handler, MemberConfig(ack_wait_s=1.0))
+    try:
+        for data in (b"a", b"boom", b"b"):
+            await js.publish(f"{stream}.k", data)
+        for _ in range(100):
+            if len(seen) == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert failed == [b"boom"] and seen == [b"a", b"boom", b"b"]
+    finally:
+        h.stop()
+    assert await h.done() is None
