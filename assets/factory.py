@@ -50,7 +50,6 @@ from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
 from cg_pipelines.core.triggers import (
-    BacklogRequest,
     backlog_requests,
     decode_membership_cursor,
     encode_membership_cursor,
@@ -112,14 +111,19 @@ class GroupDefinitions:
     schedule: ScheduleDefinition
 
 
+def _check_partitions(config: ElasticConfig, spec: GroupAsset) -> None:
+    """Raise ``ConfigError`` unless the group's partition count is the one the code declares."""
+    if config.max_members != spec.max_members:
+        raise ConfigError("max_members", f"group {spec.stream}.{spec.group} has "
+                          f"{config.max_members} partitions in KV but the code declares "
+                          f"{spec.max_members}")
+
+
 def _load_config(nats_res: NatsResource, spec: GroupAsset) -> Versioned[ElasticConfig]:
     """The group's config (one bounded NATS call); checks max_members against the code."""
     v = nats_res.run(lambda nc: admin.get_elastic(nc.jetstream(), spec.stream, spec.group,
                                                   timeout=nats_res.call_timeout_s))
-    if v.config.max_members != spec.max_members:
-        raise ConfigError("max_members", f"group {spec.stream}.{spec.group} has "
-                          f"{v.config.max_members} partitions in KV but the code declares "
-                          f"{spec.max_members}")
+    _check_partitions(v.config, spec)
     return v
 
 
@@ -261,19 +265,30 @@ def build_group_definitions(spec: GroupAsset) -> GroupDefinitions:
             f"served here",
         )
 
-    def backlog_run_requests(nats_res: NatsResource, runs: PartitionRunsResource
-                             ) -> list[BacklogRequest]:
-        v = _load_config(nats_res, spec)
+    def backlog_tick(nats_res: NatsResource, runs: PartitionRunsResource,
+                     log: Any) -> list[RunRequest] | SkipReason:
+        """One bounded NATS session: the group's config and every partition's backlog; one
+        run request per served partition with backlog, or the reason for none."""
 
         async def read(nc: Any) -> Any:
+            v = await admin.get_elastic(nc.jetstream(), spec.stream, spec.group,
+                                        timeout=nats_res.call_timeout_s)
             async with JetStreamAPI(nc, timeout=nats_res.call_timeout_s) as api:
-                return await partition_backlog(api, spec.stream, spec.group,
-                                               range(spec.max_members))
+                return v, await partition_backlog(api, spec.stream, spec.group,
+                                                  range(spec.max_members))
 
-        backlog = nats_res.run(read)
+        try:
+            v, backlog = nats_res.run(read)
+            _check_partitions(v.config, spec)
+        except TICK_ERRORS as e:
+            return SkipReason(f"consumer group {spec.stream}.{spec.group}: {e}")
         served = served_partitions(assignment(v.config), runs.served())
-        return backlog_requests(spec.group, backlog, min_pending=runs.min_pending,
+        reqs = backlog_requests(spec.group, backlog, min_pending=runs.min_pending,
                                 max_age_s=runs.max_age_s, partitions=served)
+        for r in reqs:
+            log.info(f"partition {r.partition}: {r.reason}")
+        return [run_request(r.partition, r.run_key) for r in reqs] or SkipReason(
+            "no partition with backlog")
 
     @sensor(name=f"{spec.name}_backlog", job=job,
             minimum_interval_seconds=spec.sensor_interval_s,
@@ -282,27 +297,15 @@ def build_group_definitions(spec: GroupAsset) -> GroupDefinitions:
             "older than the max age; one run per backlog (run key = first pending sequence).")
     def backlog_sensor(context: SensorEvaluationContext, nats: NatsResource,
                        partition_runs: PartitionRunsResource) -> SensorResult | SkipReason:
-        try:
-            reqs = backlog_run_requests(nats, partition_runs)
-        except TICK_ERRORS as e:
-            return SkipReason(f"consumer group {spec.stream}.{spec.group}: {e}")
-        if not reqs:
-            return SkipReason("no partition with backlog")
-        for r in reqs:
-            context.log.info(f"partition {r.partition}: {r.reason}")
-        return SensorResult(run_requests=[run_request(r.partition, r.run_key) for r in reqs])
+        got = backlog_tick(nats, partition_runs, context.log)
+        return got if isinstance(got, SkipReason) else SensorResult(run_requests=got)
 
     @schedule(name=f"{spec.name}_drain", cron_schedule=spec.schedule_cron, job=job,
               default_status=DefaultScheduleStatus.STOPPED,
               description="Drains every served partition that has a backlog.")
     def drain_schedule(context: ScheduleEvaluationContext, nats: NatsResource,
                        partition_runs: PartitionRunsResource) -> list[RunRequest] | SkipReason:
-        try:
-            reqs = backlog_run_requests(nats, partition_runs)
-        except TICK_ERRORS as e:
-            return SkipReason(f"consumer group {spec.stream}.{spec.group}: {e}")
-        return [run_request(r.partition, r.run_key) for r in reqs] or SkipReason(
-            "no partition with backlog")
+        return backlog_tick(nats, partition_runs, context.log)
 
     return GroupDefinitions(_group_asset, job, [membership_sensor, backlog_sensor],
                             drain_schedule)

@@ -177,6 +177,12 @@ def demo(events: int) -> None:
 # ------------------------------------------------------------------------------- shared output
 
 
+def _show_config(c: Ctx, kind: str, stream: str, group: str, v: Any) -> None:
+    """Print a group's config (``v``: a ``Versioned`` config) as text or JSON."""
+    c.out(_config_dict(v.config, v.revision),
+          _config_text(kind, stream, group, v.config, v.revision))
+
+
 def _config_dict(cfg: StaticConfig | ElasticConfig, rev: int) -> dict[str, Any]:
     d = json.loads(cfg.to_json())
     d["revision"] = rev
@@ -240,8 +246,7 @@ def _common_commands(kind: str, grp: click.Group) -> None:
     def info_(c: Ctx, stream: str, group: str) -> None:
         """Show GROUP's config and partition assignment."""
         v = c.run(lambda js: get(js, stream, group, timeout=c.timeout))
-        c.out(_config_dict(v.config, v.revision),
-              _config_text(kind, stream, group, v.config, v.revision))
+        _show_config(c, kind, stream, group, v)
 
     @grp.command("member-info")
     @click.argument("stream")
@@ -486,8 +491,7 @@ def static_create(c: Ctx, stream: str, group: str, max_members: int, filters: tu
     cfg = StaticConfig(max_members, tuple(filters), tuple(sorted(set(_split(members)))),
                        _mappings(mapping))
     v = c.run(lambda js: admin.create_static(js, stream, group, cfg, timeout=c.timeout))
-    c.out(_config_dict(v.config, v.revision),
-          _config_text("static", stream, group, v.config, v.revision))
+    _show_config(c, "static", stream, group, v)
 
 
 @static.command("delete")
@@ -541,8 +545,7 @@ def elastic_create(c: Ctx, stream: str, group: str, max_members: int, filters: t
                         max_buffered_msgs, max_buffered_bytes,
                         tuple(sorted(set(_split(members)))), _mappings(mapping))
     v = c.run(lambda js: admin.create_elastic(js, stream, group, cfg, timeout=c.timeout))
-    c.out(_config_dict(v.config, v.revision),
-          _config_text("elastic", stream, group, v.config, v.revision))
+    _show_config(c, "elastic", stream, group, v)
 
 
 @elastic.command("delete")
@@ -568,8 +571,7 @@ def _membership_command(name: str, fn: Callable, verb: str) -> None:
     def cmd(c: Ctx, stream: str, group: str, members: tuple[str, ...], sticky: bool) -> None:
         v = c.run(lambda js: fn(js, stream, group, _split(members), sticky=sticky,
                                 timeout=c.timeout))
-        c.out(_config_dict(v.config, v.revision),
-              _config_text("elastic", stream, group, v.config, v.revision))
+        _show_config(c, "elastic", stream, group, v)
 
     cmd.__doc__ = f"{verb} MEMBERS (compare-and-set)."
 
@@ -587,8 +589,7 @@ def elastic_create_mapping(c: Ctx, stream: str, group: str, mappings: tuple[str,
     """Set member mappings, e.g. 'm1:0-3' 'm2:4,5,6,7' (replaces the membership)."""
     mm = _mappings(mappings)
     v = c.run(lambda js: admin.set_member_mappings(js, stream, group, mm, timeout=c.timeout))
-    c.out(_config_dict(v.config, v.revision),
-          _config_text("elastic", stream, group, v.config, v.revision))
+    _show_config(c, "elastic", stream, group, v)
 
 
 @elastic.command("delete-mapping")
@@ -598,8 +599,7 @@ def elastic_create_mapping(c: Ctx, stream: str, group: str, mappings: tuple[str,
 def elastic_delete_mapping(c: Ctx, stream: str, group: str) -> None:
     """Remove the member mappings."""
     v = c.run(lambda js: admin.delete_member_mappings(js, stream, group, timeout=c.timeout))
-    c.out(_config_dict(v.config, v.revision),
-          _config_text("elastic", stream, group, v.config, v.revision))
+    _show_config(c, "elastic", stream, group, v)
 
 
 if __name__ == "__main__":
