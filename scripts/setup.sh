@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up the project on a fresh machine: Java check, .venv, pip install, nats-server check.
+# Sets up the project on a fresh machine: Java check, Chromium for the UI test, .venv,
+# pip install, nats-server check.
 # Idempotent: a second run only re-checks (pip reinstalls nothing when up to date).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,17 @@ JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
 command -v "$JAVA" >/dev/null 2>&1 || die "Java 17+ is required for Spark: install OpenJDK 17 (apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
 jv=$("$JAVA" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
 [ "${jv:-0}" -ge 17 ] || die "Java 17+ is required for Spark, found version ${jv:-unknown}"
+
+# Debian's Chromium + ChromeDriver for the Dagster UI test (no browser downloads at run time).
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver
+  else
+    echo "setup: warning: chromium and chromedriver are needed by the UI test (tests/ui)" >&2
+  fi
+fi
 
 PY="${PYTHON:-python3}"
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "Python 3.11+ is required ($PY)"
