@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -15,6 +14,7 @@ from deltalake import DeltaTable
 from cg_pipelines.engine.model import FenceConflictError
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.sinks.s3 import MotoS3Server
+from tests.support.race import race
 
 SCHEMA = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("tag", pa.string())])
 
@@ -23,28 +23,6 @@ def rows(first: int, n: int, tag: str = "t", key: str = "k") -> pa.Table:
     return pa.table(
         {"key": [key] * n, "seq": list(range(first, first + n)), "tag": [tag] * n}, schema=SCHEMA
     )
-
-
-def race(n: int, fn: Callable[[int], None]) -> dict[int, BaseException | None]:
-    """Run ``fn(i)`` for i in range(n) in threads released together; each one's outcome."""
-    barrier = threading.Barrier(n, timeout=30)
-    out: dict[int, BaseException | None] = {}
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            fn(i)
-            out[i] = None
-        except BaseException as e:  # recorded for the assertions
-            out[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-        assert not t.is_alive(), "racer hung"
-    return out
 
 
 @pytest.fixture(scope="module")

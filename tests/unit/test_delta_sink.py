@@ -3,8 +3,6 @@ commits, reads, secrets."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +12,7 @@ from deltalake import DeltaTable
 
 from cg_pipelines.engine.model import FenceConflictError, Record, records_to_arrow
 from cg_pipelines.sinks.delta import DeltaSink
+from tests.support.race import race
 
 SCHEMA = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("tag", pa.string())])
 
@@ -27,28 +26,6 @@ def rows(first: int, n: int, tag: str = "t", key: str = "k") -> pa.Table:
 
 def delta_version(uri: str) -> int:
     return DeltaTable(uri).version()
-
-
-def race(n: int, fn: Callable[[int], None]) -> dict[int, BaseException | None]:
-    """Run ``fn(i)`` for i in range(n) in threads released together; each one's outcome."""
-    barrier = threading.Barrier(n, timeout=30)
-    out: dict[int, BaseException | None] = {}
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            fn(i)
-            out[i] = None
-        except BaseException as e:  # recorded for the assertions
-            out[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-        assert not t.is_alive(), "racer hung"
-    return out
 
 
 @pytest.fixture
