@@ -144,7 +144,8 @@ class RunResult:
     ``status``: ``"drained"`` (backlog seen at start processed), ``"limit"`` (a message or time
     limit stopped it), ``"held"`` (another instance holds the partition; nothing done),
     ``"empty"`` (no backlog), ``"fenced"`` (a newer holder took over mid-run), ``"halted"``
-    (the ``halt`` policy stopped at a bad message; see ``halted_at``).
+    (the ``halt`` policy stopped at a bad message; see ``halted_at``). ``nats_retries`` counts
+    NATS steps retried while NATS was unreachable.
     """
 
     stream: str
@@ -158,6 +159,7 @@ class RunResult:
     duplicates_skipped: int = 0
     commits: int = 0
     fence_conflicts: int = 0
+    nats_retries: int = 0
     watermark: int = 0
     seconds: float = 0.0
     halted_at: int | None = None

@@ -19,7 +19,8 @@ Algorithm (DESIGN §5, the draining rule of seed 004):
 While a batch is processed, the lease is kept with ``+WPI`` (in progress) every third of the
 ack wait. A run drains the backlog present when it started (new messages wait for the next
 run), or stops at a message/time limit. A crash anywhere is safe: before the commit nothing is
-visible; after it, the rerun sees the watermark and skips what is committed.
+visible; after it, the rerun sees the watermark and skips what is committed. Losing NATS
+mid-run is retried with backoff (:mod:`cg_pipelines.engine.retry`), then fails the run.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -46,17 +48,22 @@ from cg_pipelines.engine.model import (
     RunResult,
     Sink,
 )
-from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config
+from cg_pipelines.engine.retry import Retrier
+from cg_pipelines.jetstream.api import JetStreamAPI, PullResult, consumer_config
 from cg_pipelines.jetstream.errors import (
     ConsumerAlreadyExistsError,
+    JetStreamUnavailableError,
+    RequestTimeoutError,
     WorkQueueConsumerNotUniqueError,
 )
 
 PRIORITY_GROUP = "PCG"
 Hook = Callable[[str, dict[str, Any]], None]
 """``hook(step, info)``: called after each step (``"leased"``, ``"read"``, ``"processed"``,
-``"committed"``, ``"purged"``, ``"acked"``) with ``first_seq``/``last_seq``; used by
-fault-injection tests and progress reporting. It runs on the event loop: keep it short."""
+``"committed"``, ``"purged"``, ``"acked"``) with ``first_seq``/``last_seq``, and ``"retry"``
+(``step``, ``attempt``, ``error``) after each failed attempt of a NATS step that will be
+retried; used by fault-injection tests and progress reporting. It runs on the event loop: keep
+it short."""
 
 
 class EngineConfigError(RuntimeError):
@@ -80,6 +87,11 @@ class EngineOptions:
         dead_letter_policy: ``"dlq"`` (dead-letter and go on) or ``"halt"`` (commit what is
             before the bad message, stop there).
         timeout_s: seconds allowed for each NATS request.
+        retry_max_s: seconds a NATS step is retried while NATS is unreachable (connection lost,
+            server restarting, JetStream unavailable) before the run fails with
+            :class:`~cg_pipelines.engine.retry.NatsUnavailableError`.
+        retry_backoff_s, retry_max_backoff_s: first and largest pause between retries
+            (seconds; doubling).
     """
 
     batch_max_msgs: int = 20_000
@@ -92,12 +104,19 @@ class EngineOptions:
     max_seconds: float | None = None
     dead_letter_policy: Literal["dlq", "halt"] = "dlq"
     timeout_s: float = 5.0
+    retry_max_s: float = 30.0
+    retry_backoff_s: float = 0.1
+    retry_max_backoff_s: float = 3.0
 
     def __post_init__(self) -> None:
         if self.batch_max_msgs < 1 or self.batch_max_bytes < 1 or self.read_chunk < 1:
             raise ValueError("batch_max_msgs, batch_max_bytes and read_chunk must be >= 1")
         if self.ack_wait_s <= 0 or self.priority_timeout_s <= 0 or self.hold_wait_s <= 0:
             raise ValueError("ack_wait_s, priority_timeout_s and hold_wait_s must be > 0 seconds")
+        if self.timeout_s <= 0 or self.retry_max_s < 0:
+            raise ValueError("timeout_s must be > 0 and retry_max_s >= 0 seconds")
+        if not 0 < self.retry_backoff_s <= self.retry_max_backoff_s:
+            raise ValueError("need 0 < retry_backoff_s <= retry_max_backoff_s seconds")
         if self.dead_letter_policy not in ("dlq", "halt"):
             raise ValueError(f"dead_letter_policy must be 'dlq' or 'halt', not "
                              f"{self.dead_letter_policy!r}")
@@ -154,6 +173,7 @@ class _Lease:
     msgs: list[Msg]
     seq: int
     pin_id: str | None
+    retries: int = 0  # the run's NATS retries when the lease was taken
     keeper: asyncio.Task[None] | None = field(default=None)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -180,6 +200,44 @@ class _PartitionRun:
         self.t0 = time.monotonic()
         self._pending = 0  # the partition's backlog at start (consumer pending + ack pending)
         self._dense = False  # read ranges unfiltered (see _loop)
+        self.retry = Retrier(nc, options.retry_max_s, options.retry_backoff_s,
+                             options.retry_max_backoff_s, f"partition {partition} of {self.wq}",
+                             on_retry=self._on_retry)
+
+    def _on_retry(self, step: str, attempt: int, exc: BaseException) -> None:
+        self.res.nats_retries += 1
+        self._step("retry", step=step, attempt=attempt, error=type(exc).__name__)
+
+    async def _pull(self, step: str, **kw: Any) -> PullResult:
+        """A pull request, retried while NATS is unreachable. A pull the server never
+        answered (no message, no status) or answered 503 counts as unreachable."""
+        async def once() -> PullResult:
+            got = await self.api.pull(self.wq, self.cname, **kw)
+            if not got.messages and got.status == 503:
+                raise JetStreamUnavailableError(503, 0, got.description)
+            if not got.messages and got.status is None:
+                raise RequestTimeoutError(f"pull {self.wq} > {self.cname}",
+                                          float(kw.get("expires_s") or 0) + self.opt.timeout_s)
+            return got
+        return await self.retry.call(step, once)
+
+    async def _ack(self, lease: _Lease) -> None:
+        """Acknowledge the lease (after its range was committed and purged), retried while
+        NATS is unreachable. An ack whose reply is lost may have been applied, and a restarted
+        server may have forgotten the delivery: both count as done once the consumer holds no
+        unacknowledged message at or below the lease (the purge already removed the range)."""
+        async def once() -> None:
+            try:
+                await lease.msg.ack_sync(timeout=self.opt.timeout_s)
+            except nats.errors.MsgAlreadyAckdError:
+                return
+            except TimeoutError:
+                info = await self.api.consumer_info(self.wq, self.cname)
+                floor = int((info.get("ack_floor") or {}).get("stream_seq") or 0)
+                if floor >= lease.seq or not info.get("num_ack_pending"):
+                    return
+                raise
+        await self.retry.call("ack", once)
 
     def _step(self, name: str, **info: Any) -> None:
         if self.hook is not None:
@@ -189,7 +247,8 @@ class _PartitionRun:
         self.res.timings[key] = self.res.timings.get(key, 0.0) + (time.monotonic() - t)
 
     async def _ensure_consumer(self) -> None:
-        await ensure_lease_consumer(self.api, self.wq, self.partition, self.opt)
+        await self.retry.call("create the lease consumer", lambda: ensure_lease_consumer(
+            self.api, self.wq, self.partition, self.opt))
 
     async def run(self) -> RunResult:
         try:
@@ -226,8 +285,11 @@ class _PartitionRun:
                         await msg.in_progress()
             if now >= next_pin and len(lease.msgs) == 1:
                 next_pin = now + pin_every
-                got = await self.api.pull(self.wq, self.cname, batch=1, pin_id=lease.pin_id,
-                                          expires_s=min(1.0, pin_every / 2))
+                try:
+                    got = await self.api.pull(self.wq, self.cname, batch=1, pin_id=lease.pin_id,
+                                              expires_s=min(1.0, pin_every / 2))
+                except Exception:  # noqa: BLE001 - NATS lost: the fence covers a lost lease
+                    continue
                 for m in got.messages:
                     if m.metadata.sequence.stream == lease.seq:
                         lease.msgs[0] = m
@@ -237,7 +299,8 @@ class _PartitionRun:
                     lease.pin_id = got.pin_id
 
     async def _has_backlog(self) -> bool:
-        info = await self.api.consumer_info(self.wq, self.cname)
+        info = await self.retry.call("consumer info", lambda: self.api.consumer_info(
+            self.wq, self.cname))
         self._pending = int(info.get("num_pending") or 0) + int(info.get("num_ack_pending") or 0)
         if self._pending:
             return True
@@ -247,7 +310,7 @@ class _PartitionRun:
     async def _first_lease(self) -> _Lease | None:
         if not await self._has_backlog():
             return None
-        got = await self.api.pull(self.wq, self.cname, batch=1, expires_s=self.opt.hold_wait_s)
+        got = await self._pull("pull the lease", batch=1, expires_s=self.opt.hold_wait_s)
         if got.messages:
             return self._lease_of(got.messages[0], got.pin_id)
         await self._why_nothing()
@@ -256,7 +319,8 @@ class _PartitionRun:
     async def _why_nothing(self) -> None:
         """Set ``held`` (another instance holds the partition) or ``empty`` after a first pull
         that returned nothing."""
-        info = await self.api.consumer_info(self.wq, self.cname)
+        info = await self.retry.call("consumer info", lambda: self.api.consumer_info(
+            self.wq, self.cname))
         if info.get("num_ack_pending") or info.get("num_pending"):
             self.res.status = "held"
             self.res.detail = (f"partition {self.partition} held by another instance "
@@ -266,7 +330,7 @@ class _PartitionRun:
 
     def _lease_of(self, msg: Msg | list[Msg], pin_id: str | None) -> _Lease:
         msgs = msg if isinstance(msg, list) else [msg]
-        lease = _Lease(msgs, msgs[0].metadata.sequence.stream, pin_id)
+        lease = _Lease(msgs, msgs[0].metadata.sequence.stream, pin_id, self.res.nats_retries)
         lease.keeper = asyncio.create_task(self._keep(lease))
         self._step("leased", first_seq=lease.seq, last_seq=lease.seq)
         return lease
@@ -283,8 +347,18 @@ class _PartitionRun:
     async def _next_lease(self, done: _Lease) -> _Lease | None:
         """Release the finished lease ``done`` and pull the partition's next message."""
         await self._release(done)
-        got = await self.api.pull(self.wq, self.cname, batch=1, expires_s=0, no_wait=True,
-                                  pin_id=done.pin_id)
+        got = await self._pull("pull the next lease", batch=1, expires_s=0, no_wait=True,
+                               pin_id=done.pin_id)
+        if got.pin_lost and self.res.nats_retries > done.retries:
+            # NATS was lost while we held the lease: a restarted server forgets pins, so the
+            # pin moving is no sign of a new holder. Pull without the old id: if another
+            # instance holds the pin now, the server gives us nothing and we hand over.
+            got = await self._pull("re-pin after reconnect", batch=1,
+                                   expires_s=min(self.opt.hold_wait_s, 2.0))
+            if got.messages:
+                return self._lease_of(got.messages[0], got.pin_id)
+            if await self._has_backlog():  # backlog left but none for us: another holder
+                got.status = 423
         if got.messages:
             return self._lease_of(got.messages[0], got.pin_id)
         if got.pin_lost:
@@ -303,7 +377,7 @@ class _PartitionRun:
         return o.max_seconds is not None and time.monotonic() - self.t0 >= o.max_seconds
 
     async def _loop(self) -> None:
-        start = await self.api.stream_info(self.wq)
+        start = await self.retry.call("stream info", lambda: self.api.stream_info(self.wq))
         start_last = int(start["state"].get("last_seq") or 0)
         lease = await self._first_lease()
         # Dense partition: when it holds at least half of the work queue's messages, reading
@@ -330,8 +404,8 @@ class _PartitionRun:
                 self.res.watermark = watermark
                 if lease.seq <= watermark:
                     # Committed by an earlier run that stopped before purge/ack: finish its job.
-                    await self.api.purge(self.wq, filter=self.flt, seq=watermark + 1)
-                    await lease.msg.ack_sync(timeout=self.opt.timeout_s)
+                    await self._purge(watermark + 1)
+                    await self._ack(lease)
                     self.res.duplicates_skipped += 1
                     lease = await self._next_lease(lease)
                     continue
@@ -345,12 +419,13 @@ class _PartitionRun:
                 prefetch = None
                 if not records:
                     # The leased message was purged after a commit (crash before its ack).
-                    await lease.msg.ack_sync(timeout=self.opt.timeout_s)
+                    await self._ack(lease)
                     lease = await self._next_lease(lease)
                     continue
                 self._step("read", first_seq=records[0].seq, last_seq=records[-1].seq)
                 if not dlq_ready:
-                    await ensure_dlq_stream(self.api, self.stream, self.group)
+                    await self.retry.call("create the DLQ stream", lambda: ensure_dlq_stream(
+                        self.api, self.stream, self.group))
                     dlq_ready = True
                 if len(records) >= self.opt.batch_max_msgs and records[-1].seq < start_last:
                     nxt = records[-1].seq + 1
@@ -379,8 +454,9 @@ class _PartitionRun:
         prefix = f"{self.partition}."
         while len(out) < opt.batch_max_msgs and nbytes < opt.batch_max_bytes:
             want = min(opt.read_chunk, opt.batch_max_msgs - len(out))
-            msgs = await self.api.direct_get_batch(self.wq, seq, flt, want,
-                                                   max_bytes=opt.batch_max_bytes - nbytes)
+            msgs = await self.retry.call("read", lambda s=seq, w=want, b=nbytes:
+                                         self.api.direct_get_batch(
+                                             self.wq, s, flt, w, max_bytes=opt.batch_max_bytes - b))
             for m in msgs:
                 if m.seq > start_last:
                     self._timed(timing, t)
@@ -433,10 +509,13 @@ class _PartitionRun:
         last = records[-1].seq
         if processed.dead:
             t = time.monotonic()
-            res.dead_lettered += await publish_dead_letters(
-                self.js, origin_stream=self.stream, read_stream=self.wq, group=self.group,
-                partition=self.partition, records=records, dead=processed.dead,
-                timeout=self.opt.timeout_s)
+            dead = processed.dead
+            # Retried as a whole: Nats-Msg-Id makes the DLQ store each dead letter once.
+            res.dead_lettered += await self.retry.call("publish dead letters", lambda:
+                publish_dead_letters(
+                    self.js, origin_stream=self.stream, read_stream=self.wq, group=self.group,
+                    partition=self.partition, records=records, dead=dead,
+                    timeout=self.opt.timeout_s))
             self._timed("dead_letter", t)
         t = time.monotonic()
         try:
@@ -468,9 +547,14 @@ class _PartitionRun:
 
     async def _settle(self, lease: _Lease, last: int) -> None:
         """After a commit: purge the partition below ``last + 1``, then ack the lease."""
-        await self.api.purge(self.wq, filter=self.flt, seq=last + 1)
+        await self._purge(last + 1)
         self._step("purged", last_seq=last)
-        await lease.msg.ack_sync(timeout=self.opt.timeout_s)
+        await self._ack(lease)
+
+    async def _purge(self, below: int) -> None:
+        """Purge the partition's messages below sequence ``below`` (idempotent; retried)."""
+        await self.retry.call("purge", lambda: self.api.purge(self.wq, filter=self.flt,
+                                                              seq=below))
 
 
 def _user_headers(headers: dict[str, str] | None) -> dict[str, str] | None:
@@ -509,22 +593,23 @@ class _StaticPartitionRun(_PartitionRun):
             priority_timeout_s=self.opt.priority_timeout_s,
             description="cg_pipelines static partition run")
         try:
-            await self.api.create_consumer(self.stream, cfg)
+            await self.retry.call("create the partition consumer", lambda: self.api.create_consumer(
+                self.stream, cfg))
         except ConsumerAlreadyExistsError as e:
             raise EngineConfigError(
                 f"consumer {self.cname} on {self.stream} exists with other settings: run every "
                 f"instance with the same engine options ({e})") from e
 
     async def _loop(self) -> None:
-        start = await self.api.stream_info(self.stream)
+        start = await self.retry.call("stream info", lambda: self.api.stream_info(self.stream))
         start_last = int(start["state"].get("last_seq") or 0)
         if not await self._has_backlog():
             return
         pin: str | None = None
         first = True
         while not self._limit_hit():
-            got = await self.api.pull(
-                self.stream, self.cname, batch=self.opt.batch_max_msgs,
+            got = await self._pull(
+                "pull a batch", batch=self.opt.batch_max_msgs,
                 max_bytes=self.opt.batch_max_bytes, expires_s=self.opt.hold_wait_s if first
                 else 0, no_wait=not first, pin_id=pin)
             if not got.messages:
@@ -570,7 +655,7 @@ class _StaticPartitionRun(_PartitionRun):
                 await m.ack()
             else:
                 await m.nak()
-        await self.nc.flush(timeout=self.opt.timeout_s)
+        await self.retry.call("flush acks", lambda: self.nc.flush(timeout=self.opt.timeout_s))
 
 
 async def run_partition(
@@ -600,8 +685,10 @@ async def run_partition(
 
     Raises:
         EngineConfigError: the lease consumer cannot be created as required.
-        JetStreamError / RequestTimeoutError: NATS failures (nothing acknowledged that was
-            not committed).
+        NatsUnavailableError: NATS stayed unreachable for ``options.retry_max_s`` seconds
+            (each NATS step is retried with backoff until then); nothing acknowledged that was
+            not committed, and the next run resumes from the watermark.
+        JetStreamError: other NATS API failures (same guarantee).
         Exceptions of the processing step or the sink (other than fence conflicts), unchanged.
     """
     if partition < 0:

@@ -1,0 +1,154 @@
+"""Bounded retries of NATS calls while the connection is lost or JetStream is unavailable.
+
+A partition run that loses NATS (server restart, network cut, leader change) must neither give
+up at the first timeout nor hang: each NATS step of the engine is retried with exponential
+backoff for at most ``retry_max_s`` seconds after its first failure, and then the run fails
+with :class:`NatsUnavailableError`, whose message says what to check. Only steps that are safe
+to repeat are retried (reads, idempotent creates, purges, de-duplicated DLQ publishes, acks
+whose effect is verified); see :mod:`cg_pipelines.engine.runner`.
+
+Nothing here acknowledges anything: a run that fails this way has acknowledged only what it
+committed, and the next run resumes from the committed watermark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+
+from cg_pipelines.jetstream.errors import (
+    JetStreamError,
+    JetStreamUnavailableError,
+    RequestTimeoutError,
+)
+
+T = TypeVar("T")
+
+#: JetStream error codes that mean "try again" (nats-server errors.json): 10008 JetStream
+#: temporarily unavailable, 10023 insufficient resources during recovery.
+_TRANSIENT_ERR_CODES = frozenset({10008, 10023})
+
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    TimeoutError,  # nats.errors.TimeoutError and friends subclass it
+    RequestTimeoutError,
+    JetStreamUnavailableError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,  # includes UnexpectedEOF
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
+)
+
+
+class NatsUnavailableError(RuntimeError):
+    """NATS stayed unreachable (or JetStream unavailable) for longer than the retry budget.
+
+    Attributes:
+        step: the engine step that failed (e.g. ``"purge"``).
+        attempts: how many times it was tried.
+        seconds: time spent retrying, in seconds.
+    """
+
+    def __init__(self, step: str, attempts: int, seconds: float, detail: str) -> None:
+        self.step, self.attempts, self.seconds = step, attempts, seconds
+        super().__init__(detail)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures that a reconnect can cure: timeouts, no responders, a connection being
+    re-established, JetStream 503 / 10008 / 10023. Not for closed connections or API errors."""
+    if isinstance(exc, nats.errors.ConnectionClosedError):
+        return False
+    if isinstance(exc, JetStreamError) and (
+        exc.status == 503 or exc.err_code in _TRANSIENT_ERR_CODES
+    ):
+        return True
+    if isinstance(exc, nats.js.errors.APIError) and (
+        exc.code == 503 or exc.err_code in _TRANSIENT_ERR_CODES
+    ):
+        return True
+    return isinstance(exc, _TRANSIENT)
+
+
+def backoff_delays(first_s: float, cap_s: float) -> Callable[[int], float]:
+    """``delay(attempt)`` in seconds: ``first_s * 2**(attempt-1)``, capped at ``cap_s``."""
+    if first_s <= 0 or cap_s < first_s:
+        raise ValueError(f"need 0 < first_s <= cap_s seconds, got {first_s}, {cap_s}")
+    return lambda attempt: min(cap_s, first_s * 2 ** max(0, attempt - 1))
+
+
+def server_hint(nc: Client) -> str:
+    """The server the client last used, as ``host:port`` (never credentials)."""
+    url = nc.connected_url or (nc.servers[0] if nc.servers else None)
+    if url is None:
+        return "the configured NATS servers"
+    parts = urlsplit(url.geturl() if hasattr(url, "geturl") else str(url))
+    return f"{parts.hostname}:{parts.port}" if parts.hostname else "the configured NATS servers"
+
+
+@dataclass(frozen=True)
+class Retrier:
+    """Runs NATS calls with bounded retries.
+
+    Args:
+        nc: the client (its reconnect loop does the reconnecting; we wait and retry).
+        max_s: seconds after the first failure of a call during which it is retried.
+        first_backoff_s, max_backoff_s: the exponential backoff between attempts, in seconds.
+        context: text naming the run, for error messages (e.g. ``"partition 3 of s-g"``).
+        on_retry: ``on_retry(step, attempt, exc)`` after each failed attempt (metrics, logs).
+    """
+
+    nc: Client
+    max_s: float
+    first_backoff_s: float
+    max_backoff_s: float
+    context: str
+    on_retry: Callable[[str, int, BaseException], None] | None = None
+
+    async def call(self, step: str, op: Callable[[], Awaitable[T]]) -> T:
+        """``await op()``, retried while it fails with a transient error, for at most
+        :attr:`max_s` seconds.
+
+        Raises:
+            NatsUnavailableError: still failing when the budget ran out, or the connection was
+                closed for good (the client gave up reconnecting).
+            Any non-transient exception of ``op``, unchanged.
+        """
+        delay = backoff_delays(self.first_backoff_s, self.max_backoff_s)
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await op()
+            except Exception as e:  # noqa: BLE001 - classified just below
+                closed = isinstance(e, nats.errors.ConnectionClosedError) or self.nc.is_closed
+                if not closed and not is_transient(e):
+                    raise
+                spent = time.monotonic() - t0
+                if closed or spent + delay(attempt) > self.max_s:
+                    raise self._give_up(step, attempt, spent, e, closed) from e
+                if self.on_retry is not None:
+                    self.on_retry(step, attempt, e)
+                await asyncio.sleep(delay(attempt))
+
+    def _give_up(
+        self, step: str, attempts: int, spent: float, exc: BaseException, closed: bool
+    ) -> NatsUnavailableError:
+        why = ("the NATS connection is closed (the client gave up reconnecting)" if closed
+               else f"NATS did not answer for {spent:.1f} s")
+        return NatsUnavailableError(step, attempts, spent, (
+            f"{self.context}: {step} failed after {attempts} attempt(s): {why}; last error: "
+            f"{type(exc).__name__}: {exc}. Check that nats-server is running and reachable at "
+            f"{server_hint(self.nc)}, that JetStream is enabled and has a leader, and the "
+            f"client's credentials. Nothing past the committed watermark was acknowledged: "
+            f"rerun the partition to resume."))

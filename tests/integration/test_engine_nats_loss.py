@@ -1,0 +1,144 @@
+"""Losing NATS mid-run: the engine retries with backoff, then fails with a clear error; it never
+acknowledges what it did not commit, and a later run finishes the partition exactly once.
+
+Each test runs its own nats-server (JetStream, temp store, loopback) so it can kill it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js.api import StreamConfig
+
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.devserver import NatsServer
+from cg_pipelines.engine.retry import NatsUnavailableError
+from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.sinks.delta import DeltaSink
+from tests.support import keyed
+
+OPTS = dict(batch_max_msgs=40, ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=6.0,
+            timeout_s=1.0)
+
+
+async def _connect(srv: NatsServer) -> nats.NATS:
+    return await nats.connect(srv.url, reconnect_time_wait=0.2, max_reconnect_attempts=-1)
+
+
+async def _setup(srv: NatsServer, evs: list[tuple[str, int]]) -> None:
+    nc = await _connect(srv)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="s", subjects=["s.>"]))
+    await admin.create_elastic(js, "s", "g", ElasticConfig(
+        1, (PartitioningFilter("s.*", (1,)),), members=("m1",)))
+    await keyed.publish(js, "s", evs)
+    api = JetStreamAPI.from_js(js)
+    for _ in range(200):
+        if (await api.stream_info("s-g"))["state"]["messages"] >= len(evs):
+            break
+        await asyncio.sleep(0.05)
+    await api.close()
+    await nc.close()
+
+
+async def _wq_left(nc: nats.NATS) -> int:
+    api = JetStreamAPI(nc)
+    try:
+        return int((await api.stream_info("s-g"))["state"]["messages"])
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    srv = NatsServer(tmp_path / "store").start()
+    yield srv
+    srv.stop()
+
+
+async def test_server_restart_mid_run_is_retried(server, tmp_path, report) -> None:
+    """SIGKILL nats-server right after the second commit (before its purge and ack) and
+    restart it on the same store 1 s later: the run retries, drains, and the table equals the
+    reference with the work queue empty."""
+    evs = keyed.events(7, 400)
+    await _setup(server, evs)
+    sink = DeltaSink(str(tmp_path / "t"))
+    restarted = threading.Event()
+    commits = {"n": 0}
+
+    def hook(step: str, info: dict) -> None:
+        if step == "committed":
+            commits["n"] += 1
+            if commits["n"] == 2:
+                server.kill()
+                threading.Thread(target=lambda: (time.sleep(1.0), server.start(),
+                                                 restarted.set())).start()
+
+    nc = await _connect(server)
+    try:
+        r = await run_partition(nc, "s", "g", 0, keyed.processor(), sink,
+                                EngineOptions(**OPTS), hook=hook)
+        assert restarted.is_set()
+        assert r.status == "drained", r
+        assert r.nats_retries > 0
+        assert keyed.mismatches(sink.read(), evs) is None
+        assert await _wq_left(nc) == 0
+    finally:
+        await nc.close()
+    report.append(f"engine, nats-server SIGKILLed after a commit and restarted: drained with "
+           f"{r.nats_retries} NATS retries, 0 mismatches")
+
+
+async def test_server_gone_fails_clearly_then_rerun_completes(server, tmp_path) -> None:
+    """NATS killed after the second read and not back within ``retry_max_s``: the run commits
+    the batch (local sink), cannot purge or ack it, and fails with :class:`NatsUnavailableError`
+    saying what to check, in bounded time. Nothing past the first batch left the work queue;
+    after a restart the rerun skips the committed batch and completes exactly once."""
+    evs = keyed.events(5, 300)
+    await _setup(server, evs)
+    sink = DeltaSink(str(tmp_path / "t"))
+    reads = {"n": 0}
+
+    def hook(step: str, info: dict) -> None:
+        if step == "read":
+            reads["n"] += 1
+            if reads["n"] == 2:
+                server.kill()
+
+    nc = await _connect(server)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(NatsUnavailableError) as ei:
+            await run_partition(nc, "s", "g", 0, keyed.processor(), sink,
+                                EngineOptions(**OPTS, retry_max_s=3.0), hook=hook)
+    finally:
+        with contextlib.suppress(ConnectionError):  # nats-py: close while disconnected
+            await nc.close()
+    elapsed = time.monotonic() - t0
+    msg = str(ei.value)
+    assert "partition 0 of s-g" in msg and f"127.0.0.1:{server.port}" in msg, msg
+    assert "Check that nats-server is running" in msg and "rerun the partition" in msg, msg
+    assert ei.value.attempts > 1
+    assert elapsed < 20, elapsed  # bounded: retry_max_s + one request timeout + backoff
+
+    # The second batch committed (the sink is local) but its purge and ack never happened.
+    assert sink.watermark("s/g/0") == 80
+    server.start()
+    nc = await _connect(server)
+    try:
+        assert await _wq_left(nc) == len(evs) - 40  # nothing past the first purge consumed
+        r = await run_partition(nc, "s", "g", 0, keyed.processor(), sink, EngineOptions(**OPTS))
+        assert r.status == "drained", r
+        assert r.duplicates_skipped == 1  # the committed, unpurged batch was skipped
+        assert keyed.mismatches(sink.read(), evs) is None
+        assert await _wq_left(nc) == 0
+    finally:
+        await nc.close()
