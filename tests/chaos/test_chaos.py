@@ -1,0 +1,70 @@
+"""The fault-injection harness, short and bounded for CI (about a minute; hard limit 150 s).
+
+The seed is random unless ``CG_CHAOS_SEED`` is set; it is printed in the figures summary and
+in every failure message, so a failing schedule can be replayed:
+``CG_CHAOS_SEED=<seed> .venv/bin/python -m pytest -q tests/chaos``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pandas as pd
+import pytest
+
+from cg_pipelines.flights.data import load_flights
+from cg_pipelines.flights.reference import reference_legs
+from tests.chaos.harness import (
+    RANDOM_KILL,
+    RESTART,
+    SLOW,
+    STEP_DOWN,
+    STEP_KILLS,
+    ZOMBIE,
+    ChaosConfig,
+    effect_counts,
+    run_chaos,
+)
+
+CI = ChaosConfig(seed=0, flights=4000, partitions=4, batch=120, windows=20, window_pause_s=0.6,
+                 step_kills=1, random_kills=2, zombies=1, slow_runs=1, server_restarts=2,
+                 membership_changes=3, step_downs=2, time_limit_s=150.0)
+
+
+@pytest.fixture(scope="module")
+def flights() -> pd.DataFrame:
+    return load_flights()
+
+
+def test_chaos_short(flights, tmp_path, report) -> None:
+    seed = int(os.environ.get("CG_CHAOS_SEED") or random.SystemRandom().randrange(1 << 31))
+    cfg = ChaosConfig(**{**CI.__dict__, "seed": seed})
+    lines: list[str] = []
+    rep = run_chaos(cfg, tmp_path, lines.append, df=flights)
+    text = "\n".join(lines + rep.lines())
+    report.extend(rep.lines())
+    assert rep.ok, text
+    assert (rep.lost, rep.order_violations, rep.duplicates) == (0, 0, 0), text
+    # Every fault class happened (a planned run fault whose step never came is re-planned).
+    for label in (*STEP_KILLS, RANDOM_KILL, ZOMBIE, SLOW, RESTART, STEP_DOWN):
+        assert rep.faults[label] >= 1, f"{label} never injected\n{text}"
+    assert rep.statuses["killed"] >= len(STEP_KILLS), text
+
+
+def test_effect_counts_detect_loss_duplicates_and_reorder(flights) -> None:
+    """The harness's verdict can fail: a lost row, a duplicated row and two swapped events of
+    one aircraft are each counted."""
+    ref = reference_legs(flights.iloc[:500])
+    table = ref.assign(_seq=range(1, len(ref) + 1))
+    assert effect_counts(table, ref) == (0, 0, 0)
+    assert effect_counts(table.iloc[1:], ref)[0] == 1
+    assert effect_counts(pd.concat([table, table.iloc[[3]]]), ref)[1] == 1
+    tail = table["tailnum"].value_counts().index[0]  # an aircraft with several legs
+    rows = table.index[table["tailnum"] == tail][:2]
+    swapped = table.copy()
+    swapped.loc[rows, "_seq"] = swapped.loc[rows[::-1], "_seq"].to_numpy()
+    assert effect_counts(swapped, ref)[2] >= 1
+    changed = table.copy()
+    changed.loc[rows[1], "cum_distance"] += 1
+    assert effect_counts(changed, ref)[2] == 1

@@ -1,0 +1,89 @@
+"""One aircraft-legs partition run in its own process, with an optional injected fault.
+
+Usage: ``python tests/chaos/worker.py '<json spec>'`` where the spec has ``url``, ``stream``,
+``group``, ``partition``, ``table`` (Delta table URI), ``options`` (EngineOptions fields) and
+``fault``: ``null`` or ``{"kind": "kill" | "stop" | "slow", "step": <engine hook step>,
+"at": <occurrence>, "slow_s": <seconds>}``:
+
+- ``kill``: SIGKILL itself right after the ``at``-th ``step`` (``read`` = inside the read/
+  transform boundary, ``processed`` = transformed but not committed, ``committed`` = committed
+  but not purged, ``purged`` = purged but not acked, ``acked``);
+- ``stop``: SIGSTOP itself there (a zombie: the harness resumes it later with SIGCONT);
+- ``slow``: block the event loop for ``slow_s`` seconds there (a slow transform that starves
+  the lease keep-alive, so the ack wait and the pin timeout expire).
+
+Prints one JSON line: the run result plus ``fired`` (whether the fault was injected), or
+``{"error": ...}`` when the run raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import nats  # noqa: E402
+
+from cg_pipelines.engine.runner import EngineOptions, run_partition  # noqa: E402
+from cg_pipelines.flights.legs import legs_arrow_processor  # noqa: E402
+from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
+
+
+async def _connect(url: str) -> nats.NATS:
+    """Connect, waiting up to 30 s for a server being restarted."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await nats.connect(url, reconnect_time_wait=0.2, max_reconnect_attempts=-1,
+                                      connect_timeout=2)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.3)
+
+
+async def main(spec: dict) -> dict:
+    fault = spec.get("fault")
+    state = {"seen": 0, "fired": False}
+
+    def hook(step: str, info: dict) -> None:
+        if not fault or state["fired"] or step != fault["step"]:
+            return
+        state["seen"] += 1
+        if state["seen"] < fault["at"]:
+            return
+        state["fired"] = True
+        print(json.dumps({"fired": fault, "info": info}), flush=True)
+        if fault["kind"] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault["kind"] == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif fault["kind"] == "slow":
+            time.sleep(fault["slow_s"])  # blocks the loop: no keep-alive, the lease expires
+
+    nc = await _connect(spec["url"])
+    try:
+        res = await run_partition(nc, spec["stream"], spec["group"], spec["partition"],
+                                  legs_arrow_processor(), DeltaSink(spec["table"]),
+                                  EngineOptions(**spec["options"]), hook=hook)
+        out = res.as_dict()
+        out.pop("timings", None)
+    except Exception as e:  # noqa: BLE001 - reported to the harness
+        out = {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        try:
+            await nc.close()
+        except Exception:  # noqa: BLE001 - closing a connection NATS already dropped
+            pass
+    out["fired"] = state["fired"]
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(json.loads(sys.argv[1])))), flush=True)
