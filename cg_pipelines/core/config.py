@@ -334,6 +334,21 @@ class ElasticConfig:
                 self.max_buffered_bytes) == (other.max_members, other.partitioning_filters,
                                              other.max_buffered_msgs, other.max_buffered_bytes)
 
+    def shape_changes(self, new: ElasticConfig) -> list[tuple[str, str, str]]:
+        """What differs from ``new`` outside the membership, as ``(field, old, new)`` with the
+        reference JSON field names and compact JSON values, e.g.
+        ``[("max_members", "4", "3")]``; empty when :meth:`same_shape`."""
+        pairs = [
+            ("max_members", self.max_members, new.max_members),
+            ("partitioning_filters", [p.to_dict() for p in self.partitioning_filters],
+             [p.to_dict() for p in new.partitioning_filters]),
+            ("max_buffered_msg", self.max_buffered_msgs, new.max_buffered_msgs),
+            ("max_buffered_bytes", self.max_buffered_bytes, new.max_buffered_bytes),
+        ]
+        sep = (",", ":")
+        return [(f, json.dumps(a, separators=sep), json.dumps(b, separators=sep))
+                for f, a, b in pairs if a != b]
+
 
 def with_members(cfg: StaticConfig | ElasticConfig, members: Iterable[str]) -> Any:
     """Copy of ``cfg`` with ``members`` set sorted and de-duplicated and mappings cleared."""
@@ -358,12 +373,12 @@ def parse_mapping(text: str) -> MemberMapping:
     for item in parts.split(","):
         lo, dash, hi = item.strip().partition("-")
         try:
-            if dash:
-                out.extend(range(int(lo), int(hi) + 1))
-            else:
-                out.append(int(lo))
+            first, last = int(lo), int(hi) if dash else int(lo)
         except ValueError:
             raise ConfigError(
                 "member_mappings", f"mapping {text!r}: {item!r} is not a partition number"
             ) from None
+        if last < first:
+            raise ConfigError("member_mappings", f"mapping {text!r}: range {item!r} is reversed")
+        out.extend(range(first, last + 1))
     return MemberMapping(member, tuple(out))

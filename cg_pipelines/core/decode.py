@@ -2,7 +2,8 @@
 
 Pure logic used by processing steps: a payload that is empty, not UTF-8, not JSON, not an
 object, missing a required field or carrying a field of the wrong type raises
-:class:`BadMessage` with the reason; the engine dead-letters (or halts on) it — never drops it.
+:class:`BadMessage` with the reason; so does a subject without the tokens a processing step
+needs (:func:`subject_tokens`). The engine dead-letters (or halts on) it — never drops it.
 """
 
 from __future__ import annotations
@@ -96,3 +97,24 @@ class JsonDecoder:
                 v = float(v)
             out[f.name] = v
         return out
+
+
+def subject_tokens(subject: str, pattern: str) -> list[str]:
+    """The tokens of ``subject``, which must have exactly as many as ``pattern``.
+
+    ``pattern`` names the tokens for the reason, e.g. ``"flights.<carrier>.<tailnum>"`` (3).
+
+    Returns:
+        ``subject.split(".")``.
+
+    Raises:
+        BadMessage: e.g. ``subject 'flights.AA' has too few tokens (2, expected 3:
+            flights.<carrier>.<tailnum>)``.
+    """
+    tokens = subject.split(".")
+    want = pattern.count(".") + 1
+    if len(tokens) != want:
+        much = "few" if len(tokens) < want else "many"
+        raise BadMessage(f"subject {subject!r} has too {much} tokens ({len(tokens)}, expected "
+                         f"{want}: {pattern})")
+    return tokens

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from cg_pipelines.core.decode import BadMessage, Field, JsonDecoder
+from cg_pipelines.core.decode import BadMessage, Field, JsonDecoder, subject_tokens
 from cg_pipelines.engine.model import Record
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "PAYLOAD_FIELDS",
     "SORT_COLUMNS",
     "STREAM",
+    "SUBJECT_PATTERN",
     "event_payloads",
     "load_flights",
     "publish_flights",
@@ -243,15 +244,24 @@ def event_payloads(df: pd.DataFrame) -> list[bytes]:
     return [line.encode() for line in text.split("\n") if line]
 
 
+SUBJECT_PATTERN = "<prefix>.<carrier>.<tailnum>"
+"""What :func:`validate_subject` requires of a subject (three tokens; the prefix is free)."""
+
+
 def validate_subject(record: Record, row: dict[str, Any]) -> None:
-    """Record-level check for the processors: the subject's last two tokens are the payload's
-    own carrier and tail number (so the key the stream partitioned on is the key whose state
-    the step reads and writes).
+    """Record-level check for the processors: the subject has three tokens (see
+    :data:`SUBJECT_PATTERN`) and the last two are the payload's own carrier and tail number (so
+    the key the stream partitioned on is the key whose state the step reads and writes).
+
+    A group partitioning on ``flights.*.*`` never sources a subject of another depth into its
+    work queue (it stays in the origin stream only); one partitioning on ``flights.>`` (the
+    whole subject) does, and this check dead-letters it.
 
     Raises:
-        BadMessage: otherwise.
+        BadMessage: ``subject '...' has too few tokens (...)`` / ``too many``, or ``subject
+            '...' does not end with the payload's carrier.tailnum ...``.
     """
-    tokens = record.subject.split(".")
+    tokens = subject_tokens(record.subject, SUBJECT_PATTERN)
     if tokens[-2:] != [row["carrier"], row["tailnum"]]:
         raise BadMessage(f"subject {record.subject!r} does not end with the payload's "
                          f"carrier.tailnum {row['carrier']}.{row['tailnum']}")

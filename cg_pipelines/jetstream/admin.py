@@ -31,7 +31,7 @@ from cg_pipelines.core.errors import ConfigError, GroupExistsError, MembershipEr
 from cg_pipelines.core.subjects import name_error, transform_destination
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.errors import ConsumerNotFoundError, StreamNotFoundError
-from cg_pipelines.jetstream.kv import ConfigStore, Versioned
+from cg_pipelines.jetstream.kv import ConfigStore, Kind, Versioned
 
 PRIORITY_GROUP = "PCG"
 
@@ -52,7 +52,30 @@ def _api(js: JetStreamContext, timeout: float) -> JetStreamAPI:
 
 
 async def _stream_info(api: JetStreamAPI, stream: str) -> dict:
-    return await api.stream_info(stream)
+    """Stream info; raises ``StreamNotFoundError`` naming ``stream`` if it does not exist."""
+    try:
+        return await api.stream_info(stream)
+    except StreamNotFoundError as e:
+        raise StreamNotFoundError(e.status, e.err_code, f"stream {stream!r} not found") from None
+
+
+async def _step_down(js: JetStreamContext, kind: Kind, stream: str, group: str, member: str,
+                     timeout: float) -> None:
+    """Unpin ``member``'s consumer after checking the group and the membership."""
+    cfg = (await ConfigStore(js, kind, timeout).get(stream, group)).config
+    if not cfg.is_member(member):
+        raise MembershipError(f"{member!r} is not a member of {kind} consumer group "
+                              f"{stream}.{group}")
+    if kind == "static":
+        on_stream, consumer = stream, static_consumer_name(group, member)
+    else:
+        on_stream, consumer = work_queue_stream_name(stream, group), member
+    try:
+        await _api(js, timeout).unpin(on_stream, consumer, PRIORITY_GROUP)
+    except (ConsumerNotFoundError, StreamNotFoundError):
+        raise MembershipError(f"member {member!r} of {kind} consumer group {stream}.{group} has "
+                              f"no consumer {consumer!r} on {on_stream!r}: no instance has "
+                              "joined, nothing to step down") from None
 
 
 # --------------------------------------------------------------------------------------- static
@@ -64,7 +87,8 @@ async def create_static(
     """Create a static group (config in KV only; members create their consumers).
 
     The stream must exist; idempotent for an equal config. Raises ``ConfigError``,
-    ``StreamNotFoundError``, ``GroupExistsError``.
+    ``StreamNotFoundError`` (naming the stream), ``GroupExistsError``; nothing is written
+    when it raises.
     """
     _check_names(stream=stream, group=group)
     config.validate()
@@ -109,8 +133,12 @@ async def delete_static(js: JetStreamContext, stream: str, group: str, *, timeou
 async def static_step_down(
     js: JetStreamContext, stream: str, group: str, member: str, *, timeout: float = 5.0
 ) -> None:
-    """Unpin the active instance of a static member (another joined instance takes over)."""
-    await _api(js, timeout).unpin(stream, static_consumer_name(group, member), PRIORITY_GROUP)
+    """Unpin the active instance of a static member (another joined instance takes over).
+
+    Raises ``GroupNotFoundError``, ``ConfigError`` (stored config invalid), ``MembershipError``
+    (not a member, or no instance joined: no consumer).
+    """
+    await _step_down(js, "static", stream, group, member, timeout)
 
 
 # -------------------------------------------------------------------------------------- elastic
@@ -151,7 +179,8 @@ async def create_elastic(
 
     The origin stream must exist; its replicas and storage are used for both. Idempotent for an
     equal config shape (membership may differ: the stored one is kept). Raises ``ConfigError``,
-    ``StreamNotFoundError``, ``GroupExistsError`` (a different shape exists).
+    ``StreamNotFoundError`` (naming the stream), ``GroupExistsError`` (a different shape
+    exists); nothing is written when it raises.
     """
     _check_names(stream=stream, group=group)
     config.validate()
@@ -191,7 +220,8 @@ async def delete_elastic(
 ) -> bool:
     """Delete an elastic group: KV config, then the work-queue stream (and its consumers).
 
-    Returns False if neither existed.
+    Returns False if neither existed (idempotent: not an error here; ``cg elastic delete``
+    reports it as one, exit 2).
     """
     found = await ConfigStore(js, "elastic", timeout).delete(stream, group)
     try:
@@ -300,8 +330,11 @@ async def delete_member_mappings(
 async def elastic_step_down(
     js: JetStreamContext, stream: str, group: str, member: str, *, timeout: float = 5.0
 ) -> None:
-    """Unpin the active instance of an elastic member (another joined instance takes over)."""
-    await _api(js, timeout).unpin(work_queue_stream_name(stream, group), member, PRIORITY_GROUP)
+    """Unpin the active instance of an elastic member (another joined instance takes over).
+
+    Raises as :func:`static_step_down`.
+    """
+    await _step_down(js, "elastic", stream, group, member, timeout)
 
 
 # ------------------------------------------------------------------------------- active members

@@ -181,17 +181,25 @@ class ConfigStore(Generic[C]):
         return True
 
     async def list_groups(self, stream: str) -> list[str]:
-        """Names of this kind's groups on ``stream``, sorted."""
+        """Names of this kind's groups on ``stream``, sorted.
+
+        Reads the bucket stream's subjects ``$KV.<bucket>.<stream>.*`` (then skips deleted
+        keys) rather than ``kv.keys()``, whose watcher can report "no keys" when the messages
+        arrive before its consumer-info check (nats-py 2.x race, seen on a loaded machine).
+        """
         kv = await self.bucket()
         if kv is None:
             return []
-        try:
-            keys = await asyncio.wait_for(kv.keys(), self.timeout)
-        except jserr.NoKeysError:
-            return []
+        prefix = f"$KV.{self.bucket_name}.{stream}."
+        info = await asyncio.wait_for(
+            self.js.stream_info(f"KV_{self.bucket_name}", subjects_filter=prefix + "*"),
+            self.timeout)
         out = []
-        for key in keys:
-            s, _, g = key.partition(".")
-            if s == stream and g:
-                out.append(g)
-        return sorted(out)
+        for subject in sorted(info.state.subjects or {}):
+            group = subject[len(prefix):]
+            try:
+                await asyncio.wait_for(kv.get(config_key(stream, group)), self.timeout)
+            except jserr.KeyNotFoundError:  # a delete or purge marker
+                continue
+            out.append(group)
+        return out

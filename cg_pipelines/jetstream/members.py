@@ -13,8 +13,23 @@ DESIGN §4) so members interoperate with members written against it:
 - The config key is watched: on an elastic membership change the pinned instance deletes the
   member's consumer at once, the others wait 400–499 ms, then every instance creates it again
   (action ``create``; a different existing config, error 10148, is deleted and re-created).
-  A self-heal runs every ``ack_wait + 0.5 s``. The config deleted → the member stops cleanly;
-  a static config changed (or any invalid config) → it stops with an error.
+  A self-heal runs every ``ack_wait + 0.5 s``.
+
+Config written to KV by another tool (each watched revision is parsed and validated):
+
+- the key deleted or purged → the member stops cleanly (``done()`` is ``None``);
+- invalid (not JSON, wrong shapes, or rules broken, e.g. mappings that miss a partition) → the
+  revision is ignored: the member keeps consuming with the last valid config, logs a warning
+  naming the revision and the reason, and exposes it as :attr:`ConsumeHandle.config_error`
+  (with :attr:`ConsumeHandle.config_revision`, the revision in use); the next valid revision
+  is applied as usual and clears it;
+- an elastic group's ``max_members``, ``partitioning_filters`` or buffer limits changed → the
+  member stops with a :class:`~cg_pipelines.core.errors.ConfigError` such as ``max_members:
+  changed from 4 to 3 at revision 9 ...``: the work-queue stream's subject transform was fixed
+  when the group was created, so the group must be deleted and created again;
+- a static group's config changed at all → the member deletes its consumer and stops with a
+  :class:`~cg_pipelines.core.errors.MembershipError` (static groups are re-created, not
+  updated).
 
 Fixed relative to the reference: a consume loop that hits a terminal error (the consumer was
 deleted under it, reference issue #41) re-creates the consumer instead of staying a zombie;
@@ -54,6 +69,7 @@ from cg_pipelines.jetstream.errors import (
     ConsumerAlreadyExistsError,
     ConsumerNotFoundError,
     JetStreamError,
+    StreamNotFoundError,
     WorkQueueConsumerNotUniqueError,
 )
 from cg_pipelines.jetstream.kv import ConfigStore
@@ -114,7 +130,9 @@ Handler = Callable[[GroupMsg], Awaitable[None] | None]
 
 class ConsumeHandle:
     """A running member instance: :meth:`stop` ends it; ``await done()`` returns the error that
-    ended it, or ``None`` after a clean stop (``stop()`` or the group's config deleted)."""
+    ended it (``ConfigError`` when an elastic group's shape changed, ``MembershipError`` when a
+    static group's config changed), or ``None`` after a clean stop (``stop()`` or the group's
+    config deleted)."""
 
     def __init__(self, task: asyncio.Task[BaseException | None], member: _Member) -> None:
         self._task = task
@@ -136,6 +154,17 @@ class ConsumeHandle:
         """True while the member's consumer exists as this instance created it."""
         return self._member.consumer_ok
 
+    @property
+    def config_revision(self) -> int:
+        """The KV revision of the config this member applies (the last valid one)."""
+        return self._member.revision
+
+    @property
+    def config_error(self) -> ConfigError | None:
+        """Why the latest config revision written was ignored (invalid), naming that revision
+        and the one kept; ``None`` when the latest revision was applied."""
+        return self._member.config_error
+
 
 class _Member:
     def __init__(self, js: JetStreamContext, kind: str, stream: str, group: str, member: str,
@@ -154,6 +183,8 @@ class _Member:
             self.on_stream = work_queue_stream_name(stream, group)
             self.cname = member
         self.cfg: StaticConfig | ElasticConfig | None = None
+        self.revision = 0  # KV revision of self.cfg
+        self.config_error: ConfigError | None = None
         self.pin_id: str | None = None
         self.consumer_ok = False
         self.stopping = asyncio.Event()
@@ -268,12 +299,14 @@ class _Member:
                     continue
                 if entry.operation in ("DEL", "PURGE"):
                     return None
+                if entry.revision <= self.revision:
+                    continue  # the watcher's first entry: the config already applied
                 try:
                     new = self.store.decode(entry.value or b"")
                 except ConfigError as e:
-                    return ConfigError(e.field, f"{e.rule} (config watcher, revision "
-                                                f"{entry.revision})")
-                err = await self.apply(new)
+                    self.reject(entry.revision, e)
+                    continue
+                err = await self.apply(new, entry.revision)
                 if err is not None:
                     return err
             return None
@@ -281,8 +314,17 @@ class _Member:
             with contextlib.suppress(Exception):
                 await watcher.stop()
 
-    async def apply(self, new: StaticConfig | ElasticConfig) -> BaseException | None:
-        """Apply a config update; returns an error to stop with, or ``None``."""
+    def reject(self, revision: int, e: ConfigError) -> None:
+        """An invalid revision: keep the last valid config, say why (no payload echoed)."""
+        self.config_error = ConfigError(
+            e.field, f"{e.rule} ({self.kind} config {self.stream}.{self.group} revision "
+            f"{revision} ignored; still applying revision {self.revision})")
+        log.warning("member %s: %s", self.member, self.config_error)
+
+    async def apply(self, new: StaticConfig | ElasticConfig, revision: int
+                    ) -> BaseException | None:
+        """Apply a valid config written at ``revision``; returns an error to stop with, or
+        ``None``."""
         old = self.cfg
         assert old is not None
         if isinstance(new, StaticConfig):
@@ -290,14 +332,22 @@ class _Member:
                 with contextlib.suppress(JetStreamError):
                     await self.api.delete_consumer(self.on_stream, self.cname)
                 return MembershipError(f"static consumer group {self.stream}.{self.group} "
-                                       "config changed: static groups are deleted and "
-                                       "re-created, not updated; stopping")
+                                       f"config changed at revision {revision}: static groups "
+                                       "are deleted and re-created, not updated; stopping")
+            self.revision, self.config_error = revision, None
             return None
         assert isinstance(old, ElasticConfig)
-        if not new.same_shape(old):
-            return MembershipError(f"elastic consumer group {self.stream}.{self.group}: "
-                                   "max members, buffer limits or partitioning filters changed; "
-                                   "stopping")
+        changes = old.shape_changes(new)
+        if changes:
+            (field, a0, b0), rest = changes[0], changes[1:]
+            what = f"changed from {a0} to {b0}" + "".join(
+                f" (and {f} from {a} to {b})" for f, a, b in rest)
+            return ConfigError(field, f"{what} at revision {revision} of elastic consumer group "
+                               f"{self.stream}.{self.group}: the work-queue stream "
+                               f"{self.on_stream} was created for the old values (its subject "
+                               "transform is fixed); delete the group and create it again; "
+                               "stopping")
+        self.revision, self.config_error = revision, None
         if (new.members, new.member_mappings) == (old.members, old.member_mappings) and \
                 self.consumer_ok:
             return None
@@ -363,16 +413,22 @@ async def _consume(kind: str, js: JetStreamContext, stream: str, group: str, mem
     if handler is None:
         raise ValueError("a message handler must be provided")
     m = _Member(js, kind, stream, group, member, handler, config or MemberConfig())
-    if kind == "static":
-        await m.api.stream_info(stream)
-    else:
-        await m.api.stream_info(m.on_stream)
-    m.cfg = (await m.store.get(stream, group)).config
-    if kind == "static" and not m.cfg.is_member(member):
-        raise MembershipError(f"{member!r} is not in the membership of static consumer group "
-                              f"{stream}.{group}")
-    if m.cfg.is_member(member):
-        await m.join()
+    try:
+        v = await m.store.get(stream, group)  # first: a missing group is named as such
+        m.cfg, m.revision = v.config, v.revision
+        try:
+            await m.api.stream_info(m.on_stream)
+        except StreamNotFoundError as e:
+            raise StreamNotFoundError(e.status, e.err_code, f"stream {m.on_stream!r} of {kind} "
+                                      f"consumer group {stream}.{group} not found") from None
+        if kind == "static" and not m.cfg.is_member(member):
+            raise MembershipError(f"{member!r} is not in the membership of static consumer "
+                                  f"group {stream}.{group}")
+        if m.cfg.is_member(member):
+            await m.join()
+    except BaseException:
+        await m.api.close()
+        raise
     return ConsumeHandle(asyncio.create_task(m.run()), m)
 
 
@@ -382,8 +438,9 @@ async def static_consume(js: JetStreamContext, stream: str, group: str, member: 
 
     ``handler(msg: GroupMsg)`` may be sync or async; it acks (or naks) the message. A handler
     that raises gets the message nak'ed (redelivered) and the member goes on.
-    Raises ``GroupNotFoundError``, ``StreamNotFoundError``, ``MembershipError`` (not a member),
-    ``ConfigError`` (stored config invalid).
+    Raises ``GroupNotFoundError``, ``StreamNotFoundError`` (naming the stream),
+    ``MembershipError`` (not a member), ``ConfigError`` (stored config invalid); nothing is
+    created when it raises.
     """
     return await _consume("static", js, stream, group, member, handler, config)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import pytest
 from dagster import DagsterInstance, RunRequest, SkipReason
@@ -16,10 +18,17 @@ from nats.js import JetStreamContext
 
 from assets.factory import PARTITION_TAG
 from cg_pipelines.core.assignment import assignment
-from cg_pipelines.core.config import ELASTIC_BUCKET, config_key
+from cg_pipelines.core.config import (
+    ELASTIC_BUCKET,
+    MemberMapping,
+    config_key,
+    work_queue_stream_name,
+)
 from cg_pipelines.core.triggers import decode_membership_cursor
 from cg_pipelines.devserver import NatsServer
 from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.errors import StreamNotFoundError
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import (
     BACKLOG_SENSOR,
@@ -27,6 +36,7 @@ from tests.dagster.defs_keyed import (
     GROUP,
     JOB,
     MEMBERSHIP_SENSOR,
+    PARTITIONS,
     make_defs,
     make_resources,
 )
@@ -219,22 +229,42 @@ async def test_drain_schedule_requests_partitions_with_backlog(
 # ----------------------------------------------------------------------------- broken config
 
 
-BROKEN = ["missing-group", "invalid-json", "max-members-differs"]
+BROKEN = ["missing-group", "invalid-json", "mapping-misses-a-partition", "max-members-differs",
+          "max-members-changed-in-kv"]
+Fix = Callable[[], Awaitable[object]]
 
 
-async def _break(js: JetStreamContext, stream: str, how: str) -> str:
-    """Set up the broken case; returns text the skip reason must contain."""
-    if how == "missing-group":
-        await h.create_group(js, stream)
+async def _break(js: JetStreamContext, stream: str, how: str) -> tuple[str, Fix]:
+    """Set up the broken case (a backlog on partitions 1 and 3 published first); returns text
+    the skip reason must contain and how to repair the config (as an operator would)."""
+    partitions = 3 if how == "max-members-differs" else PARTITIONS
+    v = await h.create_group(js, stream, max_members=partitions)
+    evs = h.events_on({1, 3})
+    await h.publish(js, stream, evs, len(evs))
+    kv = await js.key_value(ELASTIC_BUCKET)
+    key = config_key(stream, GROUP)
+
+    async def put_back() -> object:
+        return await kv.put(key, v.config.to_json())
+
+    async def recreate() -> object:
         await admin.delete_elastic(js, stream, GROUP)
-        return "not found"
-    if how == "invalid-json":
-        await h.create_group(js, stream)
-        kv = await js.key_value(ELASTIC_BUCKET)
-        await kv.put(config_key(stream, GROUP), b"{oops")
-        return f"stored elastic config {stream}.{GROUP}"
-    await h.create_group(js, stream, max_members=3)
-    return "3 partitions in KV but the code declares 4"
+        return await h.create_group(js, stream)
+
+    if how == "missing-group":
+        await admin.delete_elastic(js, stream, GROUP)
+        return "not found", recreate
+    if how == "invalid-json":  # written by another tool
+        await kv.put(key, b"{oops")
+        return "not valid JSON: Expecting property name", put_back
+    if how == "mapping-misses-a-partition":
+        await kv.put(key, replace(v.config, members=(), member_mappings=(
+            MemberMapping("m1", (0, 1, 2)),)).to_json())
+        return "every partition in [0, 4) must be mapped; missing [3]", put_back
+    if how == "max-members-changed-in-kv":  # valid JSON, but not the group the code declares
+        await kv.put(key, replace(v.config, max_members=3).to_json())
+        return "3 partitions in KV but the code declares 4", put_back
+    return "3 partitions in KV but the code declares 4", recreate
 
 
 @pytest.mark.parametrize("how", BROKEN)
@@ -242,30 +272,48 @@ async def test_broken_config_skips_with_reason(
         js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
         instance: DagsterInstance, how: str) -> None:
     stream = unique_name
-    expected = await _break(js, stream, how)
+    expected, fix = await _break(js, stream, how)
     defs = make_defs(stream, nats_server.url, warehouse)
 
-    def evaluate_all() -> list[tuple[str, str | None, int]]:
+    def evaluate_all() -> list[tuple[str, str | None, list[str]]]:
         out = []
         for name in (MEMBERSHIP_SENSOR, BACKLOG_SENSOR):
             d = h.tick(defs, name, instance)
-            out.append((name, d.skip_message, len(d.run_requests or [])))
+            out.append((name, d.skip_message, h.partitions_of(list(d.run_requests or []))))
         s = h.schedule_tick(defs, DRAIN_SCHEDULE, instance)
-        out.append((DRAIN_SCHEDULE, s.skip_message, len(s.run_requests or [])))
+        out.append((DRAIN_SCHEDULE, s.skip_message, h.partitions_of(list(s.run_requests or []))))
         return out
 
     t0 = time.perf_counter()
-    for name, skip, n_requests in await asyncio.to_thread(evaluate_all):
-        assert n_requests == 0, name
+    for name, skip, requested in await asyncio.to_thread(evaluate_all):
+        assert requested == [], name
         assert skip is not None, name
         assert skip.startswith(f"consumer group {stream}.{GROUP}: "), (name, skip)
         assert expected in skip, (name, skip)
     assert time.perf_counter() - t0 < 10  # bounded: no retry loop on a broken config
 
-    # a run of a partition fails with the same explanation instead of touching anything
+    # A run of a partition fails with the same explanation before consuming anything.
+    api = JetStreamAPI.from_js(js)
+    wq = work_queue_stream_name(stream, GROUP)
+    queued = None if how == "missing-group" else await h.work_queue_messages(js, stream)
     res = await asyncio.to_thread(defs.resolve_job_def(JOB).execute_in_process,
-                                  partition_key="0", instance=instance, raise_on_error=False)
+                                  partition_key="1", instance=instance, raise_on_error=False)
     assert not res.success
     failure = res.failure_data_for_node("keyed_events")
     assert failure is not None and failure.user_failure_data is not None
     assert expected in (failure.user_failure_data.description or "")
+    if queued is None:
+        with pytest.raises(StreamNotFoundError):
+            await api.stream_info(wq)
+    else:
+        assert await h.work_queue_messages(js, stream) == queued
+        assert await api.list_consumer_names(wq) == []  # no lease consumer was created
+
+    # Repaired: the next ticks work again (no crash loop, nothing remembered of the failure).
+    await fix()
+    await h.wait_sourced(js, stream, len(h.events_on({1, 3})))
+    for name, skip, requested in await asyncio.to_thread(evaluate_all):
+        if name == MEMBERSHIP_SENSOR:
+            assert (skip, requested) == (None, ["0", "1", "2", "3"]), (name, skip)
+        else:
+            assert (skip, requested) == (None, ["1", "3"]), (name, skip)

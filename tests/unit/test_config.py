@@ -154,7 +154,14 @@ def test_parse_mapping(text: str, expected: MemberMapping) -> None:
     assert parse_mapping(text) == expected
 
 
-@pytest.mark.parametrize("text", ["m1", "m1:", ":1", "m1:a", "m1:1-x"])
-def test_parse_mapping_rejects(text: str) -> None:
-    with pytest.raises(ConfigError, match="member_mappings"):
+@pytest.mark.parametrize(("text", "words"), [
+    ("m1", "must look like 'member:0,1,2'"), ("m1:", "must look like"), (":1", "must look like"),
+    ("m1=0", "must look like"), ("m1:a", "'a' is not a partition number"),
+    ("m1:1-x", "'1-x' is not a partition number"), ("m1:0,1;m2", "'1;m2' is not a partition"),
+    ("m1:0,,1", "'' is not a partition number"), ("m1:-1", "'-1' is not a partition number"),
+    ("m1:3-1", "range '3-1' is reversed"),
+])
+def test_parse_mapping_rejects(text: str, words: str) -> None:
+    with pytest.raises(ConfigError, match="member_mappings") as ei:
         parse_mapping(text)
+    assert ei.value.field == "member_mappings" and words in ei.value.rule, ei.value.rule

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cg_pipelines.core.decode import BadMessage, Field, JsonDecoder
+from cg_pipelines.core.decode import BadMessage, Field, JsonDecoder, subject_tokens
 from cg_pipelines.engine.model import Record
 from cg_pipelines.engine.processing import decode_batch
 
@@ -59,3 +59,13 @@ def test_decode_batch_keeps_order_and_lists_dead() -> None:
 def test_duplicate_fields_rejected() -> None:
     with pytest.raises(ValueError):
         JsonDecoder([Field("a", "int"), Field("a", "string")])
+
+
+def test_subject_tokens_names_the_missing_tokens() -> None:
+    assert subject_tokens("flights.AA.N1", "flights.<carrier>.<tailnum>") == [
+        "flights", "AA", "N1"]
+    with pytest.raises(BadMessage, match=r"subject 'flights.AA' has too few tokens \(2, "
+                       r"expected 3: flights.<carrier>.<tailnum>\)"):
+        subject_tokens("flights.AA", "flights.<carrier>.<tailnum>")
+    with pytest.raises(BadMessage, match="too many tokens"):
+        subject_tokens("flights.AA.N1.x", "flights.<carrier>.<tailnum>")

@@ -257,3 +257,8 @@ def test_validate_subject() -> None:
     validate_subject(Record(1, "flights.DL.N1", b"", 0), row)
     with pytest.raises(BadMessage, match="does not end with"):
         validate_subject(Record(1, "flights.DL.N2", b"", 0), row)
+    for subject in ("flights.N1", "N1"):
+        with pytest.raises(BadMessage, match=f"subject '{subject}' has too few tokens"):
+            validate_subject(Record(1, subject, b"", 0), row)
+    with pytest.raises(BadMessage, match="too many tokens"):
+        validate_subject(Record(1, "flights.x.DL.N1", b"", 0), row)
