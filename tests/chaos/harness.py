@@ -432,11 +432,14 @@ class _Chaos:
     def _account(self, run: _Run, code: int) -> None:
         rep = self.report
         res = run.result or {}
+        if run.label == RANDOM_KILL:  # fired only if our SIGKILL came before the run ended
+            run.fired = code == -signal.SIGKILL
         if run.label and run.fired:
             rep.faults[run.label] += 1
-        elif run.label and run.label != RANDOM_KILL and run.fault:
-            # The step never came (a short run): inject it again, at its first occurrence.
-            self.plan.insert(0, (run.label, {**run.fault, "at": 1}))
+        elif run.label:
+            # The step never came (a short run) or the run ended before its random kill:
+            # inject the fault again (a step fault at the step's first occurrence).
+            self.plan.insert(0, (run.label, {**run.fault, "at": 1} if run.fault else None))
         if code == -signal.SIGKILL and (run.fired or run.label == RANDOM_KILL):
             rep.statuses["killed"] += 1
             return
