@@ -94,6 +94,8 @@ class ChaosConfig:
         windows, window_pause_s: the publisher sends ``flights`` in this many windows with this
             pause after each (faults happen while it publishes).
         step_kills: SIGKILLs per engine step (after read, transform, commit, purge, ack).
+        step_at_max: a step kill fires at the step's n-th occurrence in its run, n drawn from
+            1..step_at_max (1: the first batch, so short runs still reach it).
         random_kills, zombies, slow_runs, server_restarts, membership_changes, step_downs:
             how many of each fault.
         max_runs: most partition runs in flight at once.
@@ -108,6 +110,7 @@ class ChaosConfig:
     windows: int = 16
     window_pause_s: float = 0.6
     step_kills: int = 1
+    step_at_max: int = 2
     random_kills: int = 2
     zombies: int = 1
     slow_runs: int = 1
@@ -210,7 +213,7 @@ def fault_plan(cfg: ChaosConfig, rng: random.Random) -> list[tuple[str, dict[str
     fault (the harness kills the process after a random delay)."""
     plan: list[tuple[str, dict[str, Any] | None]] = []
     for label, step in STEP_KILLS.items():
-        plan += [(label, {"kind": "kill", "step": step, "at": rng.randint(1, 2)})
+        plan += [(label, {"kind": "kill", "step": step, "at": rng.randint(1, cfg.step_at_max)})
                  for _ in range(cfg.step_kills)]
     plan += [(RANDOM_KILL, None)] * cfg.random_kills
     plan += [(ZOMBIE, {"kind": "stop", "step": "processed", "at": 1})] * cfg.zombies

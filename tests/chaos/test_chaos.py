@@ -27,9 +27,9 @@ from tests.chaos.harness import (
     run_chaos,
 )
 
-CI = ChaosConfig(seed=0, flights=4000, partitions=4, batch=120, windows=20, window_pause_s=0.6,
-                 step_kills=1, random_kills=2, zombies=1, slow_runs=1, server_restarts=2,
-                 membership_changes=3, step_downs=2, time_limit_s=150.0)
+CI = ChaosConfig(seed=0, flights=4000, partitions=4, batch=120, windows=24, window_pause_s=0.6,
+                 step_kills=1, step_at_max=1, random_kills=2, zombies=1, slow_runs=1,
+                 server_restarts=2, membership_changes=3, step_downs=2, time_limit_s=150.0)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_chaos_short(flights, tmp_path, report) -> None:
     cfg = ChaosConfig(**{**CI.__dict__, "seed": seed})
     lines: list[str] = []
     rep = run_chaos(cfg, tmp_path, lines.append, df=flights)
-    text = "\n".join(lines + rep.lines())
+    text = f"CG_CHAOS_SEED={seed}\n" + "\n".join(lines + rep.lines())
     report.extend(rep.lines())
     assert rep.ok, text
     assert (rep.lost, rep.order_violations, rep.duplicates) == (0, 0, 0), text
