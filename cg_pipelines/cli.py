@@ -39,7 +39,7 @@ from cg_pipelines.core.errors import (
     MembershipError,
 )
 from cg_pipelines.jetstream import admin
-from cg_pipelines.jetstream.connect import ConnectOptions
+from cg_pipelines.jetstream.connect import ConnectOptions, NatsConnectError
 from cg_pipelines.jetstream.errors import JetStreamError
 from cg_pipelines.jetstream.members import (
     ConsumeHandle,
@@ -78,10 +78,13 @@ class Ctx:
             fail(str(e), 2)
         except JetStreamError as e:
             fail(str(e), 2 if e.status in (400, 404) else 1)
+        except NatsConnectError as e:  # rejected credentials, TLS: names the problem, no secret
+            fail(str(e), 1)
         except (nats.errors.NoServersError, OSError) as e:
-            fail(f"cannot connect to {self.opts.servers}: {e or type(e).__name__}", 1)
+            fail(self.opts.scrub(f"cannot connect to {self.opts.display_servers}: "
+                                 f"{e or type(e).__name__}"), 1)
         except (TimeoutError, ConcurrentUpdateError, nats.errors.Error) as e:
-            fail(f"{type(e).__name__}: {e}", 1)
+            fail(self.opts.scrub(f"{type(e).__name__}: {e}"), 1)
 
     def out(self, obj: Any, text: str) -> None:
         click.echo(json.dumps(obj, indent=2, sort_keys=True) if self.as_json else text)
@@ -100,6 +103,8 @@ def fail(msg: str, code: int) -> Any:
 @click.option("--token", envvar="NATS_TOKEN", help="Auth token (env NATS_TOKEN).")
 @click.option("--creds", envvar="NATS_CREDS", type=click.Path(dir_okay=False),
               help="Credentials (.creds) file (env NATS_CREDS).")
+@click.option("--nkey", envvar="NATS_NKEY", type=click.Path(dir_okay=False),
+              help="NKey seed file (env NATS_NKEY).")
 @click.option("--tls-ca", envvar="NATS_CA", type=click.Path(dir_okay=False),
               help="CA file to verify the server's TLS certificate (env NATS_CA).")
 @click.option("--tls-cert", envvar="NATS_CERT", type=click.Path(dir_okay=False),
@@ -110,11 +115,11 @@ def fail(msg: str, code: int) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="JSON output for scripting.")
 @click.pass_context
 def main(ctx: click.Context, server: str, user: str | None, password: str | None,
-         token: str | None, creds: str | None, tls_ca: str | None, tls_cert: str | None,
-         tls_key: str | None, timeout: float, as_json: bool) -> None:
+         token: str | None, creds: str | None, nkey: str | None, tls_ca: str | None,
+         tls_cert: str | None, tls_key: str | None, timeout: float, as_json: bool) -> None:
     """Partitioned consumer groups on NATS JetStream."""
     opts = ConnectOptions(server, user, password, token, creds, tls_ca, tls_cert, tls_key,
-                          connect_timeout=timeout, name="cg")
+                          connect_timeout=timeout, name="cg", nkey_seed=nkey)
     ctx.obj = Ctx(opts, as_json, timeout)
 
 

@@ -2,11 +2,13 @@
 
 Never connects to NATS at import time. Connection settings come from the environment:
 ``NATS_URL`` (default ``nats://127.0.0.1:4222``), secrets ``NATS_PASSWORD`` / ``NATS_TOKEN``
-through ``EnvVar``, ``NATS_USER``, ``NATS_CREDS``, ``NATS_CA``; the warehouse root from
-``CG_WAREHOUSE`` (default ``<state dir>/warehouse``; ``s3://...`` with ``CG_S3_ENDPOINT`` and
-``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` through ``EnvVar``); served members from
-``CG_MEMBERS`` (comma separated; empty = all); ``CG_SPARK_KEEP=1`` keeps the SparkSession
-between in-process runs (the main job); ``CG_BATCH_MAX_MSGS`` sets messages per batch.
+through ``EnvVar`` (so are ``NATS_URL``, which may embed credentials, and the paths of the
+credential files ``NATS_NKEY`` (NKey seed), ``NATS_CREDS`` and ``NATS_KEY`` (TLS client key)),
+``NATS_USER``, ``NATS_CA``, ``NATS_CERT``; the warehouse root from ``CG_WAREHOUSE`` (default
+``<state dir>/warehouse``; ``s3://...`` with ``CG_S3_ENDPOINT`` and ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` through ``EnvVar``); served members from ``CG_MEMBERS`` (comma
+separated; empty = all); ``CG_SPARK_KEEP=1`` keeps the SparkSession between in-process runs (the
+main job); ``CG_BATCH_MAX_MSGS`` sets messages per batch.
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ def build_resources() -> dict[str, object]:
     root = os.environ.get("CG_WAREHOUSE", os.path.join(_state_dir(), "warehouse"))
     return {
         "nats": NatsResource(
-            servers=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+            servers=_secret("NATS_URL") or "nats://127.0.0.1:4222",
             user=os.environ.get("NATS_USER") or None,
             password=_secret("NATS_PASSWORD"),
             token=_secret("NATS_TOKEN"),
-            creds_file=os.environ.get("NATS_CREDS") or None,
+            nkey_seed_file=_secret("NATS_NKEY"),
+            creds_file=_secret("NATS_CREDS"),
             tls_ca=os.environ.get("NATS_CA") or None,
+            tls_cert=os.environ.get("NATS_CERT") or None,
+            tls_key=_secret("NATS_KEY"),
         ),
         "spark": SparkResource(master=os.environ.get("CG_SPARK_MASTER", "local[2]"),
                                stop_on_teardown=os.environ.get("CG_SPARK_KEEP", "") != "1"),

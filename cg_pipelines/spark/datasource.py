@@ -41,7 +41,7 @@ Options (all strings, as Spark passes them):
 ``max_bytes``      byte budget per direct-get request (default none)
 ``strip_partition``  ``"true"`` drops the first subject token (default ``"false"``)
 ``timeout``        seconds per NATS request (default 10)
-``user``, ``password``, ``token``, ``creds``, ``tls_ca``, ``tls_cert``, ``tls_key``
+``user``, ``password``, ``token``, ``creds``, ``nkey_seed``, ``tls_ca``, ``tls_cert``, ``tls_key``
                    connection credentials, passed to nats-py; never logged or put in errors
 =================  ==========================================================================
 
@@ -116,7 +116,8 @@ ARROW_READ_SCHEMA = pa.schema(
 ``to_arrow_schema(SPARK_RECORD_SCHEMA, timezone="UTC")`` exactly (types and nullability)."""
 
 _SECRET_OPTIONS = ("password", "token")
-_CONNECT_OPTIONS = ("user", "password", "token", "creds", "tls_ca", "tls_cert", "tls_key")
+_CONNECT_OPTIONS = ("user", "password", "token", "creds", "tls_ca", "tls_cert", "tls_key",
+                    "nkey_seed")
 
 
 @dataclass

@@ -22,6 +22,7 @@ from cg_pipelines.engine.retry import NatsUnavailableError
 from cg_pipelines.engine.runner import EngineOptions, run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly
 from cg_pipelines.sinks.delta import DeltaSink
 from tests.support import keyed
 
@@ -142,3 +143,28 @@ async def test_server_gone_fails_clearly_then_rerun_completes(server, tmp_path) 
         assert await _wq_left(nc) == 0
     finally:
         await nc.close()
+
+
+async def test_connected_client_outlives_a_long_outage(server) -> None:
+    """A client from ConnectOptions (what `cg`, the Dagster resources and the engine use) keeps
+    reconnecting through an outage longer than its first-connection attempts (which would
+    close it after ~2 s at 0.5 s apart), and works again when the server is back."""
+    nc = await ConnectOptions(servers=server.url).connect()
+    try:
+        server.kill()
+        await asyncio.sleep(4.0)
+        assert not nc.is_closed
+        server.start()
+        for _ in range(100):
+            if nc.is_connected:
+                break
+            await asyncio.sleep(0.1)
+        assert nc.is_connected
+        api = JetStreamAPI(nc)
+        try:
+            info = await api.request("$JS.API.INFO", None)
+            assert "streams" in info, info
+        finally:
+            await api.close()
+    finally:
+        await close_quietly(nc)
