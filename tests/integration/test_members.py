@@ -14,7 +14,6 @@ delivery with a global counter taken at processing time, then double-ack; a dupl
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import json
 import os
@@ -52,6 +51,7 @@ from cg_pipelines.jetstream.members import (
     elastic_consume,
     static_consume,
 )
+from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 4  # partitions
@@ -62,19 +62,6 @@ FAST = MemberConfig(ack_wait_s=ACK_WAIT)
 # ------------------------------------------------------------------------------------ helpers
 
 
-async def wait_for(cond: Callable[[], Any], timeout: float, what: str,
-                   interval: float = 0.02) -> Any:
-    """Poll ``cond`` (sync or async) until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        r = cond()
-        if inspect.isawaitable(r):
-            r = await r
-        if r:
-            return r
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 @dataclass

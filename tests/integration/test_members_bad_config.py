@@ -17,10 +17,8 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,23 +45,12 @@ from cg_pipelines.jetstream.members import (
     elastic_consume,
     static_consume,
 )
+from tests.support.wait import wait_for
 
 N = 4
 FAST = MemberConfig(ack_wait_s=1.0)
 
 
-async def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``cond`` (sync or async) until truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        r = cond()
-        if inspect.isawaitable(r):
-            r = await r
-        if r:
-            return r
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def still_running(h: ConsumeHandle) -> bool:
