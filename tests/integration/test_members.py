@@ -51,7 +51,7 @@ from cg_pipelines.jetstream.members import (
     elastic_consume,
     static_consume,
 )
-from tests.support.wait import wait_for
+from tests.support.wait import still_running, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 4  # partitions
@@ -205,15 +205,6 @@ async def transition_done(api: JetStreamAPI, stream: str, js: Any) -> bool:
 
 async def wq_messages(api: JetStreamAPI, stream: str) -> int:
     return int((await api.stream_info(f"{stream}-g"))["state"]["messages"])
-
-
-async def still_running(h: ConsumeHandle) -> bool:
-    """True if the member has not ended (``done()`` does not return within 50 ms)."""
-    try:
-        await asyncio.wait_for(h.done(), 0.05)
-    except TimeoutError:
-        return True
-    return False
 
 
 async def stop_all(*handles: ConsumeHandle) -> list[BaseException | None]:

@@ -39,26 +39,15 @@ from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.members import (
-    ConsumeHandle,
     GroupMsg,
     MemberConfig,
     elastic_consume,
     static_consume,
 )
-from tests.support.wait import wait_for
+from tests.support.wait import still_running, wait_for
 
 N = 4
 FAST = MemberConfig(ack_wait_s=1.0)
-
-
-
-
-async def still_running(h: ConsumeHandle) -> bool:
-    try:
-        await asyncio.wait_for(h.done(), 0.05)
-    except TimeoutError:
-        return True
-    return False
 
 
 class Received:

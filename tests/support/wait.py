@@ -1,4 +1,4 @@
-"""Polling helper for tests that wait on asynchronous effects."""
+"""Polling helpers for tests that wait on asynchronous effects."""
 
 from __future__ import annotations
 
@@ -24,3 +24,13 @@ async def wait_for(cond: Callable[[], Any], timeout: float, what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+async def still_running(h: Any) -> bool:
+    """True if a member's :class:`~cg_pipelines.jetstream.members.ConsumeHandle` has not ended
+    (its ``done()`` does not return within 50 ms)."""
+    try:
+        await asyncio.wait_for(h.done(), 0.05)
+    except TimeoutError:
+        return True
+    return False
