@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 import pandas as pd
 from nats.js.api import StreamConfig
 
@@ -56,6 +55,7 @@ from cg_pipelines.flights.reference import compare_legs, normalize_legs, referen
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import partition_backlog
+from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly
 from cg_pipelines.sinks.delta import DeltaSink
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -259,11 +259,7 @@ class _Chaos:
 
     # NATS plumbing that survives server restarts
     async def _connect(self) -> None:
-        async def quiet(e: Exception) -> None:  # reconnect attempts while the server is down
-            pass
-
-        self.nc = await nats.connect(self.server.url, reconnect_time_wait=0.2,
-                                     max_reconnect_attempts=-1, error_cb=quiet)
+        self.nc = await ConnectOptions(self.server.url, reconnect_wait_s=0.2).connect()
         self.js = self.nc.jetstream(timeout=5)
         self.api = JetStreamAPI(self.nc, timeout=3)
         self.retry = Retrier(self.nc, 60.0, 0.1, 1.0, "chaos harness")
@@ -294,7 +290,7 @@ class _Chaos:
         finally:
             with contextlib.suppress(Exception):
                 await self.api.close()
-                await self.nc.close()
+            await close_quietly(self.nc)
             self.server.stop()
             self.report.seconds = time.monotonic() - self.t0
         return self.report

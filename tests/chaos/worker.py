@@ -28,20 +28,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import nats  # noqa: E402
+from nats.aio.client import Client  # noqa: E402
 
 from cg_pipelines.engine.runner import EngineOptions, run_partition  # noqa: E402
 from cg_pipelines.flights.legs import legs_arrow_processor  # noqa: E402
+from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
 
 
-async def _connect(url: str) -> nats.NATS:
+async def _connect(url: str) -> Client:
     """Connect, waiting up to 30 s for a server being restarted."""
     deadline = time.monotonic() + 30
     while True:
         try:
-            return await nats.connect(url, reconnect_time_wait=0.2, max_reconnect_attempts=-1,
-                                      connect_timeout=2)
+            return await ConnectOptions(url, connect_timeout=2, reconnect_wait_s=0.2).connect()
         except Exception:
             if time.monotonic() > deadline:
                 raise
@@ -77,10 +77,7 @@ async def main(spec: dict) -> dict:
     except Exception as e:  # noqa: BLE001 - reported to the harness
         out = {"error": f"{type(e).__name__}: {e}"}
     finally:
-        try:
-            await nc.close()
-        except Exception:  # noqa: BLE001 - closing a connection NATS already dropped
-            pass
+        await close_quietly(nc)
     out["fired"] = state["fired"]
     return out
 
