@@ -1,0 +1,1 @@
+"""The example code location's assets (the nycflights13 aircraft-legs main job)."""

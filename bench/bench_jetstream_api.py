@@ -20,8 +20,8 @@ from pathlib import Path
 import nats
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from cg_pipelines.devserver import NatsServer
 from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config
+from cg_pipelines.testing.nats_server import NatsServer
 
 
 async def publish(js, subject_fmt: str, n: int) -> None:

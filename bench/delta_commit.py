@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from cg_pipelines.sinks.delta import DeltaSink
-from cg_pipelines.sinks.s3 import MotoS3Server
+from cg_pipelines.testing.s3 import MotoS3Server
 
 
 def batch(first: int, n: int) -> pa.Table:

@@ -47,7 +47,6 @@ from cg_pipelines.core.config import (  # noqa: E402
     StaticConfig,
     work_queue_stream_name,
 )
-from cg_pipelines.devserver import NatsServer  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config  # noqa: E402
 from cg_pipelines.jetstream.members import (  # noqa: E402
@@ -57,6 +56,7 @@ from cg_pipelines.jetstream.members import (  # noqa: E402
     elastic_consume,
     static_consume,
 )
+from cg_pipelines.testing.nats_server import NatsServer  # noqa: E402
 
 ACK_WAIT_S = 5.0
 EXPIRES_S = max(1.0, min(ACK_WAIT_S / 2, 5.0))  # what the member's pull loop uses

@@ -1,0 +1,77 @@
+"""The example deployment's resources, from the environment (its composition root reads
+``CG_*`` and ``NATS_*`` variables; the library never does).
+
+``NATS_URL`` (default ``nats://127.0.0.1:4222``), secrets ``NATS_PASSWORD`` / ``NATS_TOKEN``
+through ``EnvVar`` (so are ``NATS_URL``, which may embed credentials, and the paths of the
+credential files ``NATS_NKEY`` (NKey seed), ``NATS_CREDS`` and ``NATS_KEY`` (TLS client key)),
+``NATS_USER``, ``NATS_CA``, ``NATS_CERT``; the warehouse root from ``CG_WAREHOUSE`` (default
+``<state dir>/warehouse``; ``s3://...`` with ``CG_S3_ENDPOINT`` and ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` through ``EnvVar``); served members from ``CG_MEMBERS`` (comma
+separated; empty = all); the Spark master from ``CG_SPARK_MASTER`` (default ``local[2]``) or
+Spark Connect from ``CG_SPARK_REMOTE``, extra Spark settings from ``CG_SPARK_CONF``
+(``k=v,k=v``); ``CG_SPARK_KEEP=1`` keeps the SparkSession between
+in-process runs (the main job); ``CG_BATCH_MAX_MSGS`` sets the first messages per batch and
+``CG_ADAPTIVE_MAX_MSGS`` the most a batch grows to (``0``: no growing).
+"""
+
+from __future__ import annotations
+
+import os
+
+from dagster import EnvVar
+
+from cg_pipelines.dagster import (
+    DeltaWarehouseResource,
+    NatsResource,
+    PartitionRunsResource,
+    SparkResource,
+)
+
+
+def _secret(name: str) -> EnvVar | None:
+    return EnvVar(name) if os.environ.get(name) else None
+
+
+def _spark_conf(text: str) -> dict[str, str]:
+    """``"k=v,k2=v2"`` as a dict (empty text: none)."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def state_dir() -> str:
+    """The example's state directory: ``$CG_STATE_DIR`` or ``.state``."""
+    return os.environ.get("CG_STATE_DIR", ".state")
+
+
+def build_resources() -> dict[str, object]:
+    """Resources from the environment (see module docstring)."""
+    root = os.environ.get("CG_WAREHOUSE", os.path.join(state_dir(), "warehouse"))
+    return {
+        "nats": NatsResource(
+            servers=_secret("NATS_URL") or "nats://127.0.0.1:4222",
+            user=os.environ.get("NATS_USER") or None,
+            password=_secret("NATS_PASSWORD"),
+            token=_secret("NATS_TOKEN"),
+            nkey_seed_file=_secret("NATS_NKEY"),
+            creds_file=_secret("NATS_CREDS"),
+            tls_ca=os.environ.get("NATS_CA") or None,
+            tls_cert=os.environ.get("NATS_CERT") or None,
+            tls_key=_secret("NATS_KEY"),
+        ),
+        "spark": SparkResource(master=os.environ.get("CG_SPARK_MASTER", "local[2]"),
+                               remote=os.environ.get("CG_SPARK_REMOTE") or None,
+                               spark_config=_spark_conf(os.environ.get("CG_SPARK_CONF", "")),
+                               stop_on_teardown=os.environ.get("CG_SPARK_KEEP", "") != "1"),
+        "warehouse": DeltaWarehouseResource(
+            root=root,
+            s3_endpoint=os.environ.get("CG_S3_ENDPOINT") or None,
+            aws_access_key_id=_secret("AWS_ACCESS_KEY_ID"),
+            aws_secret_access_key=_secret("AWS_SECRET_ACCESS_KEY"),
+            allow_http=os.environ.get("CG_S3_ALLOW_HTTP", "") == "1",
+        ),
+        "partition_runs": PartitionRunsResource(
+            members=[m.strip() for m in os.environ.get("CG_MEMBERS", "").split(",") if m.strip()],
+            batch_max_msgs=int(os.environ.get("CG_BATCH_MAX_MSGS", "20000")),
+            adaptive_max_msgs=int(os.environ.get("CG_ADAPTIVE_MAX_MSGS", "200000")) or None,
+        ),
+    }

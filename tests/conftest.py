@@ -1,5 +1,6 @@
-"""Shared fixtures: ONE real nats-server per test session (JetStream, temp store, loopback),
-per-test NATS connections, unique names, moto S3, and a figures report in the summary.
+"""Shared fixtures: ONE real nats-server per test session (JetStream, temp store, loopback) and
+moto S3 — the library's own fixtures, :mod:`cg_pipelines.testing.fixtures`, which users' tests
+enable the same way — plus per-test NATS connections, unique names and a figures report.
 
 A missing nats-server binary fails the run (the fixture raises): nothing here ever skips.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import nats
@@ -17,22 +18,13 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from cg_pipelines.devserver import NatsServer
-from cg_pipelines.sinks.s3 import MotoS3Server
+from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.testing.s3 import MotoS3Server
+
+pytest_plugins = ["cg_pipelines.testing.fixtures"]
 
 _REPORT: list[str] = []
 _COUNTER = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    """A nats-server with JetStream on 127.0.0.1, random port, temporary store."""
-    server = NatsServer(tmp_path_factory.mktemp("nats"), port=0)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -63,13 +55,6 @@ class MotoBucket:
     server: MotoS3Server
     bucket: str
     options: dict[str, str]
-
-
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[MotoS3Server]:
-    """moto's S3 server mode on 127.0.0.1 (one per session)."""
-    with MotoS3Server() as server:
-        yield server
 
 
 @pytest.fixture

@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from cg_pipelines.core.config import ElasticConfig, MemberMapping, StaticConfig
+from cg_pipelines.core.config import (
+    ElasticConfig,
+    MemberMapping,
+    StaticConfig,
+    check_max_members,
+)
 
 Assignment = dict[str, list[int]]
 
@@ -26,6 +31,7 @@ def effective_members(members: Iterable[str], max_members: int) -> list[str]:
 
 
 def _owner_by_partition(members: Sequence[str], max_members: int) -> list[str]:
+    check_max_members(max_members)  # never loop over an unbounded number of partitions
     n = len(members)
     per = max_members // n
     owners = []
@@ -44,7 +50,8 @@ def member_partitions(
     member_name: str,
 ) -> list[int]:
     """Partitions of ``member_name`` in the reference's order (ascending for members, mapping
-    order for mappings). Empty if the member has none."""
+    order for mappings). Empty if the member has none. Raises ``ConfigError`` if
+    ``max_members`` is outside [1, MAX_MEMBERS] (nothing loops over an unbounded range)."""
     if members:
         eff = effective_members(members, max_members)
         owners = _owner_by_partition(eff, max_members)
@@ -63,16 +70,27 @@ def generate_partition_filters(
     member_name: str,
     filters: Sequence[str] = (),
 ) -> list[str]:
-    """Consumer filter subjects for ``member_name``: ``"<p>.<filter>"`` per partition and filter.
+    """Consumer filter subjects for ``member_name``, as the reference computes them.
 
-    Same output and order as the reference: for each filter (outer) and each of the member's
-    partitions (inner); no filters means ``"<p>.>"``. Unlike the reference, mappings plus several
-    filters never produce duplicate filters (duplicates are dropped, first kept).
+    With ``members`` (reference ``GeneratePartitionFilters``, members branch, called once per
+    filter by ``ElasticGetPartitionFilters`` and ``joinMemberConsumerStatic``):
+    ``"<p>.<filter>"`` for each filter (outer) and each of the member's partitions (inner); no
+    filters means ``"<p>.>"``.
+
+    With ``member_mappings`` (and no ``members``; the mappings branch of
+    ``GeneratePartitionFilters``, synadia-io/orbit.go pcgroups/stream_consumer_group.go
+    v0.2.1): ``"<p>.>"`` for each of the member's partitions in mapping order, whatever the
+    filters: the reference ignores its ``filter`` argument there. Unlike the reference, which
+    writes ``"<p>.>"`` once per filter (duplicates, which nats-server refuses as overlapping
+    filters, error 10138), each filter is written once (first kept).
     """
     parts = member_partitions(members, max_members, member_mappings, member_name)
+    flts: Sequence[str] = filters or (">",)
+    if not members and member_mappings:
+        flts = (">",)
     out: list[str] = []
     seen: set[str] = set()
-    for flt in filters or (">",):
+    for flt in flts:
         for p in parts:
             f = f"{p}.{flt}"
             if f not in seen:
@@ -121,8 +139,10 @@ def sticky_assignment(
     more partition; members that already hold the most keep the larger shares. A member keeps its
     lowest-numbered partitions up to its share; released and unowned partitions go, ascending, to
     members below their share in name order. Deterministic for equal inputs.
-    Raises ``ValueError`` if there are no members.
+    Raises ``ValueError`` if there are no members, ``ConfigError`` (a ``ValueError``) if
+    ``max_members`` is outside [1, MAX_MEMBERS].
     """
+    check_max_members(max_members)
     eff = effective_members(members, max_members)
     if not eff:
         raise ValueError("a sticky assignment needs at least one member")

@@ -1,0 +1,44 @@
+"""The ordered partition engine: lease-and-range drains with fenced, exactly-once commits."""
+
+from cg_pipelines.engine.model import (
+    PARTITION_COLUMN,
+    BatchContext,
+    DeadLetter,
+    FenceConflictError,
+    Processed,
+    Processor,
+    Record,
+    RunResult,
+    Sink,
+    StateSink,
+)
+from cg_pipelines.engine.processing import ArrowProcessor
+from cg_pipelines.engine.rebuild import RebuildError, rebuild_partition
+from cg_pipelines.engine.retry import NatsUnavailableError
+from cg_pipelines.engine.runner import (
+    EngineConfigError,
+    EngineOptions,
+    run_partition,
+    run_static_partition,
+)
+
+__all__ = [
+    "PARTITION_COLUMN",
+    "ArrowProcessor",
+    "BatchContext",
+    "DeadLetter",
+    "EngineConfigError",
+    "EngineOptions",
+    "FenceConflictError",
+    "NatsUnavailableError",
+    "Processed",
+    "Processor",
+    "RebuildError",
+    "Record",
+    "RunResult",
+    "Sink",
+    "StateSink",
+    "rebuild_partition",
+    "run_partition",
+    "run_static_partition",
+]

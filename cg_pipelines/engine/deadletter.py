@@ -10,11 +10,13 @@ dead-letters each message once (within the stream's duplicate window, default 7 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 
+import pyarrow as pa
 from nats.js import JetStreamContext
 
-from cg_pipelines.engine.model import DeadLetter, Record
+from cg_pipelines.engine.model import DeadLetter
 from cg_pipelines.jetstream.api import JetStreamAPI, seconds_to_ns
 from cg_pipelines.jetstream.errors import JetStreamError
 
@@ -52,33 +54,39 @@ async def publish_dead_letters(
     read_stream: str,
     group: str,
     partition: int,
-    records: Sequence[Record],
+    batch: pa.Table,
     dead: Sequence[DeadLetter],
     timeout: float = 5.0,
 ) -> int:
     """Publish each dead letter (awaiting the stream's acks). Returns how many were stored.
 
-    Raises ``ValueError`` if a dead letter names a sequence not in ``records`` (the processing
+    ``batch`` is the batch the dead letters came from
+    (:data:`~cg_pipelines.engine.model.RECORD_SCHEMA`: its ``data``, ``subject`` and user
+    ``headers`` are what is published).
+
+    Raises ``ValueError`` if a dead letter names a sequence not in ``batch`` (the processing
     step must only reject messages it was given).
     """
-    by_seq = {r.seq: r for r in records}
+    index = {seq: i for i, seq in enumerate(batch["seq"].to_pylist())}
     name = dlq_stream_name(origin_stream, group)
     acks = []
     for d in dead:
-        rec = by_seq.get(d.seq)
-        if rec is None:
+        i = index.get(d.seq)
+        if i is None:
             raise ValueError(f"dead letter for sequence {d.seq} which is not in the batch")
-        headers = dict(rec.headers or {})
+        raw = batch["headers"][i].as_py()
+        headers = dict(json.loads(raw)) if raw else {}
         headers.update({
-            "Nats-Msg-Id": f"{read_stream}:{rec.seq}",
+            "Nats-Msg-Id": f"{read_stream}:{d.seq}",
             "Cg-Origin-Stream": origin_stream,
             "Cg-Stream": read_stream,
-            "Cg-Sequence": str(rec.seq),
-            "Cg-Subject": rec.subject,
+            "Cg-Sequence": str(d.seq),
+            "Cg-Subject": batch["subject"][i].as_py(),
             "Cg-Partition": str(partition),
             "Cg-Error": " ".join(d.reason.split())[:1000],
         })
-        acks.append(await js.publish_async(f"{name}.{partition}", rec.data, headers=headers))
+        acks.append(await js.publish_async(f"{name}.{partition}", batch["data"][i].as_py(),
+                                           headers=headers))
     if acks:
         await asyncio.wait_for(asyncio.gather(*acks), timeout)
     return len(acks)

@@ -7,9 +7,9 @@ publish time in nanoseconds since the Unix epoch; durations are seconds (``float
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -20,9 +20,14 @@ RECORD_SCHEMA = pa.schema(
         pa.field("time", pa.timestamp("ns", tz="UTC"), nullable=False),
         pa.field("headers", pa.string()),
         pa.field("data", pa.binary(), nullable=False),
+        pa.field("origin_seq", pa.int64()),
     ]
 )
-"""Arrow schema of a batch of records: ``headers`` is a JSON object string or null."""
+"""Arrow schema of a batch of records, in stream order: ``seq`` is the sequence in the stream
+read (an elastic group's work-queue stream; a static group's own stream), ``origin_seq`` the
+message's sequence in the origin stream (from the ``Nats-Stream-Source`` header the server puts
+on sourced messages; null when the stream read is the origin), ``headers`` the user headers as
+a JSON object string or null."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +35,8 @@ class Record:
     """One message of a partition, as user code sees it.
 
     ``subject`` has the partition token stripped (the origin stream's subject); ``seq`` is the
-    work-queue (or, for static groups, origin) stream sequence; ``headers`` are the user headers.
+    work-queue (or, for static groups, origin) stream sequence; ``origin_seq`` the origin
+    stream's sequence of a sourced message; ``headers`` are the user headers.
     """
 
     seq: int
@@ -38,6 +44,7 @@ class Record:
     data: bytes
     time_ns: int
     headers: dict[str, str] | None = None
+    origin_seq: int | None = None
 
 
 def records_to_arrow(records: Sequence[Record]) -> pa.Table:
@@ -49,6 +56,7 @@ def records_to_arrow(records: Sequence[Record]) -> pa.Table:
             pa.array([r.time_ns for r in records], pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
             pa.array([json.dumps(r.headers) if r.headers else None for r in records], pa.string()),
             pa.array([r.data for r in records], pa.binary()),
+            pa.array([r.origin_seq for r in records], pa.int64()),
         ],
         schema=RECORD_SCHEMA,
     )
@@ -75,12 +83,28 @@ class Processed:
     dead: list[DeadLetter] = field(default_factory=list)
 
 
+PARTITION_COLUMN = "_partition"
+"""Column (int64) the engine adds to every committed row: the consumer-group partition the row
+came from. Tables made by the Dagster integration are partitioned by it, so a partition's rows
+live in their own files (state reads and rebuilds touch only them)."""
+
+
+class StateReader(Protocol):
+    """Per-key state for a batch (see :class:`~cg_pipelines.core.state.KeyedState`):
+    ``lookup(keys)`` returns the last row of each key that has one, with the spec's
+    ``read_columns``."""
+
+    def lookup(self, keys: Sequence[object]) -> pa.Table: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BatchContext:
     """What the processing step knows about the batch besides its records.
 
     ``app_id`` is the partition's watermark key in the sink (``<stream>/<group>/<partition>``);
-    ``sink`` lets the step read committed per-key state (e.g. a key's previous event).
+    ``sink`` is where the batch will be committed; ``state`` serves the per-key state the
+    processor declared (``None`` when it declared none); ``mode`` is ``"drain"`` or
+    ``"rebuild"`` (a rebuild replays the partition's history from empty state).
     """
 
     stream: str
@@ -90,16 +114,21 @@ class BatchContext:
     first_seq: int
     last_seq: int
     sink: Sink
+    state: StateReader | None = None
+    mode: str = "drain"
 
 
 class Processor(Protocol):
-    """The processing step: turns a batch of records (in stream order) into rows to commit.
+    """The processing step: turns a batch (in stream order) into rows to commit.
 
-    It must be deterministic for the same records and committed state, so that a batch
-    re-processed after a crash or fence conflict gives the same effect.
+    ``batch`` is an Arrow table with :data:`RECORD_SCHEMA` (:func:`records_to_arrow` builds one
+    from :class:`Record` objects). It must be deterministic for the same batch and committed
+    state, so that a batch re-processed after a crash or fence conflict gives the same effect.
+    Optional attributes the engine and the Dagster integration read: ``state`` (a
+    :class:`~cg_pipelines.core.state.KeyedState`), ``uses_spark`` and ``bind(spark)``.
     """
 
-    def process(self, records: Sequence[Record], ctx: BatchContext) -> Processed: ...
+    def process(self, batch: pa.Table, ctx: BatchContext) -> Processed: ...
 
 
 class FenceConflictError(Exception):
@@ -119,14 +148,41 @@ class Sink(Protocol):
 
     ``watermark(app_id)``: the last committed sequence for ``app_id`` (0 if none), read from a
     fresh snapshot which later ``commit`` calls are fenced against.
-    ``commit(table, app_id, version, expected)``: atomically append ``table`` and set the
-    watermark to ``version``, only if it is still ``expected``; raises
-    :class:`FenceConflictError` otherwise (nothing written).
+    ``commit(table, app_id, version, expected, markers)``: atomically append ``table`` and set
+    the watermark to ``version``, only if it is still ``expected``; raises
+    :class:`FenceConflictError` otherwise (nothing written). ``markers`` are other
+    ``{app id: version}`` pairs recorded in the same commit and read back with ``watermark``
+    (the engine records the origin sequence of the batch's last message under
+    :func:`origin_marker` ``(app_id)``), not fenced.
     """
 
     def watermark(self, app_id: str) -> int: ...
 
-    def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int) -> None: ...
+    def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
+               markers: Mapping[str, int] | None = None) -> None: ...
+
+
+def origin_marker(app_id: str) -> str:
+    """The key under which a partition's commits record the origin stream sequence of their
+    last message: ``<app_id>@origin``. A rebuild replays the origin stream up to it."""
+    return f"{app_id}@origin"
+
+
+@runtime_checkable
+class StateSink(Sink, Protocol):
+    """A sink that can serve per-key state: the last committed row of some keys.
+
+    ``last_rows(key, keys, columns, order_by, partition)`` returns one row per key found (the
+    greatest ``order_by``), with ``columns``; see
+    :meth:`cg_pipelines.sinks.delta.DeltaSink.last_rows`. A processor that declares
+    :class:`~cg_pipelines.core.state.KeyedState` needs one: the engine refuses any other sink
+    before it reads anything.
+    """
+
+    def last_rows(
+        self, key: str, keys: Sequence[object], columns: Sequence[str], order_by: str,
+        partition: int | None = None,
+    ) -> pa.Table: ...
 
 
 class PartitionHaltedError(Exception):
@@ -144,8 +200,13 @@ class RunResult:
     ``status``: ``"drained"`` (backlog seen at start processed), ``"limit"`` (a message or time
     limit stopped it), ``"held"`` (another instance holds the partition; nothing done),
     ``"empty"`` (no backlog), ``"fenced"`` (a newer holder took over mid-run), ``"halted"``
-    (the ``halt`` policy stopped at a bad message; see ``halted_at``). ``nats_retries`` counts
-    NATS steps retried while NATS was unreachable.
+    (the ``halt`` policy stopped at a bad message; see ``halted_at``), ``handed_over`` (the
+    server names another instance as the partition's pinned holder), ``rebuilt`` (a rebuild
+    replaced the partition's rows: ``messages_read`` origin messages read, ``rows_replaced``
+    by ``rows_written``; ``first_seq``/``last_seq`` are then origin sequences).
+    ``nats_retries`` counts NATS steps retried while NATS was unreachable; ``repins`` counts
+    times the run's pin was gone with no other holder (a restarted server forgets pins) and
+    the run pinned itself again.
     """
 
     stream: str
@@ -160,9 +221,13 @@ class RunResult:
     commits: int = 0
     fence_conflicts: int = 0
     nats_retries: int = 0
+    repins: int = 0
     watermark: int = 0
     seconds: float = 0.0
     halted_at: int | None = None
+    messages_read: int = 0
+    rows_replaced: int = 0
+    rows_written: int = 0
     detail: str = ""
     timings: dict[str, float] = field(default_factory=dict)
 

@@ -1,10 +1,14 @@
-"""A processing step over Arrow: decode each record, then transform the batch as a table.
+"""Processing steps over Arrow: decode a batch in one call, attach declared state, transform.
 
-Decoding is per record (a payload the decoder rejects becomes a dead letter with its reason);
-the transform sees the good rows, in stream order, as one Arrow table with the decoded fields
-plus ``_seq`` (int64 stream sequence), ``_subject`` (string, partition token stripped) and
-``_time`` (timestamp ns UTC). The Spark step (:mod:`cg_pipelines.spark.job`) reuses the
-decoding and runs the transform on a Spark DataFrame instead.
+A batch reaches a processor as an Arrow table with
+:data:`~cg_pipelines.engine.model.RECORD_SCHEMA` (``seq``, ``subject``, ``time``, ``headers``,
+``data``), in stream order. :func:`decode_batch` decodes the payloads with
+:meth:`~cg_pipelines.core.decode.JsonDecoder.decode_column` (every payload either becomes a row
+or a dead letter with its reason, whatever its bytes) and adds ``_seq`` (int64 origin stream
+sequence), ``_subject`` (string, partition token stripped) and ``_time`` (timestamp ns UTC);
+:func:`with_state` attaches the declared per-key state; the transform sees the good rows, in
+stream order. The Spark step (:mod:`cg_pipelines.spark.processor`) shares all of it and runs
+the transform on a Spark DataFrame instead.
 """
 
 from __future__ import annotations
@@ -12,9 +16,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from cg_pipelines.core.decode import BadMessage, JsonDecoder
-from cg_pipelines.engine.model import BatchContext, DeadLetter, Processed, Record
+from cg_pipelines.core.batching import CostModel
+from cg_pipelines.core.decode import JsonDecoder
+from cg_pipelines.core.state import KeyedState, attach_state, keys_of
+from cg_pipelines.engine.model import BatchContext, DeadLetter, Processed
+
+__all__ = [
+    "META_FIELDS",
+    "ArrowProcessor",
+    "ArrowTransform",
+    "Validate",
+    "decode_batch",
+    "with_state",
+]
 
 META_FIELDS = [
     pa.field("_seq", pa.int64(), nullable=False),
@@ -23,56 +39,97 @@ META_FIELDS = [
 ]
 
 ArrowTransform = Callable[[pa.Table, BatchContext], pa.Table]
+"""``transform(table, ctx) -> pa.Table`` over the decoded rows (see :func:`decode_batch`)."""
+
+Validate = Callable[[pa.Table], Sequence[tuple[int, str]]]
+"""``validate(table) -> [(row, reason), ...]``: record-level checks over the decoded rows
+(payload fields and meta columns, e.g. that the subject matches the payload); each row listed
+becomes a dead letter with its reason."""
 
 
 def decode_batch(
-    records: Sequence[Record],
-    decoder: JsonDecoder,
-    validate: Callable[[Record, dict], None] | None = None,
+    batch: pa.Table, decoder: JsonDecoder, validate: Validate | None = None
 ) -> tuple[pa.Table, list[DeadLetter]]:
-    """Decode records into an Arrow table (decoded fields + meta columns) and dead letters.
+    """Decode a batch (:data:`~cg_pipelines.engine.model.RECORD_SCHEMA`) into an Arrow table of
+    the decoded fields plus :data:`META_FIELDS`, in stream order, and its dead letters.
 
-    ``validate(record, row)`` may raise :class:`BadMessage` for record-level checks (e.g. the
-    subject has too few tokens).
+    ``_seq`` is the message's origin stream sequence (``origin_seq``; the batch's ``seq`` when
+    it was read from the origin stream itself): the same number whether a partition is drained
+    from the work queue or rebuilt from the origin stream. Dead letters name the batch's
+    ``seq``. Every input message ends up in exactly one of the two.
     """
-    cols: dict[str, list] = {f.name: [] for f in decoder.fields}
-    seqs, subjects, times = [], [], []
-    dead: list[DeadLetter] = []
-    for r in records:
-        try:
-            row = decoder.decode(r.data)
-            if validate is not None:
-                validate(r, row)
-        except BadMessage as e:
-            dead.append(DeadLetter(r.seq, str(e)))
-            continue
-        for k, v in row.items():
-            cols[k].append(v)
-        seqs.append(r.seq)
-        subjects.append(r.subject)
-        times.append(r.time_ns)
-    schema = pa.schema([*decoder.arrow_schema, *META_FIELDS])
-    arrays = [pa.array(cols[f.name], f.type) for f in decoder.arrow_schema]
-    arrays += [pa.array(seqs, pa.int64()), pa.array(subjects, pa.string()),
-               pa.array(times, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))]
-    return pa.Table.from_arrays(arrays, schema=schema), dead
+    col = decoder.decode_column(batch["data"])
+    rows = pa.array(col.rows, pa.int64())
+    meta = batch.select(["seq", "subject", "time", "origin_seq"]).take(rows)
+    table = col.table
+    seq = pc.coalesce(meta["origin_seq"], meta["seq"])
+    for f, values in zip(META_FIELDS, (seq, meta["subject"], meta["time"]), strict=True):
+        table = table.append_column(f, values.cast(f.type))
+    seqs = batch["seq"]
+    dead = [DeadLetter(seqs[i].as_py(), reason) for i, reason in col.dead]
+    if validate is not None and table.num_rows:
+        bad = {row: reason for row, reason in validate(table)}
+        if bad:
+            dead += [DeadLetter(seqs[col.rows[row]].as_py(), reason)
+                     for row, reason in sorted(bad.items())]
+            table = table.take(pa.array([i for i in range(table.num_rows) if i not in bad],
+                                        pa.int64()))
+    return table, sorted(dead, key=lambda d: d.seq)
+
+
+def with_state(table: pa.Table, spec: KeyedState | None, ctx: BatchContext) -> pa.Table:
+    """``table`` with the declared per-key state attached (``last_<column>`` columns, see
+    :mod:`cg_pipelines.core.state`); ``table`` itself when ``spec`` is ``None``.
+
+    Raises:
+        RuntimeError: state is declared but ``ctx`` carries no state reader (the processor was
+            called outside the engine without one).
+    """
+    if spec is None:
+        return table
+    if ctx.state is None:
+        raise RuntimeError("the processor declares KeyedState but the batch context has no "
+                           "state reader: run it through the engine (run_partition)")
+    return attach_state(table, ctx.state.lookup(keys_of(table, spec.key)), spec)
 
 
 class ArrowProcessor:
-    """Processing step: :func:`decode_batch`, then ``transform(table, ctx)`` on the good rows.
+    """Processing step on Arrow (or pandas): :func:`decode_batch`, then the declared per-key
+    state attached (:func:`with_state`), then ``transform(table, ctx)`` on the good rows.
 
-    The transform must be deterministic for the same rows and committed state.
+    Args:
+        decoder: decodes the payloads into the declared fields (rejects -> dead letters).
+        transform: ``transform(table, ctx) -> pa.Table``, or with ``pandas=True``
+            ``transform(df, ctx) -> pandas.DataFrame`` (the table converted with
+            ``to_pandas()``; the result converted back with ``pa.Table.from_pandas``). Must be
+            deterministic for the same rows and committed state.
+        validate: optional record-level checks (:data:`Validate`).
+        state: the per-key state the transform reads (``None``: none).
+        pandas: hand the transform a pandas DataFrame instead of an Arrow table.
     """
+
+    uses_spark = False
 
     def __init__(
         self,
         decoder: JsonDecoder,
-        transform: ArrowTransform,
-        validate: Callable[[Record, dict], None] | None = None,
+        transform: ArrowTransform | Callable[..., object],
+        *,
+        validate: Validate | None = None,
+        state: KeyedState | None = None,
+        pandas: bool = False,
     ) -> None:
         self.decoder, self.transform, self.validate = decoder, transform, validate
+        self.state, self.pandas = state, pandas
+        self.cost_model = CostModel()  # the engine's batch sizing learns from it
 
-    def process(self, records: Sequence[Record], ctx: BatchContext) -> Processed:
-        table, dead = decode_batch(records, self.decoder, self.validate)
-        out = self.transform(table, ctx) if table.num_rows else None
-        return Processed(out, dead)
+    def process(self, batch: pa.Table, ctx: BatchContext) -> Processed:
+        """Decode, attach state, transform; ``Processed(None, dead)`` when no row decodes."""
+        table, dead = decode_batch(batch, self.decoder, self.validate)
+        if table.num_rows == 0:
+            return Processed(None, dead)
+        table = with_state(table, self.state, ctx)
+        if not self.pandas:
+            return Processed(self.transform(table, ctx), dead)
+        out = self.transform(table.to_pandas(), ctx)
+        return Processed(pa.Table.from_pandas(out, preserve_index=False), dead)

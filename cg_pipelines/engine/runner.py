@@ -16,6 +16,14 @@ Algorithm (DESIGN §5, the draining rule of seed 004):
 5. **Acknowledge after commit.** Purge the partition below ``last + 1`` (dead letters were
    published before the commit), then ack the lease.
 
+**Executor read** (opt-in, ``EngineOptions.executor_read_min_msgs``): when the processor can
+process a whole sequence range on Spark executors (:class:`RangeProcessor`, e.g.
+:class:`~cg_pipelines.spark.SparkProcessor`) and the partition's remaining backlog is at least
+the threshold, steps 2-3 for the rest of the range up to the run's start are one batch read,
+decoded and transformed on the executors (the ``jetstream`` data source); only the output rows
+and the dead letters come to the driver, and steps 4-5 are the same single fenced commit,
+purge and ack.
+
 While a batch is processed, the lease is kept with ``+WPI`` (in progress) every third of the
 ack wait. A run drains the backlog present when it started (new messages wait for the next
 run), or stops at a message/time limit. A crash anywhere is safe: before the commit nothing is
@@ -28,27 +36,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import nats.errors
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from cg_pipelines.core.batching import CostModel, next_batch_size
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.state import KeyedState
 from cg_pipelines.core.subjects import strip_partition
 from cg_pipelines.engine.deadletter import ensure_dlq_stream, publish_dead_letters
 from cg_pipelines.engine.model import (
+    PARTITION_COLUMN,
+    RECORD_SCHEMA,
     BatchContext,
+    DeadLetter,
     FenceConflictError,
     Processed,
     Processor,
     Record,
     RunResult,
     Sink,
+    StateSink,
+    origin_marker,
+    records_to_arrow,
 )
 from cg_pipelines.engine.retry import Retrier
+from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream.api import JetStreamAPI, PullResult, consumer_config
 from cg_pipelines.jetstream.errors import (
     ConsumerAlreadyExistsError,
@@ -56,6 +76,7 @@ from cg_pipelines.jetstream.errors import (
     RequestTimeoutError,
     WorkQueueConsumerNotUniqueError,
 )
+from cg_pipelines.jetstream.rangeread import read_range
 
 PRIORITY_GROUP = "PCG"
 Hook = Callable[[str, dict[str, Any]], None]
@@ -76,9 +97,15 @@ class EngineOptions:
     """Tuning of one partition run.
 
     Attributes:
-        batch_max_msgs: most messages per batch (one commit each).
+        batch_max_msgs: messages per batch (one commit each); with ``adaptive_max_msgs`` the
+            first and smallest batch size.
+        adaptive_max_msgs: when set, batches grow up to this many messages while the
+            processor's fixed cost per batch is more than a fifth of its time
+            (:func:`~cg_pipelines.core.batching.next_batch_size`; a Spark transform's fixed
+            cost is about a second); ``None``: every batch is ``batch_max_msgs``.
         batch_max_bytes: most payload bytes per batch (at least one message is taken).
-        read_chunk: messages per direct-get request.
+        read_chunk: messages per pull when a rebuild replays the origin stream (a drain reads
+            each batch with one request).
         ack_wait_s: the lease consumer's ack wait (seconds); the lease is renewed every third.
         priority_timeout_s: seconds without a pull after which the server unpins a holder.
         hold_wait_s: seconds to wait for the pin when another instance holds the partition.
@@ -92,9 +119,25 @@ class EngineOptions:
             :class:`~cg_pipelines.engine.retry.NatsUnavailableError`.
         retry_backoff_s, retry_max_backoff_s: first and largest pause between retries
             (seconds; doubling).
+        executor_read_min_msgs: messages. When set, and the processor implements
+            :class:`RangeProcessor` (``process_range``, e.g.
+            :class:`~cg_pipelines.spark.SparkProcessor`), a partition whose remaining backlog
+            at a batch boundary is at least this many messages is processed as ONE batch:
+            the rest of the range up to the run's start is read, decoded and transformed on
+            the Spark executors (the payloads never pass through the driver on the way in),
+            then committed once (fenced), dead-lettered, purged and acked on the driver as any
+            batch. The remaining backlog is the partition's pending messages when the run
+            started less those handled since. Not used under ``dead_letter_policy="halt"``,
+            when the backlog is over what ``max_messages`` still allows, or when the
+            connection's TLS context cannot be shipped to the executors (give the processor
+            ``read_options`` with ``tls_ca``). ``batch_max_msgs``/``batch_max_bytes`` do not
+            bound that batch: the driver holds its output rows. ``None`` (default): off
+            (bench/spark_read.py measures the crossover; on 2 local cores the driver read
+            wins at every size).
     """
 
     batch_max_msgs: int = 20_000
+    adaptive_max_msgs: int | None = None
     batch_max_bytes: int = 64 * 1024 * 1024
     read_chunk: int = 2_000
     ack_wait_s: float = 30.0
@@ -107,6 +150,7 @@ class EngineOptions:
     retry_max_s: float = 30.0
     retry_backoff_s: float = 0.1
     retry_max_backoff_s: float = 3.0
+    executor_read_min_msgs: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_max_msgs < 1 or self.batch_max_bytes < 1 or self.read_chunk < 1:
@@ -117,6 +161,8 @@ class EngineOptions:
             raise ValueError("timeout_s must be > 0 and retry_max_s >= 0 seconds")
         if not 0 < self.retry_backoff_s <= self.retry_max_backoff_s:
             raise ValueError("need 0 < retry_backoff_s <= retry_max_backoff_s seconds")
+        if self.executor_read_min_msgs is not None and self.executor_read_min_msgs < 1:
+            raise ValueError("executor_read_min_msgs must be >= 1 messages (or None: off)")
         if self.dead_letter_policy not in ("dlq", "halt"):
             raise ValueError(f"dead_letter_policy must be 'dlq' or 'halt', not "
                              f"{self.dead_letter_policy!r}")
@@ -173,13 +219,90 @@ class _Lease:
     msgs: list[Msg]
     seq: int
     pin_id: str | None
-    retries: int = 0  # the run's NATS retries when the lease was taken
     keeper: asyncio.Task[None] | None = field(default=None)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def msg(self) -> Msg:
         return self.msgs[0]
+
+
+@dataclass
+class RangeProcessed:
+    """What :meth:`RangeProcessor.process_range` made of a sequence range read on the
+    executors: the output and dead letters, and the range's facts the engine commits by.
+
+    Attributes:
+        processed: the rows to commit (``table``, ``None`` when no message decoded) and the
+            dead letters (work-queue sequences, with their reasons).
+        dead_records: the dead-lettered messages as
+            :data:`~cg_pipelines.engine.model.RECORD_SCHEMA` rows (user headers only, partition
+            token stripped from ``subject``): what the dead-letter stream stores.
+        messages: messages read (rows decoded + dead letters).
+        first_seq, last_seq: work-queue sequences of the first and last message read (``None``
+            when nothing was read); ``last_seq`` becomes the watermark.
+        last_origin_seq: origin stream sequence of the last message (the ``<app_id>@origin``
+            marker), ``None`` when it has none.
+        timings: seconds by step (e.g. ``read_executors``, ``process``), added to the run's.
+    """
+
+    processed: Processed
+    dead_records: pa.Table
+    messages: int
+    first_seq: int | None
+    last_seq: int | None
+    last_origin_seq: int | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class RangeProcessor(Protocol):
+    """A processor that can also process a whole sequence range read on the executors.
+
+    ``process_range(source, ctx)``: ``source`` holds the options of the ``jetstream`` Spark data
+    source (:mod:`cg_pipelines.spark.datasource`: ``servers``, ``stream`` (the work queue),
+    ``subject`` (``<p>.>``), ``first_seq``, ``last_seq``, ``strip_partition``, ``timeout`` and
+    the connection's credentials; never log it); ``ctx`` is the batch context with
+    ``first_seq``/``last_seq`` the range's bounds. It must give, message for message, what
+    ``process`` gives for the same messages in one batch (same rows, same dead letters and
+    reasons, ``_seq`` the origin sequence). Optional ``read_options`` (a mapping) are extra
+    source options (e.g. TLS files, which the engine cannot derive from its connection).
+    """
+
+    def process(self, batch: pa.Table, ctx: BatchContext) -> Processed: ...
+
+    def process_range(self, source: Mapping[str, str], ctx: BatchContext) -> RangeProcessed: ...
+
+
+@dataclass(frozen=True)
+class _Span:
+    """Facts of a batch whose records stayed on the executors: first and last work-queue
+    sequence, origin sequence of the last message, messages."""
+
+    first: int
+    last: int
+    last_origin: int | None
+    messages: int
+
+
+@dataclass
+class _Prepared:
+    """A processed batch waiting for its commit: ``records`` (only those before a bad message
+    under ``halt``), ``processed``, ``halted`` (the bad message, or None), ``process_s``.
+    An executor batch has ``span`` (its facts) and only its dead-lettered ``records``."""
+
+    records: pa.Table
+    processed: Processed
+    halted: DeadLetter | None
+    process_s: float
+    span: _Span | None = None
+
+    def facts(self) -> _Span:
+        """First and last sequence, last origin sequence and size of the batch."""
+        if self.span is not None:
+            return self.span
+        first, last = _bounds(self.records)
+        return _Span(first, last, _last_origin_seq(self.records), self.records.num_rows)
 
 
 class _PartitionRun:
@@ -200,6 +323,9 @@ class _PartitionRun:
         self.t0 = time.monotonic()
         self._pending = 0  # the partition's backlog at start (consumer pending + ack pending)
         self._dense = False  # read ranges unfiltered (see _loop)
+        self._pinned = False  # a lease (so the pin) was held at some point
+        self.state = _state_cache(processor, sink, partition)
+        self.cost = getattr(processor, "cost_model", None) or CostModel()
         self.retry = Retrier(nc, options.retry_max_s, options.retry_backoff_s,
                              options.retry_max_backoff_s, f"partition {partition} of {self.wq}",
                              on_retry=self._on_retry)
@@ -254,10 +380,20 @@ class _PartitionRun:
         try:
             await self._ensure_consumer()
             await self._loop()
+            await self._unpin()
         finally:
             await self.api.close()
             self.res.seconds = time.monotonic() - self.t0
         return self.res
+
+    async def _unpin(self) -> None:
+        """A run that held the pin and ended on its own gives the pin up, so the next run of
+        the partition (another deployment after a membership change, say) is pinned at once
+        instead of after ``priority_timeout_s``. Best effort: the pin times out anyway."""
+        if not self._pinned or self.res.status in ("handed_over", "held"):
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.api.unpin(self.wq, self.cname), self.opt.timeout_s)
 
     async def _keep(self, lease: _Lease) -> None:
         """Keep the lease while a batch is processed: ``+WPI`` on the held messages every third
@@ -330,7 +466,8 @@ class _PartitionRun:
 
     def _lease_of(self, msg: Msg | list[Msg], pin_id: str | None) -> _Lease:
         msgs = msg if isinstance(msg, list) else [msg]
-        lease = _Lease(msgs, msgs[0].metadata.sequence.stream, pin_id, self.res.nats_retries)
+        lease = _Lease(msgs, msgs[0].metadata.sequence.stream, pin_id)
+        self._pinned = True
         lease.keeper = asyncio.create_task(self._keep(lease))
         self._step("leased", first_seq=lease.seq, last_seq=lease.seq)
         return lease
@@ -349,26 +486,50 @@ class _PartitionRun:
         await self._release(done)
         got = await self._pull("pull the next lease", batch=1, expires_s=0, no_wait=True,
                                pin_id=done.pin_id)
-        if got.pin_lost and self.res.nats_retries > done.retries:
-            # NATS was lost while we held the lease: a restarted server forgets pins, so the
-            # pin moving is no sign of a new holder. Pull without the old id: if another
-            # instance holds the pin now, the server gives us nothing and we hand over.
-            got = await self._pull("re-pin after reconnect", batch=1,
-                                   expires_s=min(self.opt.hold_wait_s, 2.0))
-            if got.messages:
-                return self._lease_of(got.messages[0], got.pin_id)
-            if await self._has_backlog():  # backlog left but none for us: another holder
-                got.status = 423
+        if got.pin_lost:
+            got = await self._repin()
         if got.messages:
             return self._lease_of(got.messages[0], got.pin_id)
         if got.pin_lost:
             self.res.status = "handed_over"
-            self.res.detail = "the pin moved to another instance (step-down or pin timeout)"
         elif got.status in (None, 404, 408):
             self.res.status = "drained"
         else:
             got.raise_for_status()
         return None
+
+    async def _repin(self) -> PullResult:
+        """The pin this run held is gone. Either another instance holds it now (a step-down
+        or a pin timeout moved it), or nobody does: a restarted server forgets pins, whether
+        or not any step of this run had to be retried. Pull without a pin id until the server
+        pins this run again or names another holder (consumer info's ``pinned_client_id``),
+        for up to ``hold_wait_s``. Returns the pull that got a message, or one marked as pin
+        lost (status 423, ``detail`` names the new holder), or the last empty one when the
+        partition has nothing left."""
+        deadline = time.monotonic() + self.opt.hold_wait_s
+        while True:
+            got = await self._pull("re-pin", batch=1,
+                                   expires_s=max(0.1, min(1.0, deadline - time.monotonic())))
+            if got.messages:
+                self.res.repins += 1
+                return got
+            info = await self.retry.call("consumer info", lambda: self.api.consumer_info(
+                self.wq, self.cname))
+            holder = _pinned_id(info)
+            if holder is not None:
+                got.status = 423
+                self.res.detail = (f"the pin moved to another instance (pin id {holder}): "
+                                   "step-down or pin timeout")
+                return got
+            if not (info.get("num_pending") or info.get("num_ack_pending")):
+                got.status = 404
+                return got
+            if time.monotonic() >= deadline:
+                got.status = 423
+                self.res.detail = (f"partition {self.partition} has a backlog but the server "
+                                   f"gave this run no message for {self.opt.hold_wait_s:g} s "
+                                   "and names no pinned holder")
+                return got
 
     def _limit_hit(self) -> bool:
         o = self.opt
@@ -380,16 +541,16 @@ class _PartitionRun:
         start = await self.retry.call("stream info", lambda: self.api.stream_info(self.wq))
         start_last = int(start["state"].get("last_seq") or 0)
         lease = await self._first_lease()
-        # Dense partition: when it holds at least half of the work queue's messages, reading
-        # the range unfiltered and skipping other partitions' messages here is cheaper than
-        # the server's per-message wildcard lookup (``next_by_subj="<p>.>"`` slows down with
-        # the number of distinct subjects: ~2.3x on 1,000 subjects, bench/partition_drain.py).
-        self._dense = 2 * self._pending >= int(start["state"].get("messages") or 0)
+        # Dense partition: when it holds 90 % of the work queue's messages or more, reading the
+        # range unfiltered and dropping the few other partitions' messages here is cheaper than
+        # the server's filtered lookup; below that, the server and the client pay for every
+        # message sent and filtered wins (bench/range_read.py: break-even at about 0.9).
+        self._dense = 10 * self._pending >= 9 * int(start["state"].get("messages") or 0)
         dlq_ready = False
         # The next range is read while the current batch is processed and committed: reading
         # consumes nothing, and a prefetch that no longer starts where the next range starts
         # (or whose range another holder took over) is discarded or fenced at commit.
-        prefetch: tuple[int, asyncio.Task[list[Record]]] | None = None
+        prefetch: tuple[int, asyncio.Task[pa.Table]] | None = None
         try:
             while lease is not None:
                 if lease.seq > start_last or self._limit_hit():
@@ -410,6 +571,20 @@ class _PartitionRun:
                     lease = await self._next_lease(lease)
                     continue
                 from_seq = max(lease.seq, watermark + 1)
+                source = self._executor_source(from_seq, start_last)
+                if source is not None:
+                    # A large backlog: one batch read, decoded and transformed on the executors.
+                    if prefetch is not None:
+                        prefetch[1].cancel()
+                        with contextlib.suppress(BaseException):
+                            await prefetch[1]
+                        prefetch = None
+                    if not dlq_ready:
+                        await self.retry.call("create the DLQ stream", lambda: ensure_dlq_stream(
+                            self.api, self.stream, self.group))
+                        dlq_ready = True
+                    lease = await self._executor_batch(lease, watermark, source)
+                    continue
                 if prefetch is not None and prefetch[0] == from_seq:
                     records = await prefetch[1]
                 else:
@@ -417,23 +592,17 @@ class _PartitionRun:
                         prefetch[1].cancel()
                     records = await self._read(from_seq, start_last)
                 prefetch = None
-                if not records:
+                if records.num_rows == 0:
                     # The leased message was purged after a commit (crash before its ack).
                     await self._ack(lease)
                     lease = await self._next_lease(lease)
                     continue
-                self._step("read", first_seq=records[0].seq, last_seq=records[-1].seq)
                 if not dlq_ready:
                     await self.retry.call("create the DLQ stream", lambda: ensure_dlq_stream(
                         self.api, self.stream, self.group))
                     dlq_ready = True
-                if len(records) >= self.opt.batch_max_msgs and records[-1].seq < start_last:
-                    nxt = records[-1].seq + 1
-                    prefetch = (nxt, asyncio.create_task(
-                        self._read(nxt, start_last, timing="read_overlapped")))
-                if await self._process_and_commit(lease, records, watermark):
-                    return
-                lease = await self._next_lease(lease)
+                lease, prefetch = await self._pipeline(lease, records, watermark, start_last,
+                                                       prefetch)
         finally:
             if prefetch is not None:
                 prefetch[1].cancel()
@@ -442,108 +611,250 @@ class _PartitionRun:
             if lease is not None:
                 await self._release(lease)
 
-    async def _read(self, from_seq: int, start_last: int, timing: str = "read") -> list[Record]:
-        """The partition's stored messages from ``from_seq`` on, in order, up to the batch
-        limits and never past ``start_last`` (direct get: nothing is consumed)."""
+    def _executor_source(self, from_seq: int, start_last: int) -> dict[str, str] | None:
+        """The ``jetstream`` source options for reading ``[from_seq, start_last]`` of the
+        partition on the executors, when the executor read is to be used for it (see
+        ``EngineOptions.executor_read_min_msgs``); else None."""
+        o, res = self.opt, self.res
+        if (o.executor_read_min_msgs is None or o.dead_letter_policy != "dlq"
+                or not isinstance(self.processor, RangeProcessor)):
+            return None
+        handled = res.processed + res.dead_lettered + res.duplicates_skipped
+        backlog = min(self._pending - handled, start_last - from_seq + 1)
+        if backlog < o.executor_read_min_msgs:
+            return None
+        if o.max_messages is not None and backlog > o.max_messages - res.processed:
+            return None
+        extra = getattr(self.processor, "read_options", None) or {}
+        conn = executor_connect_options(self.nc, tls_files="tls_ca" in extra)
+        if conn is None:
+            return None
+        return {**conn, "stream": self.wq, "subject": self.flt, "first_seq": str(from_seq),
+                "last_seq": str(start_last), "strip_partition": "true",
+                "timeout": str(o.timeout_s)}
+
+    async def _executor_batch(self, lease: _Lease, watermark: int,
+                              source: dict[str, str]) -> _Lease | None:
+        """Process the range ``source`` names as one batch on the executors
+        (:meth:`RangeProcessor.process_range`), then dead-letter, commit (fenced), purge and
+        ack exactly as a driver batch. Returns the next lease, or None when the run stops."""
+        first, last = int(source["first_seq"]), int(source["last_seq"])
+        ctx = BatchContext(self.stream, self.group, self.partition, self.app_id, first, last,
+                           self.sink, self.state)
         t = time.monotonic()
-        out: list[Record] = []
-        nbytes = 0
-        seq = from_seq
+        assert isinstance(self.processor, RangeProcessor)
+        got = await asyncio.to_thread(self.processor.process_range, source, ctx)
+        process_s = time.monotonic() - t
+        for k, v in got.timings.items():
+            self.res.timings[k] = self.res.timings.get(k, 0.0) + v
+        self.res.timings.setdefault("read_executors", 0.0)
+        if got.messages == 0 or got.first_seq is None or got.last_seq is None:
+            # The leased message was purged after a commit (crash before its ack).
+            await self._ack(lease)
+            return await self._next_lease(lease)
+        span = _Span(got.first_seq, got.last_seq, got.last_origin_seq, got.messages)
+        _check_range(got, span, first, last)
+        processed = got.processed
+        processed.table = with_partition_column(processed.table, self.partition)
+        self._step("read", first_seq=span.first, last_seq=span.last, executors=True)
+        if self.state is not None:
+            self.state.update(processed.table)  # as _prepare_batch: the cache goes on a fence
+        self._step("processed", first_seq=span.first, last_seq=span.last)
+        prep = _Prepared(got.dead_records, processed, None, process_s, span)
+        await self._dead_letter(prep)
+        if await self._commit_batch(lease, prep, watermark):
+            return None
+        return await self._next_lease(lease)
+
+    async def _read(self, from_seq: int, start_last: int, timing: str = "read") -> pa.Table:
+        """The partition's stored messages from ``from_seq`` on, in order, up to the batch
+        limits and never past ``start_last``: one batched direct get (nothing is consumed),
+        its replies cut into Arrow columns in bulk (:func:`~cg_pipelines.jetstream.rangeread.
+        read_range`)."""
+        t = time.monotonic()
         opt = self.opt
         flt = ">" if self._dense else self.flt
-        prefix = f"{self.partition}."
-        while len(out) < opt.batch_max_msgs and nbytes < opt.batch_max_bytes:
-            want = min(opt.read_chunk, opt.batch_max_msgs - len(out))
-            msgs = await self.retry.call("read", lambda s=seq, w=want, b=nbytes:
-                                         self.api.direct_get_batch(
-                                             self.wq, s, flt, w, max_bytes=opt.batch_max_bytes - b))
-            for m in msgs:
-                if m.seq > start_last:
-                    self._timed(timing, t)
-                    return out
-                if not m.subject.startswith(prefix):
-                    continue  # another partition's message (dense, unfiltered read)
-                _, subject = strip_partition(m.subject)
-                out.append(Record(m.seq, subject, m.data, m.time_ns, _user_headers(m.headers)))
-                nbytes += len(m.data)
-            if len(msgs) < want or (msgs and msgs[-1].num_pending == 0):
-                break
-            seq = msgs[-1].seq + 1
+        size = next_batch_size(self.cost, opt.batch_max_msgs,
+                               opt.adaptive_max_msgs or opt.batch_max_msgs)
+        got = await self.retry.call("read", lambda: read_range(
+            self.nc, self.wq, from_seq, filter_subject=flt, prefix=f"{self.partition}.",
+            max_msgs=size, max_bytes=opt.batch_max_bytes, last_seq=start_last,
+            timeout_s=opt.timeout_s, drop_nats_headers=True))
         self._timed(timing, t)
-        return out
+        return got.table(origin=True).cast(RECORD_SCHEMA)
 
-    async def _process(self, records: Sequence[Record]) -> Processed:
+    async def _process(self, records: pa.Table) -> Processed:
+        first, last = _bounds(records)
         ctx = BatchContext(self.stream, self.group, self.partition, self.app_id,
-                           records[0].seq, records[-1].seq, self.sink)
+                           first, last, self.sink, self.state)
         t = time.monotonic()
         processed = await asyncio.to_thread(self.processor.process, records, ctx)
+        processed.table = with_partition_column(processed.table, self.partition)
         self._timed("process", t)
-        seqs = {r.seq for r in records}
+        seqs = set(records["seq"].to_pylist())
         unknown = [d.seq for d in processed.dead if d.seq not in seqs]
         if unknown:
             raise ValueError(f"processing step dead-lettered sequences not in the batch: "
                              f"{unknown[:5]}")
         return processed
 
-    async def _process_and_commit(
-        self, lease: _Lease, records: list[Record], watermark: int
-    ) -> bool:
-        """Process, dead-letter, commit, purge, ack one batch. Returns True to stop the run."""
-        res = self.res
+    async def _prepare_batch(self, records: pa.Table) -> _Prepared:
+        """Process one batch (under ``halt``, re-process the part before the first bad
+        message) and take its output as the newest per-key state. Touches no lease."""
+        t = time.monotonic()
         processed = await self._process(records)
         halted = None
         if processed.dead and self.opt.dead_letter_policy == "halt":
             halted = min(processed.dead, key=lambda d: d.seq)
-            records = [r for r in records if r.seq < halted.seq]
-            if not records:
-                await self._release(lease)
-                await lease.msg.nak()
-                res.status, res.halted_at = "halted", halted.seq
-                res.detail = f"halted at sequence {halted.seq}: {halted.reason}"
-                return True
+            records = records.filter(pc.less(records["seq"], halted.seq))
+            if records.num_rows == 0:
+                return _Prepared(records, processed, halted, time.monotonic() - t)
             processed = await self._process(records)
             if processed.dead:  # the prefix must process cleanly: it did in the full batch
                 raise RuntimeError("processing step is not deterministic: the batch before a "
                                    "bad message produced dead letters on re-processing")
-        self._step("processed", first_seq=records[0].seq, last_seq=records[-1].seq)
-        last = records[-1].seq
-        if processed.dead:
-            t = time.monotonic()
-            dead = processed.dead
-            # Retried as a whole: Nats-Msg-Id makes the DLQ store each dead letter once.
-            res.dead_lettered += await self.retry.call("publish dead letters", lambda:
-                publish_dead_letters(
-                    self.js, origin_stream=self.stream, read_stream=self.wq, group=self.group,
-                    partition=self.partition, records=records, dead=dead,
-                    timeout=self.opt.timeout_s))
-            self._timed("dead_letter", t)
+        if self.state is not None:
+            # Optimistic: the next batch is processed while this one commits; if the commit
+            # is refused (fence), the run stops and this per-run cache goes with it.
+            self.state.update(processed.table)
+        first, last = _bounds(records)
+        self._step("processed", first_seq=first, last_seq=last)
+        return _Prepared(records, processed, halted, time.monotonic() - t)
+
+    async def _dead_letter(self, prep: _Prepared) -> None:
+        if not prep.processed.dead or not prep.records.num_rows:
+            return
+        t = time.monotonic()
+        dead = prep.processed.dead
+        # Retried as a whole: Nats-Msg-Id makes the DLQ store each dead letter once.
+        self.res.dead_lettered += await self.retry.call("publish dead letters", lambda:
+            publish_dead_letters(
+                self.js, origin_stream=self.stream, read_stream=self.wq, group=self.group,
+                partition=self.partition, batch=prep.records, dead=dead,
+                timeout=self.opt.timeout_s))
+        self._timed("dead_letter", t)
+
+    async def _commit_batch(self, lease: _Lease, prep: _Prepared, watermark: int) -> bool:
+        """Commit (fenced), purge, ack one prepared batch. Returns True to stop the run."""
+        res = self.res
+        processed = prep.processed
+        facts = prep.facts()
+        first, last = facts.first, facts.last
         t = time.monotonic()
         try:
+            origin = facts.last_origin
+            markers = {origin_marker(self.app_id): origin} if origin is not None else None
             await asyncio.to_thread(self.sink.commit, processed.table, self.app_id, last,
-                                    watermark)
+                                    watermark, markers)
         except FenceConflictError as e:
             res.fence_conflicts += 1
             res.status = "fenced"
             res.detail = f"{e}; a newer holder owns this range, stopping"
+            # Stop renewing the lease (nobody else holds this one): left unacknowledged, it is
+            # redelivered to the partition's next run after the ack wait.
+            await self._release(lease)
             return True
         self._timed("commit", t)
         res.commits += 1
+        if prep.span is None:  # an executor batch costs another path: it would skew the fit
+            self.cost.observe(facts.messages, prep.process_s + time.monotonic() - t)
         res.watermark = last
-        res.processed += len(records) - len(processed.dead)
-        res.first_seq = res.first_seq or records[0].seq
+        res.processed += facts.messages - len(processed.dead)
+        res.first_seq = res.first_seq or first
         res.last_seq = last
-        self._step("committed", first_seq=records[0].seq, last_seq=last)
+        self._step("committed", first_seq=first, last_seq=last)
         t = time.monotonic()
         await self._release(lease)  # no keep-alive pull may be waiting when the lease is acked
         await self._settle(lease, last)
         self._timed("settle", t)
-        if halted is not None:
+        if prep.halted is not None:
             # The bad message is now the partition's first: leave it for an operator.
-            res.status, res.halted_at = "halted", halted.seq
-            res.detail = f"halted at sequence {halted.seq}: {halted.reason}"
+            self._halt(prep.halted.seq, prep.halted.reason)
             return True
-        self._step("acked", first_seq=records[0].seq, last_seq=last)
+        self._step("acked", first_seq=first, last_seq=last)
         return False
+
+    def _halt(self, seq: int, reason: str) -> None:
+        self.res.status, self.res.halted_at = "halted", seq
+        self.res.detail = f"halted at sequence {seq}: {reason}"
+
+    async def _process_and_commit(
+        self, lease: _Lease, records: pa.Table, watermark: int
+    ) -> bool:
+        """Process, dead-letter, commit, purge, ack one batch, in that order. Returns True to
+        stop the run."""
+        prep = await self._prepare_batch(records)
+        if prep.records.num_rows == 0:  # halted at the batch's first message
+            await self._release(lease)
+            await lease.msg.nak()
+            assert prep.halted is not None
+            self._halt(prep.halted.seq, prep.halted.reason)
+            return True
+        await self._dead_letter(prep)
+        return await self._commit_batch(lease, prep, watermark)
+
+    async def _commit_and_next(self, lease: _Lease, prep: _Prepared,
+                               watermark: int) -> _Lease | None:
+        """:meth:`_commit_batch`, then the next lease (None: the run stops, status set)."""
+        if await self._commit_batch(lease, prep, watermark):
+            return None
+        return await self._next_lease(lease)
+
+    async def _pipeline(
+        self, lease: _Lease, records: pa.Table, watermark: int, start_last: int,
+        prefetch: tuple[int, asyncio.Task[pa.Table]] | None,
+    ) -> tuple[_Lease | None, tuple[int, asyncio.Task[pa.Table]] | None]:
+        """Drain batches with commit and settle off the critical path: batch k+1 is processed
+        while batch k commits (fenced, in order), purges, acks and the next lease comes back.
+        The next batch is read meanwhile too. Returns the lease to go on with (the outer loop
+        checks it) or None when the run stops, and an unused prefetch."""
+        pending: asyncio.Task[_Lease | None] | None = None
+        try:
+            while True:
+                first, last = _bounds(records)
+                self._step("read", first_seq=first, last_seq=last)
+                if prefetch is None and last < start_last:
+                    prefetch = (last + 1, asyncio.create_task(
+                        self._read(last + 1, start_last, timing="read_overlapped")))
+                prep = await self._prepare_batch(records)
+                if pending is not None:
+                    next_lease, pending = await pending, None
+                    if next_lease is None:
+                        return None, prefetch
+                    lease = next_lease
+                    if lease.seq != first or self._limit_hit():
+                        # Not where this batch starts (or a limit): drop it, and the state it
+                        # added to the cache, and let the outer loop decide.
+                        if self.state is not None:
+                            self.state.reset()
+                        return lease, prefetch
+                if prep.records.num_rows == 0:  # halted at the batch's first message
+                    await self._release(lease)
+                    await lease.msg.nak()
+                    assert prep.halted is not None
+                    self._halt(prep.halted.seq, prep.halted.reason)
+                    return None, prefetch
+                await self._dead_letter(prep)
+                pending = asyncio.create_task(self._commit_and_next(lease, prep, watermark))
+                watermark = _bounds(prep.records)[1]
+                if prep.halted is not None or prefetch is None or prefetch[0] != last + 1:
+                    next_lease, pending = await pending, None
+                    return next_lease, prefetch
+                records = await prefetch[1]
+                prefetch = None
+                if records.num_rows == 0:
+                    next_lease, pending = await pending, None
+                    return next_lease, None
+        except BaseException:
+            if prefetch is not None:  # the caller never sees this prefetch
+                prefetch[1].cancel()
+                with contextlib.suppress(BaseException):
+                    await prefetch[1]
+            raise
+        finally:
+            if pending is not None:  # an error or cancellation: let the commit finish first
+                with contextlib.suppress(BaseException):
+                    await pending
 
     async def _settle(self, lease: _Lease, last: int) -> None:
         """After a commit: purge the partition below ``last + 1``, then ack the lease."""
@@ -555,6 +866,119 @@ class _PartitionRun:
         """Purge the partition's messages below sequence ``below`` (idempotent; retried)."""
         await self.retry.call("purge", lambda: self.api.purge(self.wq, filter=self.flt,
                                                               seq=below))
+
+
+def executor_connect_options(nc: Client, *, tls_files: bool = False) -> dict[str, str] | None:
+    """How executors reach the NATS that ``nc`` is connected to, as ``jetstream`` source options
+    (``servers`` with any URL credentials, ``user``/``password``/``token``, ``creds`` and
+    ``nkey_seed`` file paths), or None when that cannot be shipped: a TLS connection (its
+    SSL context stays here) unless ``tls_files`` (the processor's ``read_options`` name the TLS
+    files), or credentials given as callbacks or in memory. Holds secrets: never log it."""
+    if nc.options.get("tls") is not None and not tls_files:
+        return None
+    if getattr(nc, "_nkeys_seed_str", None) is not None:
+        return None
+    creds = getattr(nc, "_user_credentials", None)
+    seed = getattr(nc, "_nkeys_seed", None)
+    if (creds is not None and not isinstance(creds, str)) or (
+            seed is not None and not isinstance(seed, str)):
+        return None
+    urls = [u.geturl() for u in nc.servers] or (
+        [nc.connected_url.geturl()] if nc.connected_url else [])
+    if not urls:
+        return None
+    out = {"servers": ",".join(urls)}
+    for key, value in (("user", nc.options.get("user")), ("password", nc.options.get("password")),
+                       ("token", nc.options.get("token")), ("creds", creds),
+                       ("nkey_seed", None if creds else seed)):
+        if value:
+            out[key] = str(value)
+    return out
+
+
+def _check_range(got: RangeProcessed, span: _Span, first: int, last: int) -> None:
+    """An executor batch's facts must be consistent: within the range asked for, every dead
+    letter in ``dead_records`` and in the range, no more dead letters than messages."""
+    if not first <= span.first <= span.last <= last:
+        raise ValueError(f"range processing returned sequences {span.first}..{span.last} "
+                         f"outside the range {first}..{last}")
+    dead = [d.seq for d in got.processed.dead]
+    known = set(got.dead_records["seq"].to_pylist())
+    unknown = [q for q in dead if q not in known or not span.first <= q <= span.last]
+    if unknown or len(set(dead)) != len(dead) or len(dead) > span.messages:
+        raise ValueError(f"range processing dead-lettered sequences it did not read or twice: "
+                         f"{(unknown or dead)[:5]}")
+
+
+def _pinned_id(info: dict[str, Any]) -> str | None:
+    """The pinned client id of the ``PCG`` priority group in a consumer info, or None."""
+    for g in info.get("priority_groups") or []:
+        if g.get("group") == PRIORITY_GROUP and g.get("pinned_client_id"):
+            return str(g["pinned_client_id"])
+    return None
+
+
+def _bounds(batch: pa.Table) -> tuple[int, int]:
+    """First and last sequence of a non-empty batch (stream order)."""
+    seqs = batch["seq"]
+    return seqs[0].as_py(), seqs[-1].as_py()
+
+
+def _state_cache(processor: Processor, sink: Sink, partition: int) -> KeyStateCache | None:
+    """The run's per-key state cache when the processor declares
+    :class:`~cg_pipelines.core.state.KeyedState` (``processor.state``), else ``None``.
+
+    Raises:
+        EngineConfigError: state is declared but ``sink`` cannot serve it (no ``last_rows``).
+    """
+    spec: KeyedState | None = getattr(processor, "state", None)
+    if spec is None:
+        return None
+    if not isinstance(sink, StateSink):
+        raise EngineConfigError(
+            f"the processor declares per-key state on {spec.key!r} but {type(sink).__name__} "
+            "cannot serve it (no last_rows method): use a state sink such as DeltaSink")
+
+    def read(keys: Sequence[object]) -> pa.Table:
+        return sink.last_rows(spec.key, keys, spec.read_columns, spec.order_by, partition)
+
+    return KeyStateCache(spec, read)
+
+
+def with_partition_column(table: pa.Table | None, partition: int) -> pa.Table | None:
+    """``table`` with :data:`~cg_pipelines.engine.model.PARTITION_COLUMN` (int64) set to
+    ``partition`` on every row (appended, or checked when the transform kept it).
+
+    Raises:
+        ValueError: the table has the column with another partition's number.
+    """
+    if table is None:
+        return None
+    if PARTITION_COLUMN in table.column_names:
+        col = table[PARTITION_COLUMN]
+        if table.num_rows and not pc.all(pc.equal(col, partition)).as_py():
+            raise ValueError(f"the transform's {PARTITION_COLUMN} column holds other "
+                             f"partitions than {partition}")
+        return table
+    return table.append_column(pa.field(PARTITION_COLUMN, pa.int64(), nullable=False),
+                               pa.array(np.full(table.num_rows, partition, np.int64)))
+
+
+def origin_seq_of(headers: dict[str, str] | None) -> int | None:
+    """The origin stream sequence of a sourced message, from its ``Nats-Stream-Source`` header
+    (``<origin stream> <origin seq> <filter> <transform> <origin subject> <id>``, as
+    nats-server 2.15 writes it), or None."""
+    src = (headers or {}).get("Nats-Stream-Source")
+    if not src:
+        return None
+    parts = src.split(" ")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
+def _last_origin_seq(batch: pa.Table) -> int | None:
+    """The origin sequence of the batch's last message (None when it has none)."""
+    col = batch["origin_seq"]
+    return col[len(col) - 1].as_py() if len(col) else None
 
 
 def _user_headers(headers: dict[str, str] | None) -> dict[str, str] | None:
@@ -638,7 +1062,7 @@ class _StaticPartitionRun(_PartitionRun):
             if fresh:
                 lease = self._lease_of(fresh, pin)
                 try:
-                    records = [_record_of(m) for m in fresh]
+                    records = records_to_arrow([_record_of(m) for m in fresh])
                     if await self._process_and_commit(lease, records, watermark):
                         return
                 finally:

@@ -5,6 +5,12 @@ Mirrors synadia-io/orbit.go ``pcgroups`` (v0.2.1) admin calls, fixing its known 
 de-duplicated; static delete removes only this group's member consumers (``<group>-<member>``),
 not every consumer whose name starts with ``<group>-``; the active-member check is per member.
 
+A stored config is parsed and validated before anything is computed from it: one that breaks
+the rules (e.g. ``max_members`` above :data:`~cg_pipelines.core.config.MAX_MEMBERS`, duplicate
+member names) makes every call but the deletes raise ``ConfigError`` at once, writing nothing.
+Updates keep the stored JSON of every field they do not change, and unknown fields
+(:attr:`~cg_pipelines.core.config.ElasticConfig.unknown_fields`), as they were.
+
 All calls take a nats-py ``JetStreamContext`` and raise:
 ``ConfigError`` (invalid config or arguments, nothing written), ``GroupNotFoundError``,
 ``GroupExistsError``, ``MembershipError``, ``ConcurrentUpdateError`` (cg_pipelines.core.errors)
@@ -13,6 +19,7 @@ and ``JetStreamError`` subclasses for server errors (cg_pipelines.jetstream.erro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -113,12 +120,17 @@ async def delete_static(js: JetStreamContext, stream: str, group: str, *, timeou
                         ) -> list[str]:
     """Delete a static group: its KV config and exactly its members' consumers.
 
-    Returns the names of the consumers deleted. Raises ``GroupNotFoundError`` if absent.
+    Works on a stored config that does not validate too (its member names are read as they
+    stand), so a broken config can always be removed. Returns the names of the consumers
+    deleted. Raises ``GroupNotFoundError`` if absent.
     """
     store = ConfigStore(js, "static", timeout)
-    cfg = (await store.get(stream, group)).config
+    try:
+        members = _members_of((await store.get(stream, group)).config)
+    except ConfigError:
+        members = _stored_member_names((await store.get_raw(stream, group))[0])
     await store.delete(stream, group)
-    names = {static_consumer_name(group, m) for m in _members_of(cfg)}
+    names = {static_consumer_name(group, m) for m in members}
     api = _api(js, timeout)
     deleted = []
     for name in sorted(names & set(await api.list_consumer_names(stream))):
@@ -233,6 +245,25 @@ async def delete_elastic(
 
 def _members_of(cfg: StaticConfig | ElasticConfig) -> list[str]:
     return list(cfg.members) or [m.member for m in cfg.member_mappings]
+
+
+def _stored_member_names(data: bytes) -> list[str]:
+    """Member names in stored JSON that may break the rules, best effort (``members`` and the
+    mappings' ``member``, the ADR's ``member-mappings`` too); [] if unreadable."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return []
+    if not isinstance(obj, dict):
+        return []
+    members = obj.get("members")
+    names = [m for m in members if isinstance(m, str)] if isinstance(members, list) else []
+    for key in ("member_mappings", "member-mappings"):
+        maps = obj.get(key)
+        if isinstance(maps, list):
+            names += [m["member"] for m in maps
+                      if isinstance(m, dict) and isinstance(m.get("member"), str)]
+    return names
 
 
 def _membership_change(

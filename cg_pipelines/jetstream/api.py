@@ -47,7 +47,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
-from cg_pipelines.jetstream import natsfast  # noqa: F401  (installs the faster header parser)
 from cg_pipelines.jetstream.errors import (
     JetStreamError,
     JetStreamUnavailableError,

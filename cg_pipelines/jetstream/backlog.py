@@ -1,36 +1,177 @@
 """Per-partition backlog of an elastic group's work-queue stream (for sensors and schedules).
 
-One batched direct get per partition (``seq=1``, ``next_by_subj="<p>.>"``, ``batch=1``): the
-first pending message gives the partition's first sequence and age, and its
-``Nats-Num-Pending`` header the number of messages after it.
+A partition's backlog is exact and read in one server answer per partition: a batched direct get
+``{"seq": 1, "next_by_subj": "<p>.>", "batch": 1}`` returns the partition's first pending message
+(its sequence and store time) and, in ``Nats-Num-Pending``, how many of the partition's messages
+follow it. What a tick costs is kept small around that:
+
+1. ``STREAM.INFO`` of the work-queue stream (one small request, whatever the stream holds): a
+   missing stream raises :class:`~cg_pipelines.jetstream.errors.StreamNotFoundError`, and an
+   empty stream ends the read there (no partition has a backlog).
+2. When the stream holds few distinct subjects for the partitions asked
+   (:func:`cg_pipelines.core.triggers.use_subject_counts`), one ``STREAM.INFO`` with
+   ``subjects_filter: ">"`` (pages followed) gives every subject's count; partitions without
+   messages are not asked for (:func:`cg_pipelines.core.triggers.pending_by_partition`). With many
+   subjects that listing costs more than the direct gets it would save (its size grows with the
+   subjects, not the partitions), so it is skipped.
+3. The direct gets of the remaining partitions share one reply subscription
+   (``<inbox>.<p>``) with at most ``window`` requests in flight, instead of a subscription per
+   request; together they are one call bounded by the API's timeout.
+
+A partition counted in step 2 but drained before its direct get reads as empty; one that received
+its first message in between is seen at the next tick. Per partition, ``pending`` and
+``first_seq`` always come from the same server answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Iterable, Sequence
+
+import nats.errors
+from nats.aio.msg import Msg
 
 from cg_pipelines.core.config import work_queue_stream_name
-from cg_pipelines.core.triggers import PartitionBacklog
-from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.core.triggers import PartitionBacklog, pending_by_partition, use_subject_counts
+from cg_pipelines.jetstream.api import JetStreamAPI, parse_rfc3339_ns
+from cg_pipelines.jetstream.errors import (
+    JetStreamError,
+    JetStreamUnavailableError,
+    RequestTimeoutError,
+    error_from_status,
+)
+
+__all__ = ["DEFAULT_WINDOW", "first_pending", "partition_backlog"]
+
+DEFAULT_WINDOW = 256
+"""Direct gets in flight at once (one reply subscription for all of them)."""
+
+FirstPending = tuple[int, int, int]
+"""``(sequence, store time in ns since the epoch, messages of the partition after it)``."""
 
 
 async def partition_backlog(
-    api: JetStreamAPI, stream: str, group: str, partitions: range | list[int]
+    api: JetStreamAPI,
+    stream: str,
+    group: str,
+    partitions: Iterable[int],
+    *,
+    window: int = DEFAULT_WINDOW,
 ) -> list[PartitionBacklog]:
-    """Backlog of each partition, in the order given (requests run concurrently).
+    """Backlog of each partition, in the order given (see the module docstring for the reads).
 
-    Raises ``JetStreamUnavailableError`` if the work-queue stream is missing.
+    Raises:
+        StreamNotFoundError: the work-queue stream is missing.
+        RequestTimeoutError: a read got no (complete) answer within ``api.timeout`` seconds.
+        JetStreamError: another API error.
     """
+    parts = list(partitions)
+    if not parts:
+        return []
     wq = work_queue_stream_name(stream, group)
     now_ns = time.time_ns()
+    state = (await api.stream_info(wq)).get("state") or {}
+    if int(state.get("messages") or 0) <= 0:
+        return [PartitionBacklog(p, 0, None, 0.0) for p in parts]
+    ask = parts
+    if use_subject_counts(int(state.get("num_subjects") or 0), len(parts)):
+        listed = await api.stream_info(wq, subjects_filter=">")
+        counts = pending_by_partition((listed.get("state") or {}).get("subjects") or {})
+        ask = [p for p in parts if counts.get(p, 0) > 0]
+    found = await first_pending(api, wq, ask, window=window)
+    out = []
+    for p in parts:
+        hit = found.get(p)
+        if hit is None:
+            out.append(PartitionBacklog(p, 0, None, 0.0))
+        else:
+            seq, ts_ns, after = hit
+            out.append(PartitionBacklog(p, 1 + after, seq, max(0.0, (now_ns - ts_ns) / 1e9)))
+    return out
 
-    async def one(p: int) -> PartitionBacklog:
-        msgs = await api.direct_get_batch(wq, 1, f"{p}.>", 1)
-        if not msgs:
-            return PartitionBacklog(p, 0, None, 0.0)
-        m = msgs[0]
-        pending = 1 + (m.num_pending or 0)
-        return PartitionBacklog(p, pending, m.seq, max(0.0, (now_ns - m.time_ns) / 1e9))
 
-    return list(await asyncio.gather(*(one(p) for p in partitions)))
+async def first_pending(
+    api: JetStreamAPI, wq: str, partitions: Sequence[int], *, window: int = DEFAULT_WINDOW
+) -> dict[int, FirstPending]:
+    """The first stored message of each partition of work-queue stream ``wq``: one batched
+    direct get per partition, all answered on one reply subscription, at most ``window`` in
+    flight. Partitions with no message are absent from the result.
+
+    Raises:
+        RequestTimeoutError: not every answer arrived within ``api.timeout`` seconds.
+        JetStreamUnavailableError: no responders (stream missing or ``allow_direct`` off).
+        JetStreamError: another error status, or a malformed answer.
+        ValueError: ``window < 1``.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    todo = list(dict.fromkeys(partitions))  # each partition once: its reply subject is its own
+    if not todo:
+        return {}
+    nc = api.nc
+    subject = f"{api.prefix}.DIRECT.GET.{wq}"
+    inbox = nc.new_inbox()
+    found: dict[int, FirstPending] = {}
+    waiting = set(todo)
+    slots = asyncio.Semaphore(window)
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def fail(err: BaseException) -> None:
+        if not done.done():
+            done.set_exception(err)
+        slots.release()  # wake the sender, which then stops
+
+    async def on_reply(msg: Msg) -> None:
+        if done.done():
+            return
+        try:
+            p = int(msg.subject.rpartition(".")[2])
+            hdrs = msg.headers
+            if not hdrs:
+                raise JetStreamError(0, 0, f"direct get reply without headers from {subject}")
+            status = hdrs.get("Status")
+            if status is None:  # the message; its end-of-batch status follows
+                found[p] = (int(hdrs["Nats-Sequence"]),
+                            parse_rfc3339_ns(hdrs["Nats-Time-Stamp"]),
+                            int(hdrs.get("Nats-Num-Pending") or 0))
+                return
+            code = int(status)
+            if code == 503:
+                raise JetStreamUnavailableError(
+                    503, 0, f"no responders for {subject}: stream {wq!r} missing or "
+                    "allow_direct not enabled")
+            if code not in (204, 404, 408):  # end of batch / nothing stored / expired
+                raise error_from_status(code, hdrs.get("Description", ""))
+            if p in waiting:
+                waiting.discard(p)
+                slots.release()
+                if not waiting:
+                    done.set_result(None)
+        except (JetStreamError, KeyError, ValueError) as e:
+            fail(e if isinstance(e, JetStreamError) else
+                 JetStreamError(0, 0, f"malformed direct get reply from {subject}: {e!r}"))
+
+    sub = await nc.subscribe(f"{inbox}.*", cb=on_reply)
+    try:
+        async with asyncio.timeout(api.timeout):
+            for p in todo:
+                await slots.acquire()
+                if done.done():
+                    break
+                body = json.dumps({"seq": 1, "next_by_subj": f"{p}.>", "batch": 1},
+                                  separators=(",", ":")).encode()
+                await nc.publish(subject, body, reply=f"{inbox}.{p}")
+            await done
+    except TimeoutError:
+        raise RequestTimeoutError(subject, api.timeout) from None
+    finally:
+        if not done.done():
+            done.cancel()
+        if not nc.is_closed:
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error:  # best effort: the connection may be going away
+                pass
+    return found

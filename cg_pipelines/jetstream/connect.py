@@ -4,10 +4,22 @@ file, TLS (server certificate checked against a CA; optional client certificate)
 Shared by the library, the ``cg`` CLI and the Dagster NATS resource.
 
 Secrets (password, token, credentials embedded in a URL, seed contents) never appear in
-``repr``, exception messages or log records written by this module: URLs are shown with their
-``user:password@`` part replaced by ``***@`` and every message is scrubbed of the secret values
-before it is raised or logged. nats-py's own error callback (which logs whole tracebacks) is
-replaced by one that logs a single scrubbed line.
+``repr``, exception messages or log records written by this module:
+
+- they are never echoed: messages are built from :attr:`ConnectOptions.display_servers` (URLs
+  with their userinfo replaced by ``***``) and :attr:`ConnectOptions.auth_mode` (the mode and
+  the user name, never a password or token);
+- text that comes from elsewhere (an exception's message) goes through
+  :meth:`ConnectOptions.scrub` before it is shown: URL credentials are removed where they stand
+  (the userinfo before the ``@`` of each URL, see :func:`redact_credentials`), never by
+  searching the text for the user name, which garbled messages (user ``a`` turned
+  "authorization violation" into "***uthoriz***tion viol***tion"); a password or
+  token is also replaced where it occurs whole, if it has at least
+  :data:`MIN_SCRUBBED_SECRET_LEN` characters (a shorter value cannot be told apart from an
+  ordinary word, and searching for it is what garbles text; it is still never echoed).
+
+nats-py's own error callback (which logs whole tracebacks) is replaced by one that logs a single
+scrubbed line.
 
 Failures of the first connection are typed (:class:`NatsConnectError` and subclasses) and
 bounded in time: the server rejecting the credentials (:class:`NatsAuthError`) or the TLS
@@ -18,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -31,6 +45,8 @@ __all__ = [
     "NatsAuthError",
     "NatsConnectError",
     "NatsTLSError",
+    "drop_ssl_eof_notice",
+    "redact_credentials",
     "redact_url",
 ]
 
@@ -42,6 +58,16 @@ _RECONNECT_TIME_WAIT_S = 2.0
 _CREDS_JWT_MARK = "BEGIN NATS USER JWT"
 _CREDS_SEED_MARK = "BEGIN USER NKEY SEED"
 
+MIN_SCRUBBED_SECRET_LEN = 8
+"""A password or token is searched for in foreign text (and replaced where it occurs whole) only
+if it is at least this long: shorter values are ordinary words ("a", "nats", "admin") whose
+replacement garbles messages without protecting anything."""
+
+# Characters that may stand in a URL's userinfo (RFC 3986: unreserved, pct-encoded,
+# sub-delims, ":"), and a URL with userinfo: scheme "://" userinfo "@".
+_UI = r"A-Za-z0-9\-._~%!$&*+=:"
+_URL_WITH_USERINFO = re.compile(rf"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://)[{_UI}]+@")
+
 
 class _DropSslEofNotice(logging.Filter):
     """asyncio warns "returning true from eof_received() has no effect when using ssl" each time
@@ -52,8 +78,13 @@ class _DropSslEofNotice(logging.Filter):
         return not str(record.msg).startswith("returning true from eof_received()")
 
 
-if not any(isinstance(f, _DropSslEofNotice) for f in logging.getLogger("asyncio").filters):
-    logging.getLogger("asyncio").addFilter(_DropSslEofNotice())
+def drop_ssl_eof_notice() -> None:
+    """Install the filter dropping asyncio's "returning true from eof_received() has no effect
+    when using ssl" warning on the ``asyncio`` logger (idempotent). Importing this module
+    changes no other library's logging: an application (the ``cg`` CLI) calls this at start."""
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _DropSslEofNotice) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_DropSslEofNotice())
 
 
 class NatsConnectError(ConnectionError):
@@ -90,6 +121,32 @@ class _Fatal(Exception):
     def __init__(self, cause: BaseException, error: NatsConnectError) -> None:
         super().__init__(type(cause).__name__)
         self.cause, self.error = cause, error
+
+
+def redact_credentials(text: str, urls: Iterable[str] = ()) -> str:
+    """``text`` with URL credentials replaced by ``***`` where they stand.
+
+    Each ``scheme://userinfo@`` in ``text`` becomes ``scheme://***@``; the userinfo of each of
+    ``urls`` (which may contain characters a generic match would stop at, e.g. an unescaped
+    ``@`` in a password) is also replaced wherever it stands before an ``@``, with or without
+    the scheme. Nothing else changes: a user name elsewhere in the text is left alone.
+    """
+    for url in urls:
+        try:
+            netloc = urlsplit(url).netloc
+        except ValueError:
+            continue
+        userinfo = netloc.rpartition("@")[0]
+        if userinfo:
+            text = re.sub(rf"(?<![A-Za-z0-9\-._~%]){re.escape(userinfo)}@", "***@", text)
+    return _URL_WITH_USERINFO.sub(lambda m: f"{m['head']}***@", text)
+
+
+def _replace_whole(text: str, secret: str) -> str:
+    """``text`` with each whole occurrence of ``secret`` (not inside a longer word) replaced."""
+    head = r"(?<![A-Za-z0-9_])" if secret[0].isalnum() or secret[0] == "_" else ""
+    tail = r"(?![A-Za-z0-9_])" if secret[-1].isalnum() or secret[-1] == "_" else ""
+    return re.sub(head + re.escape(secret) + tail, "***", text)
 
 
 def redact_url(url: str) -> str:
@@ -183,23 +240,39 @@ class ConnectOptions:
         return bool(self.tls_ca or self.tls_cert or self.tls_key)
 
     def _secrets(self) -> list[str]:
+        """Password and token values, given separately or in a URL (a URL's user name without
+        a password is a token to nats-py), longest first; only those of at least
+        :data:`MIN_SCRUBBED_SECRET_LEN` characters."""
         out = [s for s in (self.password, self.token) if s]
         for url in self.server_list():
             try:
                 parts = urlsplit(url)
             except ValueError:
                 continue
-            out += [s for s in (parts.username, parts.password) if s]
-        return sorted(set(out), key=len, reverse=True)
+            if parts.password:
+                out.append(parts.password)
+            elif parts.username:
+                out.append(parts.username)
+        return sorted({s for s in out if len(s) >= MIN_SCRUBBED_SECRET_LEN}, key=len,
+                      reverse=True)
 
     def scrub(self, text: str) -> str:
-        """``text`` with every secret value of these options replaced by ``***``."""
+        """``text`` (from elsewhere: an exception's message) fit to show: URL credentials
+        replaced by ``***`` where they stand (:func:`redact_credentials`), and each password or
+        token of these options of at least :data:`MIN_SCRUBBED_SECRET_LEN` characters replaced
+        where it occurs whole. Text around them is never changed (a user name ``a`` leaves
+        "authorization violation" as it is)."""
+        text = redact_credentials(text, self.server_list())
         for s in self._secrets():
-            text = text.replace(s, "***")
+            text = _replace_whole(text, s)
         return text
 
     def _error(self, cls: type[NatsConnectError], message: str) -> NatsConnectError:
-        return cls(self.scrub(message), server=self.display_servers, mode=self.auth_mode)
+        """The typed error. ``message`` must be built only from parts that hold no secret
+        (display servers, auth mode, file paths, fixed words) and :meth:`scrub`-bed foreign
+        text; it is not scrubbed again, which could only garble the fixed words (a password
+        ``password`` would turn "user/password" into "user/***")."""
+        return cls(message, server=self.display_servers, mode=self.auth_mode)
 
     # -- checks before connecting -------------------------------------------------------------
 
@@ -225,7 +298,7 @@ class ConnectOptions:
                                                        ("tls_key", self.tls_key)) if v)
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise self._error(NatsTLSError, f"cannot load TLS files ({files}): "
-                              f"{type(e).__name__}: {reason}") from None
+                              f"{type(e).__name__}: {self.scrub(reason)}") from None
         return ctx
 
     def _check_credential_files(self) -> None:
@@ -257,7 +330,7 @@ class ConnectOptions:
             return Path(path).read_text(errors="replace")
         except OSError as e:
             raise self._error(NatsConnectError, f"cannot read {what} {path}: "
-                              f"{e.strerror or type(e).__name__}") from None
+                              f"{self.scrub(e.strerror or type(e).__name__)}") from None
 
     # -- connecting ---------------------------------------------------------------------------
 
@@ -296,14 +369,14 @@ class ConnectOptions:
             return self._error(NatsAuthError, f"authorization violation at {where}: the server "
                                f"rejected {self.auth_mode}; {hint}")
         if isinstance(e, ssl.SSLCertVerificationError):
-            reason = e.verify_message or "certificate verify failed"
+            reason = self.scrub(e.verify_message or "certificate verify failed")
             hint = (f"check tls_ca ({self.tls_ca}): it must be the CA that signed the server's "
                     "certificate" if self.tls_ca else
                     "the server uses TLS: give tls_ca, the CA that signed its certificate")
             return self._error(NatsTLSError, f"TLS with {where}: certificate verify failed "
                                f"({reason}); {hint}")
         if isinstance(e, ssl.SSLError):
-            reason = e.reason or text
+            reason = self.scrub(e.reason or text)
             if self.tls_cert or any(w in low for w in ("certificate required",
                                                        "certificate_required",
                                                        "handshake failure")):

@@ -5,6 +5,9 @@ Buckets and keys are the reference's (DESIGN §4): ``static-consumer-groups`` /
 stream's. Buckets are created only by :meth:`ConfigStore.create` (never by consumers).
 Unlike the reference, every update is a compare-and-set on the entry's revision, retried on
 conflict, and an update that changes nothing writes nothing (watchers see no spurious change).
+A stored config is parsed and validated before anything is computed from it, so a bad one
+(e.g. ``max_members`` above :data:`~cg_pipelines.core.config.MAX_MEMBERS`, duplicate member
+names) fails every read with a ``ConfigError`` and nothing is written.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from cg_pipelines.core.config import (
     ElasticConfig,
     StaticConfig,
     config_key,
+    equivalent,
 )
 from cg_pipelines.core.errors import (
     ConcurrentUpdateError,
@@ -114,6 +118,16 @@ class ConfigStore(Generic[C]):
             ) from None
         return Versioned(cfg, entry.revision)
 
+    async def get_raw(self, stream: str, group: str) -> tuple[bytes, int]:
+        """The stored bytes and revision, unparsed (to act on a config that does not validate,
+        e.g. to delete it). Raises ``GroupNotFoundError`` if absent."""
+        kv = await self._require(stream, group)
+        try:
+            entry = await asyncio.wait_for(kv.get(config_key(stream, group)), self.timeout)
+        except jserr.KeyNotFoundError:
+            raise GroupNotFoundError(self.kind, stream, group) from None
+        return entry.value or b"", entry.revision
+
     async def create(self, stream: str, group: str, cfg: C, *, replicas: int = 1) -> Versioned[C]:
         """Store a new group config (validated first); idempotent for an equal config.
 
@@ -144,8 +158,12 @@ class ConfigStore(Generic[C]):
 
         Retries on a concurrent write (re-reading each time, after a short random backoff of a
         few milliseconds that grows with the attempt). A result equal to the current
-        config is not written. Raises ``GroupNotFoundError``, ``ConfigError`` (the new config is
-        invalid: nothing written), or ``ConcurrentUpdateError`` after ``attempts`` conflicts.
+        config, or differing only in the order of members or mappings
+        (:func:`~cg_pipelines.core.config.equivalent`), is not written. What is written keeps
+        the stored JSON of every unchanged field and every unknown field
+        (:meth:`~cg_pipelines.core.config.ElasticConfig.to_json`). Raises
+        ``GroupNotFoundError``, ``ConfigError`` (the stored or the new config is invalid:
+        nothing written), or ``ConcurrentUpdateError`` after ``attempts`` conflicts.
         """
         kv = await self._require(stream, group)
         for attempt in range(attempts):
@@ -153,7 +171,7 @@ class ConfigStore(Generic[C]):
                 await asyncio.sleep(random.uniform(0.002, 0.01) * min(attempt, 10))
             cur = await self.get(stream, group)
             new = change(cur.config).validate()
-            if new == cur.config:
+            if new == cur.config or equivalent(new, cur.config):
                 return cur
             try:
                 rev = await asyncio.wait_for(

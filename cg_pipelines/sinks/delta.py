@@ -40,20 +40,23 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from cg_pipelines.engine.model import FenceConflictError
+from cg_pipelines.core.state import last_per_key
+from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
 
-__all__ = ["DeltaSink"]
+__all__ = ["PARTITION_COLUMN", "DeltaSink", "TableStats"]
 
 _MASK: Final = "***"
 
@@ -104,6 +107,17 @@ def _txn(dt: DeltaTable | None, app_id: str) -> int:
     return dt.transaction_version(app_id) or 0
 
 
+@dataclass(frozen=True)
+class TableStats:
+    """A Delta table version's size: ``version``, total ``rows``, ``partition_rows`` of one
+    consumer-group partition (``None`` if not asked or not partitioned), Arrow ``schema``."""
+
+    version: int
+    rows: int
+    partition_rows: int | None
+    schema: pa.Schema
+
+
 class DeltaSink:
     """A :class:`~cg_pipelines.engine.model.Sink` over one Delta table (local path or ``s3://``).
 
@@ -130,7 +144,9 @@ class DeltaSink:
                 ``s3://bucket/path`` (the bucket must exist).
             storage_options: delta-rs object store options (see :meth:`s3_options`); secret
                 values never appear in ``repr`` or in exceptions raised here.
-            partition_by: partition columns, used only when this sink creates the table.
+            partition_by: partition columns, used only when this sink creates the table. By
+                default a table whose schema has :data:`PARTITION_COLUMN` is partitioned by it
+                (each consumer-group partition's rows in files of their own); ``[]`` for none.
             schema: the table's schema, used only when this sink creates the table and the first
                 commit carries no rows (otherwise the first batch's schema is used).
             checkpoint_interval: ``delta.checkpointInterval`` (commits between checkpoints) of a
@@ -143,7 +159,7 @@ class DeltaSink:
             raise ValueError("checkpoint_interval must be >= 1")
         self._uri = uri
         self._options: dict[str, str] = dict(storage_options or {})
-        self._partition_by = list(partition_by) if partition_by else None
+        self._partition_by = list(partition_by) if partition_by is not None else None
         self._schema = _delta_schema(schema) if schema is not None else None
         self._checkpoint_interval = checkpoint_interval
         self._lock = threading.Lock()
@@ -152,6 +168,7 @@ class DeltaSink:
         self._snapshots: dict[str, DeltaTable | None] = {}
         self._reader: DeltaTable | None = None
         self._read_fs: pafs.FileSystem | None = None
+        self._names: list[str] = []
 
     # ---------------------------------------------------------------- configuration helpers
 
@@ -232,9 +249,12 @@ class DeltaSink:
                 self._snapshots[app_id] = dt
             return _txn(dt, app_id)
 
-    def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int) -> None:
+    def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
+               markers: Mapping[str, int] | None = None) -> None:
         """Append ``table`` and set ``app_id``'s watermark to ``version``, in one Delta commit,
-        only if the watermark is still ``expected``.
+        only if the watermark is still ``expected``. ``markers`` (``{app id: version}``) are
+        recorded in the same commit as further application transactions (not fenced; read back
+        with :meth:`watermark`).
 
         Args:
             table: rows to append (any schema the table accepts; ``None`` or 0 rows records only
@@ -286,7 +306,9 @@ class DeltaSink:
                 with self._lock:
                     self._snapshots[app_id] = dt
                 raise FenceConflictError(app_id, expected, found)
-            props = CommitProperties(app_transactions=[Transaction(app_id, version)])
+            props = CommitProperties(app_transactions=[
+                Transaction(app_id, version),
+                *(Transaction(k, v) for k, v in (markers or {}).items())])
             try:
                 if table is None or table.num_rows == 0:
                     dt.create_write_transaction(
@@ -334,7 +356,7 @@ class DeltaSink:
                     self._uri,
                     _delta_schema(schema),
                     mode="error",
-                    partition_by=self._partition_by,
+                    partition_by=self._partition_columns(schema),
                     configuration={"delta.checkpointInterval": str(self._checkpoint_interval)},
                     storage_options=self._options or None,
                     # No retry: a losing creator must not re-create the table at version 1.
@@ -387,6 +409,151 @@ class DeltaSink:
                     return empty.select(columns) if columns is not None else empty
                 return pa.table({c: pa.nulls(0) for c in columns or []})
             return ds.to_table(columns=columns, filter=filter)
+
+    def last_rows(
+        self,
+        key: str,
+        keys: Sequence[object],
+        columns: Sequence[str],
+        order_by: str,
+        partition: int | None = None,
+    ) -> pa.Table:
+        """The last committed row (greatest ``order_by``) of each of ``keys``: the per-key state
+        of :class:`~cg_pipelines.core.state.KeyedState` (the state-sink contract,
+        :class:`~cg_pipelines.engine.model.StateSink`).
+
+        Args:
+            key: key column. keys: key values (Python values of the column's type).
+            columns: columns to return (must include ``key`` and ``order_by``).
+            order_by: ordering column.
+            partition: when given and the table has :data:`PARTITION_COLUMN`, only that
+                consumer-group partition's rows are read (its files alone, when the table is
+                partitioned by it).
+
+        Returns:
+            One row per key found, sorted by key; no rows when ``keys`` is empty or the table
+            does not exist yet.
+
+        Raises:
+            KeyError: ``key`` or ``order_by`` missing from the table.
+            DeltaError / OSError / pyarrow errors: read failures.
+        """
+        cols = list(dict.fromkeys([key, order_by, *columns]))
+        if not keys:
+            return self.read(columns=cols).slice(0, 0) if self.exists() else pa.table(
+                {c: pa.nulls(0) for c in cols})
+        flt = pc.field(key).isin(list(keys))
+        if partition is not None and PARTITION_COLUMN in self._column_names():
+            flt = flt & (pc.field(PARTITION_COLUMN) == partition)
+        return last_per_key(self.read(columns=cols, filter=flt), key, order_by)
+
+    def replace_partition(
+        self,
+        data: pa.RecordBatchReader,
+        partition: int,
+        app_id: str,
+        expected: int,
+        markers: Mapping[str, int] | None = None,
+    ) -> int:
+        """Replace every row of consumer-group ``partition`` with ``data``, keeping ``app_id``'s
+        watermark at ``expected``, in ONE Delta commit, fenced like :meth:`commit`: it is
+        written only if the watermark is still ``expected`` in the snapshot :meth:`watermark`
+        remembered (and no commit of ``app_id`` came after it).
+
+        ``data`` is streamed into the new files (never held whole in memory); every row must
+        have ``PARTITION_COLUMN == partition`` (delta-rs checks the replace predicate). A
+        failure while reading ``data`` (e.g. the transform raising) writes nothing.
+
+        Returns:
+            The number of rows the partition had before (the rows replaced).
+
+        Raises:
+            FenceConflictError: another holder committed ``app_id`` since the snapshot.
+            DeltaError / OSError: I/O, schema or predicate errors; nothing was committed.
+        """
+        with self._guard():
+            with self._lock:
+                dt = self._snapshots.get(app_id)
+            if dt is None:
+                dt = self._load()
+            if dt is None:
+                raise TableNotFoundError(f"{self._safe_uri()}: no Delta table to replace in")
+            found = _txn(dt, app_id)
+            if found != expected:
+                raise FenceConflictError(app_id, expected, found)
+            before = self._partition_rows(dt, partition)
+            props = CommitProperties(app_transactions=[
+                Transaction(app_id, expected),
+                *(Transaction(k, v) for k, v in (markers or {}).items())])
+            try:
+                write_deltalake(dt, data, mode="overwrite",
+                                predicate=f"{PARTITION_COLUMN} = {int(partition)}",
+                                commit_properties=props)
+            except CommitFailedError as e:
+                fresh = self._load()
+                now = _txn(fresh, app_id)
+                with self._lock:
+                    self._snapshots[app_id] = fresh
+                if now != expected:
+                    raise FenceConflictError(app_id, expected, now) from e
+                raise
+            with self._lock:
+                self._snapshots.pop(app_id, None)
+            return before
+
+    def _partition_rows(self, dt: DeltaTable, partition: int) -> int:
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        col = f"partition.{PARTITION_COLUMN}"
+        if col in actions.column_names:
+            mine = actions.filter(pc.equal(actions[col].cast(pa.int64()), partition))
+            return int(pc.sum(mine["num_records"]).as_py() or 0)
+        if PARTITION_COLUMN not in [f.name for f in dt.schema().fields]:
+            return 0
+        return dt.to_pyarrow_dataset(filesystem=self._filesystem()).count_rows(
+            filter=pc.field(PARTITION_COLUMN) == partition)
+
+    def _partition_columns(self, schema: pa.Schema) -> list[str] | None:
+        if self._partition_by is not None:
+            return self._partition_by or None
+        return [PARTITION_COLUMN] if PARTITION_COLUMN in schema.names else None
+
+    def stats(self, partition: int | None = None) -> TableStats:
+        """The latest version's statistics, from the Delta log (no data files are read).
+
+        Args:
+            partition: also count the rows of this consumer-group partition (from the files'
+                partition values; ``None`` when the table is not partitioned by
+                :data:`PARTITION_COLUMN`).
+
+        Raises:
+            TableNotFoundError: no table. DeltaError / OSError: read failures.
+        """
+        with self._guard():
+            dt = self._load()
+            if dt is None:
+                raise TableNotFoundError(f"{self._safe_uri()}: no Delta table")
+            actions = pa.table(dt.get_add_actions(flatten=True))
+            rows = pc.sum(actions["num_records"]).as_py() or 0
+            part_rows = None
+            col = f"partition.{PARTITION_COLUMN}"
+            if partition is not None and col in actions.column_names:
+                mine = actions.filter(pc.equal(actions[col].cast(pa.int64()), partition))
+                part_rows = pc.sum(mine["num_records"]).as_py() or 0
+            return TableStats(dt.version(), int(rows), part_rows, pa.schema(dt.schema().to_arrow()))
+
+    def file_uris(self) -> list[str]:
+        """URIs of the latest version's data files (empty when there is no table)."""
+        with self._guard():
+            dt = self._load()
+            return list(dt.file_uris()) if dt is not None else []
+
+    def _column_names(self) -> list[str]:
+        """Column names of the table (empty while it does not exist; cached once known)."""
+        if not self._names:
+            with self._guard():
+                dt = self._load()
+            self._names = [f.name for f in dt.schema().fields] if dt is not None else []
+        return self._names
 
     # ---------------------------------------------------------------- internals
 

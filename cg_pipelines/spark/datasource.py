@@ -17,16 +17,19 @@ Schema (:data:`SPARK_RECORD_SCHEMA`, the Spark form of
 :data:`cg_pipelines.engine.model.RECORD_SCHEMA`): ``seq`` long, ``subject`` string (as stored;
 the first token — the partition number of a work-queue stream — is removed only with option
 ``strip_partition="true"``), ``time`` timestamp (UTC; Spark keeps **microseconds**, the store
-time's nanoseconds are truncated), ``headers`` string (the user headers as a JSON object, or
+time's nanoseconds are truncated), ``origin_seq`` long (the origin stream sequence of a sourced
+message, null otherwise), ``headers`` string (the user headers as a JSON object, or
 null), ``data`` binary.
 
 Partitioning and order: ``[first_seq, last_seq]`` is split into ``partitions`` contiguous
 sub-ranges of (nearly) equal width in sequence numbers (not in matching messages: a filter that
 matches unevenly gives uneven partitions). Each input partition is read on an executor by its
 own NATS connection (nats-py, in a private asyncio event loop) with batched direct gets
-(``$JS.API.DIRECT.GET``; the stream needs ``allow_direct: true``), and yields one Arrow record
-batch per direct-get batch, rows in sequence order. Spark gives **no global order** across
-partitions and any shuffle loses it: restore stream order with ``orderBy("seq")``.
+(``$JS.API.DIRECT.GET``; the stream needs ``allow_direct: true``) cut into Arrow columns in bulk
+(:func:`cg_pipelines.jetstream.rangeread.read_range`, the engine's driver read), and yields one
+Arrow record batch per direct-get batch, rows in sequence order. Spark gives **no global
+order** across partitions and any shuffle loses it: restore stream order with
+``orderBy("seq")``.
 
 Options (all strings, as Spark passes them):
 
@@ -60,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -74,6 +78,7 @@ from pyspark.sql.types import (
 
 from cg_pipelines.jetstream.api import JetStreamAPI, StoredMessage
 from cg_pipelines.jetstream.connect import ConnectOptions
+from cg_pipelines.jetstream.rangeread import RangeBatch, read_range
 
 __all__ = [
     "ARROW_READ_SCHEMA",
@@ -85,6 +90,7 @@ __all__ = [
     "SourceOptions",
     "iter_range_batches",
     "messages_to_batch",
+    "range_batches",
     "register_jetstream_source",
     "split_range",
 ]
@@ -98,6 +104,7 @@ SPARK_RECORD_SCHEMA = StructType(
         StructField("time", TimestampType(), False),
         StructField("headers", StringType(), True),
         StructField("data", BinaryType(), False),
+        StructField("origin_seq", LongType(), True),
     ]
 )
 """Spark schema of the source: :data:`~cg_pipelines.engine.model.RECORD_SCHEMA` with
@@ -110,6 +117,7 @@ ARROW_READ_SCHEMA = pa.schema(
         pa.field("time", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("headers", pa.string()),
         pa.field("data", pa.binary(), nullable=False),
+        pa.field("origin_seq", pa.int64()),
     ]
 )
 """Arrow schema of the record batches ``read`` yields. PySpark checks it equals
@@ -236,6 +244,13 @@ class SourceOptions:
         )
 
 
+def _origin_seq(headers: Mapping[str, str] | None) -> int | None:
+    """The origin sequence of a sourced message (``Nats-Stream-Source``: ``<stream> <seq>
+    ...``), or None."""
+    parts = ((headers or {}).get("Nats-Stream-Source") or "").split(" ")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
 def messages_to_batch(msgs: list[StoredMessage], strip_partition: bool) -> pa.RecordBatch:
     """Stored messages -> one record batch with :data:`ARROW_READ_SCHEMA` (same order).
 
@@ -255,6 +270,7 @@ def messages_to_batch(msgs: list[StoredMessage], strip_partition: bool) -> pa.Re
             ),
             pa.array([json.dumps(m.headers) if m.headers else None for m in msgs], pa.string()),
             pa.array([m.data for m in msgs], pa.binary()),
+            pa.array([_origin_seq(m.headers) for m in msgs], pa.int64()),
         ],
         schema=ARROW_READ_SCHEMA,
     )
@@ -316,6 +332,62 @@ def iter_range_batches(
         loop.close()
 
 
+_DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
+
+def _strip_first_token(subjects: pa.Array) -> pa.Array:
+    """Each subject without its first token (kept whole when nothing follows the first dot),
+    as :func:`messages_to_batch` does."""
+    return pc.replace_substring_regex(subjects, pattern=r"^[^.]*\.(.+)$", replacement=r"\1")
+
+
+def _range_to_batch(got: RangeBatch, strip_partition: bool) -> pa.RecordBatch:
+    """One :func:`~cg_pipelines.jetstream.rangeread.read_range` result -> a record batch with
+    :data:`ARROW_READ_SCHEMA` (the same values :func:`messages_to_batch` gives)."""
+    subject = _strip_first_token(got.subject) if strip_partition else got.subject
+    return pa.RecordBatch.from_arrays(
+        [got.seq, subject, got.time.cast(pa.timestamp("us", tz="UTC"), safe=False),
+         got.headers, got.data, got.origin_seq],
+        schema=ARROW_READ_SCHEMA,
+    )
+
+
+def range_batches(settings: SourceOptions, first: int, last: int) -> Iterator[pa.RecordBatch]:
+    """Record batches (:data:`ARROW_READ_SCHEMA`) of the messages of ``[first, last]`` matching
+    ``settings.subject``, in sequence order, one per direct-get request of up to
+    ``settings.batch`` messages (non-empty batches only), cut into Arrow columns in bulk by
+    :func:`~cg_pipelines.jetstream.rangeread.read_range`.
+
+    Runs its own asyncio event loop and NATS connection for the life of the generator (closed
+    when it is exhausted or closed). Not for use inside a running event loop.
+
+    Raises:
+        JetStreamUnavailableError, RequestTimeoutError, JetStreamError: from the read;
+            nats-py errors when connecting.
+    """
+    if last < first:
+        return
+    loop = asyncio.new_event_loop()
+    nc = None
+    try:
+        nc = loop.run_until_complete(settings.connect.connect())
+        seq = first
+        while seq <= last:
+            got = loop.run_until_complete(read_range(
+                nc, settings.stream, seq, filter_subject=settings.subject,
+                max_msgs=settings.batch, max_bytes=settings.max_bytes or _DEFAULT_MAX_BYTES,
+                last_seq=last, timeout_s=settings.timeout))
+            if got.num_rows:
+                yield _range_to_batch(got, settings.strip_partition)
+            if got.ended or got.next_seq <= seq:
+                return
+            seq = got.next_seq
+    finally:
+        if nc is not None and not nc.is_closed:
+            loop.run_until_complete(nc.close())
+        loop.close()
+
+
 class JetStreamReader(DataSourceReader):
     """Reader for one ``load()``: plans :class:`SeqRange` partitions and reads each on an
     executor.
@@ -354,8 +426,7 @@ class JetStreamReader(DataSourceReader):
         """Record batches (:data:`ARROW_READ_SCHEMA`) of one sequence range, in order."""
         if not isinstance(partition, SeqRange):
             return
-        for msgs in iter_range_batches(self.settings, partition.first, partition.last):
-            batch = messages_to_batch(msgs, self.settings.strip_partition)
+        for batch in range_batches(self.settings, partition.first, partition.last):
             yield batch if self._cast_to is None else batch.cast(self._cast_to)
 
 

@@ -1,13 +1,16 @@
-"""One local (or remote-master) SparkSession per process, configured for Arrow and small jobs.
+"""SparkSessions for partition runs: one classic session (local or cluster master) per process,
+or a Spark Connect client session; configured for Arrow and small jobs.
 
 :func:`get_spark` checks Java (17+ on ``$JAVA_HOME/bin/java`` or ``java`` on ``PATH``) before
 the JVM starts, points Spark's Python workers at this interpreter (``PYSPARK_PYTHON`` and
 ``PYSPARK_DRIVER_PYTHON`` = ``sys.executable``, so workers see the venv's packages), and starts
-(or reuses) the process-wide session. :func:`stop_spark` stops it.
+(or reuses, or replaces when its master differs) the process-wide session; with ``remote=`` it
+returns a Spark Connect session instead. :func:`stop_session` stops either kind.
 
 Defaults: Arrow transfers on (``spark.sql.execution.arrow.pyspark.enabled``), 4 shuffle
 partitions (``spark.sql.shuffle.partitions``; the Spark default of 200 makes small batch jobs
-slow), UI off, driver bound to 127.0.0.1, session time zone UTC, log level WARN.
+slow), UI off, session time zone UTC, log level WARN; the driver bound to 127.0.0.1 for local
+and loopback masters (:data:`LOOPBACK_CONF`).
 
 Starting a local JVM takes several seconds (≈7 s on 2 cores, DESIGN §7):
 :func:`session_start_seconds` returns what the last start took.
@@ -15,6 +18,7 @@ Starting a local JVM takes several seconds (≈7 s on 2 cores, DESIGN §7):
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -28,12 +32,14 @@ from pyspark.sql import SparkSession
 
 __all__ = [
     "DEFAULT_CONF",
+    "LOOPBACK_CONF",
     "MIN_JAVA_VERSION",
     "JavaNotFoundError",
     "find_java",
     "get_spark",
     "java_version",
     "session_start_seconds",
+    "stop_session",
     "stop_spark",
 ]
 
@@ -47,11 +53,21 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
 }
 """Configuration applied by :func:`get_spark` before the caller's ``conf`` (which wins)."""
 
+LOOPBACK_CONF: dict[str, str] = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+"""Added for ``local[...]`` masters and ``spark://`` masters on 127.0.0.1/localhost: the driver
+listens on loopback only (a remote cluster's executors must reach the driver's host name)."""
+
+
+def _on_loopback(master: str) -> bool:
+    return master.startswith("local") or master.startswith(("spark://127.", "spark://localhost"))
+
+_log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _SESSION: SparkSession | None = None
 _START_SECONDS: float | None = None
@@ -123,7 +139,7 @@ def _check_java() -> None:
 
 
 def _active() -> SparkSession | None:
-    """The process-wide session if it is still alive (its SparkContext not stopped)."""
+    """The process-wide classic session if it is still alive (its SparkContext not stopped)."""
     s = _SESSION or SparkSession.getActiveSession()
     if s is None:
         return None
@@ -133,21 +149,40 @@ def _active() -> SparkSession | None:
     return s
 
 
+def _mismatch(s: SparkSession, master: str, conf: dict[str, str]) -> str | None:
+    """Why the running session ``s`` cannot serve ``master``/``conf`` (a different master or
+    static setting), or None when it can."""
+    have = s.sparkContext.master
+    if have != master:
+        return f"master {have!r}, wanted {master!r}"
+    for k, v in conf.items():
+        if not s.conf.isModifiable(k) and s.sparkContext.getConf().get(k) not in (None, v):
+            return f"{k}={s.sparkContext.getConf().get(k)!r}, wanted {v!r}"
+    return None
+
+
 def get_spark(
     master: str = "local[2]",
     app_name: str = "cg_pipelines",
     conf: dict[str, str] | None = None,
+    *,
+    remote: str | None = None,
 ) -> SparkSession:
-    """Return the process's SparkSession, starting it on first use.
+    """Return a SparkSession with these settings, starting it if needed.
 
     Args:
         master: Spark master URL (``"local[2]"``, ``"local[*]"``, ``"spark://host:7077"`` ...).
         app_name: application name.
         conf: extra Spark configuration; wins over :data:`DEFAULT_CONF`.
+        remote: a Spark Connect URL (``"sc://host:15002"``): return a Connect client session
+            (``SparkSession.builder.remote(...)``) instead; ``master`` is ignored and no JVM
+            starts here. Needs pyspark's Connect client packages (``pyspark[connect]``).
 
-    When a session is already running, ``master``/``app_name`` are ignored (one JVM per
-    process) and only the runtime-modifiable keys of ``conf`` (``spark.sql.*`` mostly) are
-    applied to it; static keys (driver memory, master ...) need :func:`stop_spark` first.
+    One classic session (one JVM) exists per process. When it is running with the same
+    ``master`` and no conflicting static setting, it is reused and the runtime-modifiable keys
+    of ``conf`` (``spark.sql.*`` mostly) are applied to it; when its master or a static setting
+    differs, it is stopped and a new one started (logged as a warning): the settings asked for
+    always win.
 
     Returns:
         The session; time zone UTC, log level WARN.
@@ -156,22 +191,35 @@ def get_spark(
         JavaNotFoundError: no Java 17+ (checked before the JVM is started).
     """
     global _SESSION, _START_SECONDS
+    merged = {**DEFAULT_CONF, **(LOOPBACK_CONF if _on_loopback(master) else {}), **(conf or {})}
+    if remote is not None:
+        builder = SparkSession.builder.remote(remote).appName(app_name)
+        for k, v in merged.items():
+            if k.startswith("spark.sql."):  # Connect sessions take runtime settings only
+                builder = builder.config(k, v)
+        return builder.getOrCreate()
     with _LOCK:
         existing = _active()
         if existing is not None:
-            _SESSION = existing
-            for k, v in (conf or {}).items():
-                if existing.conf.isModifiable(k):
-                    existing.conf.set(k, v)
-            return existing
+            why = _mismatch(existing, master, conf or {})
+            if why is None:
+                _SESSION = existing
+                for k, v in (conf or {}).items():
+                    if existing.conf.isModifiable(k):
+                        existing.conf.set(k, v)
+                return existing
+            _log.warning("stopping the process's SparkSession (%s) to start one with the "
+                         "settings asked for", why)
+            existing.stop()
+            _SESSION = None
         _check_java()
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-        if master.startswith("local"):
+        if _on_loopback(master):
             # Otherwise Spark resolves the host name, warns, and may bind a non-loopback address.
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = SparkSession.builder.master(master).appName(app_name)
-        for k, v in {**DEFAULT_CONF, **(conf or {})}.items():
+        for k, v in merged.items():
             builder = builder.config(k, v)
         t0 = time.perf_counter()
         spark = builder.getOrCreate()
@@ -185,6 +233,23 @@ def session_start_seconds() -> float | None:
     """Seconds the last :func:`get_spark` start took (JVM + session), ``None`` if it never
     started one in this process (e.g. the session was created elsewhere)."""
     return _START_SECONDS
+
+
+def stop_session(session: object) -> None:
+    """Stop ``session``, classic or Spark Connect, with its own API (idempotent; errors of an
+    already-gone Connect server are ignored)."""
+    global _SESSION
+    if isinstance(session, SparkSession):
+        with _LOCK:
+            if session is _SESSION:
+                _SESSION = None
+            if session.sparkContext._jsc is not None:
+                session.stop()
+        return
+    try:
+        session.stop()  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001 - the Connect server may be gone already
+        _log.debug("stopping the Spark Connect session: %s", e)
 
 
 def stop_spark() -> None:

@@ -18,7 +18,7 @@ What runs (all real: nats-server with JetStream on a temp store, Delta table on 
   step-downs (unpin) while events are still published.
 
 At the end (:meth:`ChaosReport.lines`): the Delta table must equal
-:func:`~cg_pipelines.flights.reference.reference_legs` row for row, the work queue must be
+:func:`~flights.reference.reference_legs` row for row, the work queue must be
 empty, the DLQ must hold exactly the injected bad messages, and the origin stream exactly the
 published events in order. The last line reads
 ``faults <n>, lost 0, order violations 0, duplicate effects 0, fence conflicts <n>``.
@@ -47,16 +47,16 @@ from nats.js.api import StreamConfig
 
 from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
-from cg_pipelines.devserver import NatsServer
 from cg_pipelines.engine.deadletter import dlq_stream_name
 from cg_pipelines.engine.retry import Retrier
-from cg_pipelines.flights.data import PARTITION_FILTER, event_payloads, load_flights, subjects
-from cg_pipelines.flights.reference import compare_legs, normalize_legs, reference_legs
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import partition_backlog
 from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly
 from cg_pipelines.sinks.delta import DeltaSink
+from cg_pipelines.testing.nats_server import NatsServer
+from flights.data import PARTITION_FILTER, event_payloads, load_flights, subjects
+from flights.reference import compare_legs, normalize_legs, reference_legs
 
 WORKER = Path(__file__).with_name("worker.py")
 STREAM, GROUP = "flights", "legs"

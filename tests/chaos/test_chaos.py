@@ -13,8 +13,8 @@ import random
 import pandas as pd
 import pytest
 
-from cg_pipelines.flights.data import load_flights
-from cg_pipelines.flights.reference import reference_legs
+from flights.data import load_flights
+from flights.reference import reference_legs
 from tests.chaos.harness import (
     RANDOM_KILL,
     RESTART,

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dagster import Definitions, in_process_executor
+from dagster import Definitions
 
-from assets.factory import GroupAsset, GroupDefinitions, build_group_definitions
-from resources.group import PartitionRunsResource
-from resources.nats import NatsResource
-from resources.spark import SparkResource
-from resources.warehouse import WarehouseResource
+from cg_pipelines.dagster import (
+    ConsumerGroupAsset,
+    DeltaTableIOManager,
+    DeltaWarehouseResource,
+    GroupDefinitions,
+    NatsResource,
+    PartitionRunsResource,
+    build_definitions,
+    build_group_definitions,
+)
 from tests.support import keyed
 
 ASSET = "keyed_events"
@@ -28,10 +33,18 @@ BACKLOG_SENSOR = f"{ASSET}_backlog"
 DRAIN_SCHEDULE = f"{ASSET}_drain"
 
 
+def spec(stream: str) -> ConsumerGroupAsset:
+    return ConsumerGroupAsset(name=ASSET, stream=stream, group=GROUP, partitions=PARTITIONS,
+                              processor=keyed.processor())
+
+
+def pkey(p: int) -> str:
+    """Dagster partition key of group partition ``p`` (``g-<p>``)."""
+    return f"{GROUP}-{p}"
+
+
 def group_definitions(stream: str) -> GroupDefinitions:
-    return build_group_definitions(GroupAsset(
-        name=ASSET, stream=stream, group=GROUP, max_members=PARTITIONS,
-        processor=lambda spark: keyed.processor()))
+    return build_group_definitions(spec(stream))
 
 
 def partition_runs(members: Sequence[str] | None = None, *, min_pending: int = 1,
@@ -44,11 +57,13 @@ def partition_runs(members: Sequence[str] | None = None, *, min_pending: int = 1
 
 def make_resources(url: str, warehouse_root: str, members: Sequence[str] | None = None, *,
                    min_pending: int = 1, max_age_s: float | None = None) -> dict[str, object]:
+    """No Spark resource: the keyed processor runs on Arrow."""
+    warehouse = DeltaWarehouseResource(root=warehouse_root)
     return {
         "nats": NatsResource(servers=url),
-        "spark": SparkResource(),
-        "warehouse": WarehouseResource(root=warehouse_root),
+        "warehouse": warehouse,
         "partition_runs": partition_runs(members, min_pending=min_pending, max_age_s=max_age_s),
+        "cg_io_manager": DeltaTableIOManager(warehouse=warehouse),
     }
 
 
@@ -56,14 +71,5 @@ def make_defs(stream: str, url: str, warehouse_root: str,
               members: Sequence[str] | None = None) -> Definitions:
     """Definitions of the keyed-events group ``g`` on ``stream`` (``members``: the members this
     deployment serves; ``None``/empty = every member)."""
-    gd = group_definitions(stream)
-    return Definitions(
-        assets=[gd.asset],
-        jobs=[gd.job],
-        sensors=gd.sensors,
-        schedules=[gd.schedule],
-        resources=make_resources(url, warehouse_root, members),
-        # One process per run (not run worker + step subprocess): launched runs start twice as
-        # fast; a one-asset job gains nothing from the multiprocess executor.
-        executor=in_process_executor,
-    )
+    return build_definitions([spec(stream)], resources=make_resources(url, warehouse_root,
+                                                                       members))

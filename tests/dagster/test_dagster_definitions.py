@@ -12,7 +12,6 @@ from pathlib import Path
 
 from dagster import Definitions
 
-from assets.factory import GROUP_TAG, PARTITION_TAG
 from tests.dagster.defs_keyed import (
     ASSET,
     BACKLOG_SENSOR,
@@ -21,6 +20,7 @@ from tests.dagster.defs_keyed import (
     MEMBERSHIP_SENSOR,
     PARTITIONS,
     make_defs,
+    pkey,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +36,12 @@ def _closed_port_url() -> str:
 
 
 def test_project_definitions_load() -> None:
-    from cg_pipelines.definitions import defs
+    from definitions import defs
 
     Definitions.validate_loadable(defs)
     job = defs.resolve_job_def("aircraft_legs_job")
     assert job.partitions_def is not None
-    assert job.partitions_def.get_partition_keys() == [str(p) for p in range(8)]
+    assert job.partitions_def.get_partition_keys() == [f"legs-{p}" for p in range(8)]
     assert {s.name for s in defs.sensors or []} == {"aircraft_legs_membership",
                                                      "aircraft_legs_backlog"}
 
@@ -51,11 +51,10 @@ def test_test_definitions_load(tmp_path: Path) -> None:
     Definitions.validate_loadable(defs)
     job = defs.resolve_job_def(JOB)
     assert job.partitions_def is not None
-    assert job.partitions_def.get_partition_keys() == [str(p) for p in range(PARTITIONS)]
-    # every run of the job carries the per-partition concurrency tag (dagster.yaml limits it)
-    assert job.partitioned_config is not None
-    tags = job.partitioned_config.get_tags_for_partition_key("2")
-    assert tags[PARTITION_TAG] == "S/g/2" and tags[GROUP_TAG] == "S/g"
+    assert job.partitions_def.get_partition_keys() == [pkey(p) for p in range(PARTITIONS)]
+    # every run of a partition carries dagster/partition = the group-qualified key, the tag the
+    # instance's run-concurrency limit keys on
+    assert job.get_tags_for_partition_key(pkey(2), None)["dagster/partition"] == "g-2"
     defs.resolve_sensor_def(MEMBERSHIP_SENSOR)
     defs.resolve_sensor_def(BACKLOG_SENSOR)
     assert defs.resolve_schedule_def(DRAIN_SCHEDULE).job_name == JOB

@@ -9,9 +9,16 @@ import asyncio
 from dagster import DagsterInstance, ExecuteInProcessResult, materialize
 from nats.js import JetStreamContext
 
-from cg_pipelines.devserver import NatsServer
+from cg_pipelines.testing.nats_server import NatsServer
 from tests.dagster import helpers as h
-from tests.dagster.defs_keyed import ASSET, JOB, group_definitions, make_defs, make_resources
+from tests.dagster.defs_keyed import (
+    ASSET,
+    JOB,
+    group_definitions,
+    make_defs,
+    make_resources,
+    pkey,
+)
 from tests.support import keyed
 
 
@@ -28,12 +35,12 @@ async def test_materialize_one_partition(js: JetStreamContext, nats_server: Nats
     for p, owner in ((1, "m1"), (2, "m2")):
         mine = [e for e in evs if h.partition_of(e[0]) == p]
         seqs = [i + 1 for i, (k, _) in enumerate(evs) if h.partition_of(k) == p]
-        res = await asyncio.to_thread(job.execute_in_process, partition_key=str(p),
+        res = await asyncio.to_thread(job.execute_in_process, partition_key=pkey(p),
                                       instance=instance)
         assert res.success
-        assert res.dagster_run.tags["dagster/partition"] == str(p)
+        assert res.dagster_run.tags["dagster/partition"] == pkey(p)
         (mat,) = res.asset_materializations_for_node(ASSET)
-        assert mat.partition == str(p)
+        assert mat.partition == pkey(p)
         md = {k: v.value for k, v in mat.metadata.items()}
         assert md["status"] == "drained"
         assert md["messages"] == len(mine)
@@ -42,6 +49,15 @@ async def test_materialize_one_partition(js: JetStreamContext, nats_server: Nats
         assert md["owner_member"] == owner
         assert md["config_revision"] == v.revision
         assert md["dead_lettered"] == 0 and md["fence_conflicts"] == 0
+        # Dagster's standard table metadata: the catalog shows the table
+        assert md["dagster/table_name"] == ASSET
+        assert md["dagster/uri"].endswith(f"/{ASSET}")
+        assert md["dagster/partition_row_count"] == len(mine)
+        assert md["dagster/row_count"] == sum(
+            1 for e in evs if h.partition_of(e[0]) in (1, 2)[: (1, 2).index(p) + 1])
+        cols = {c.name: c.type for c in md["dagster/column_schema"].columns}
+        assert cols["key"] == "string" and cols["count"] == "int64" and "_partition" in cols
+        assert md["delta_version"] >= 1
         checks = {c.check_name: c for c in res.get_asset_check_evaluations()}
         assert set(checks) == {"backlog_drained", "no_unexplained_fence_conflicts"}
         for c in checks.values():
@@ -56,7 +72,8 @@ async def test_materialize_one_partition(js: JetStreamContext, nats_server: Nats
     h.assert_table_equals_reference(warehouse, done)
 
     # a second run of a drained partition is empty and changes nothing
-    again = await asyncio.to_thread(job.execute_in_process, partition_key="1", instance=instance)
+    again = await asyncio.to_thread(job.execute_in_process, partition_key=pkey(1),
+                                    instance=instance)
     assert again.success
     (mat,) = again.asset_materializations_for_node(ASSET)
     assert mat.metadata["status"].value == "empty" and mat.metadata["messages"].value == 0
@@ -79,7 +96,7 @@ async def test_partition_of_unserved_member_fails(js: JetStreamContext, nats_ser
         return materialize([asset], partition_key=p, instance=instance, resources=resources,
                            raise_on_error=False)
 
-    res = await asyncio.to_thread(run, "3")
+    res = await asyncio.to_thread(run, pkey(3))
     assert not res.success
     failure = res.failure_data_for_node(ASSET)
     assert failure is not None and failure.user_failure_data is not None
@@ -88,6 +105,6 @@ async def test_partition_of_unserved_member_fails(js: JetStreamContext, nats_ser
     assert await h.work_queue_messages(js, stream) == len(evs)  # nothing consumed
     assert len(h.table(warehouse)) == 0
 
-    ok = await asyncio.to_thread(run, "0")  # m1's partition runs
+    ok = await asyncio.to_thread(run, pkey(0))  # m1's partition runs
     assert ok.success
     h.assert_table_equals_reference(warehouse, [e for e in evs if h.partition_of(e[0]) == 0])

@@ -16,7 +16,6 @@ import pytest
 from dagster import DagsterInstance, RunRequest, SkipReason
 from nats.js import JetStreamContext
 
-from assets.factory import PARTITION_TAG
 from cg_pipelines.core.assignment import assignment
 from cg_pipelines.core.config import (
     ELASTIC_BUCKET,
@@ -25,10 +24,10 @@ from cg_pipelines.core.config import (
     work_queue_stream_name,
 )
 from cg_pipelines.core.triggers import decode_membership_cursor
-from cg_pipelines.devserver import NatsServer
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.errors import StreamNotFoundError
+from cg_pipelines.testing.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import (
     BACKLOG_SENSOR,
@@ -39,17 +38,17 @@ from tests.dagster.defs_keyed import (
     PARTITIONS,
     make_defs,
     make_resources,
+    pkey,
 )
 
 
 def _check_requests(reqs: list[RunRequest], stream: str, partitions: list[int],
                     run_keys: list[str]) -> None:
     """Exactly these partitions in order, with these run keys and the partition tags."""
-    assert h.partitions_of(reqs) == [str(p) for p in partitions]
+    assert h.partitions_of(reqs) == [pkey(p) for p in partitions]
     assert [r.run_key for r in reqs] == run_keys
     for r, p in zip(reqs, partitions, strict=True):
-        assert r.tags[PARTITION_TAG] == f"{stream}/{GROUP}/{p}"
-        assert r.tags["dagster/partition"] == str(p)
+        assert r.tags["dagster/partition"] == pkey(p)
 
 
 # ------------------------------------------------------------------------------- membership
@@ -80,7 +79,7 @@ async def test_membership_sensor_runs_gained_partitions(
     assert assignment(v1.config) == {"m1": [0, 1, 2, 3]}
     check_tick(d1, v1.revision, {"m1": [0, 1, 2, 3]}, [0, 1, 2, 3] if served is None else [])
     # movement is recorded as observations of the partitions gained
-    assert [e.partition for e in d1.asset_events] == (["0", "1", "2", "3"] if served is None
+    assert [e.partition for e in d1.asset_events] == (["g-0", "g-1", "g-2", "g-3"] if served is None
                                                       else [])
 
     # no change: skip, cursor kept
@@ -96,7 +95,7 @@ async def test_membership_sensor_runs_gained_partitions(
     d3 = await asyncio.to_thread(tick, d1.cursor)
     check_tick(d3, v2.revision, {"m1": [0, 1], "m2": [2, 3]}, [2, 3])
     assert [(e.partition, e.metadata["moved_to"].value) for e in d3.asset_events] == [
-        ("2", "m2"), ("3", "m2")]
+        ("g-2", "m2"), ("g-3", "m2")]
 
     # m0 joins: 0 -> m0 (from m1), 3 -> m0 (from m2); m2 keeps 2 and gains nothing
     v3 = await admin.add_members(js, stream, GROUP, ["m0"])
@@ -150,7 +149,7 @@ async def test_backlog_sensor_one_request_per_partition_with_backlog(
 
     # drain partition 1 through Dagster, then publish more to it: a new backlog, a new key
     job = defs.resolve_job_def(JOB)
-    res = await asyncio.to_thread(job.execute_in_process, partition_key="1", instance=instance)
+    res = await asyncio.to_thread(job.execute_in_process, partition_key="g-1", instance=instance)
     assert res.success
     more = h.events_on({1}, prefix="x")
     await h.publish(js, stream, more, len(evs) + len(more))
@@ -183,18 +182,18 @@ async def test_backlog_sensor_thresholds_and_served_members(
     # a threshold between the two partitions' backlogs: only the larger one qualifies
     assert pending[1] < pending[3], pending  # 100 and 101 with these events
     mid = await asyncio.to_thread(tick, min_pending=pending[3])
-    assert h.partitions_of(list(mid.run_requests or [])) == ["3"]
+    assert h.partitions_of(list(mid.run_requests or [])) == ["g-3"]
     assert [r.run_key for r in mid.run_requests or []] == [
         f"{GROUP}:3:{h.first_index(evs, 3) + 1}"]
     # ... or when the oldest pending message is old enough
     await asyncio.sleep(0.2)
     aged = await asyncio.to_thread(tick, min_pending=10_000, max_age_s=0.1)
-    assert h.partitions_of(list(aged.run_requests or [])) == ["1", "3"]
+    assert h.partitions_of(list(aged.run_requests or [])) == ["g-1", "g-3"]
     young = await asyncio.to_thread(tick, min_pending=10_000, max_age_s=3600.0)
     assert not young.run_requests
     # a deployment serving only m2 runs only m2's partition 3
     only_m2 = await asyncio.to_thread(tick, members=["m2"])
-    assert h.partitions_of(list(only_m2.run_requests or [])) == ["3"]
+    assert h.partitions_of(list(only_m2.run_requests or [])) == ["g-3"]
 
 
 # ------------------------------------------------------------------------------ drain schedule
@@ -297,7 +296,7 @@ async def test_broken_config_skips_with_reason(
     wq = work_queue_stream_name(stream, GROUP)
     queued = None if how == "missing-group" else await h.work_queue_messages(js, stream)
     res = await asyncio.to_thread(defs.resolve_job_def(JOB).execute_in_process,
-                                  partition_key="1", instance=instance, raise_on_error=False)
+                                  partition_key="g-1", instance=instance, raise_on_error=False)
     assert not res.success
     failure = res.failure_data_for_node("keyed_events")
     assert failure is not None and failure.user_failure_data is not None
@@ -314,6 +313,6 @@ async def test_broken_config_skips_with_reason(
     await h.wait_sourced(js, stream, len(h.events_on({1, 3})))
     for name, skip, requested in await asyncio.to_thread(evaluate_all):
         if name == MEMBERSHIP_SENSOR:
-            assert (skip, requested) == (None, ["0", "1", "2", "3"]), (name, skip)
+            assert (skip, requested) == (None, ["g-0", "g-1", "g-2", "g-3"]), (name, skip)
         else:
-            assert (skip, requested) == (None, ["1", "3"]), (name, skip)
+            assert (skip, requested) == (None, ["g-1", "g-3"]), (name, skip)

@@ -1,5 +1,7 @@
 """Bad CLI and API arguments (issue 6, "Bad input"): unknown stream, unknown group, bad member
-mapping syntax, max_members 0 or negative.
+mapping syntax, max_members 0 or negative; and (issue 16) a stored config that breaks the limits:
+max_members of 10**30 or 10**8 (above MAX_MEMBERS; they used to hang or take over 30 s) or
+duplicate member names, put into KV directly.
 
 Each CLI case exits 2 with exactly one stderr line ``cg: error: <reason>`` naming the problem
 (no traceback, nothing on stdout); each API case raises its typed exception. After all of them
@@ -10,6 +12,7 @@ consumer was created.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,6 +23,7 @@ from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import (
     ELASTIC_BUCKET,
+    MAX_MEMBERS,
     STATIC_BUCKET,
     ElasticConfig,
     MemberMapping,
@@ -120,15 +124,17 @@ def _cli_cases(s: str) -> list[tuple[list[str], str]]:
     ]
 
 
-async def _cg(url: str, args: list[str]) -> tuple[int, str, str]:
+async def _cg(url: str, args: list[str], timeout: float = 60) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         *CG, "--server", url, "--timeout", "10", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except BaseException:  # timed out (a hang), or cancelled: never leave it running
+        if proc.returncode is None:
+            proc.kill()
+            with contextlib.suppress(BaseException):
+                await proc.wait()
         raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
@@ -223,4 +229,69 @@ async def test_api_bad_arguments_raise_typed_errors_and_touch_nothing(
         assert words in str(ei.value), (case, str(ei.value))
     # delete_elastic of a missing group is idempotent: False, not an error (the CLI exits 2).
     assert await admin.delete_elastic(js, s, "nog") is False
+    assert await _snapshot(js, s) == before
+
+
+# Stored configs that break the limits, written into KV directly: (group, kind, JSON, words).
+BAD_STORED = [
+    ("big30", "elastic", '{"max_members":1000000000000000000000000000000,'
+     '"partitioning_filters":null,"members":["m1"]}', f"max_members: must be <= {MAX_MEMBERS}"),
+    ("big8", "elastic", '{"max_members":100000000,"partitioning_filters":null,"members":["m1"]}',
+     f"max_members: must be <= {MAX_MEMBERS}, got 100000000"),
+    ("dup", "elastic", '{"max_members":2,"partitioning_filters":null,"members":["m1","m1"]}',
+     "members: member 'm1' is listed more than once"),
+    ("sbig30", "static", '{"max_members":1000000000000000000000000000000,"members":["m1"]}',
+     f"max_members: must be <= {MAX_MEMBERS}"),
+    ("sbig8", "static", '{"max_members":100000000,"members":["m1"]}',
+     f"max_members: must be <= {MAX_MEMBERS}, got 100000000"),
+    ("sdup", "static", '{"max_members":2,"members":["m2","m2"]}',
+     "members: member 'm2' is listed more than once"),
+]
+
+
+def _bad_stored_cases(s: str) -> list[tuple[list[str], str]]:
+    out = []
+    for group, kind, _, words in BAD_STORED:
+        if kind == "elastic":
+            commands = [["info", s, group], ["member-info", s, group], ["add", s, group, "m2"],
+                        ["drop", s, group, "m1"], ["create-mapping", s, group, "m1:0-1"],
+                        ["delete-mapping", s, group], ["step-down", s, group, "m1"]]
+        else:
+            commands = [["info", s, group], ["member-info", s, group],
+                        ["step-down", s, group, "m1"]]
+        out += [([kind, *c], words) for c in commands]
+    return out
+
+
+async def test_cli_bad_stored_config_exits_2_with_one_line_and_writes_nothing(
+        nats_server, js: JetStreamContext, unique_name: str) -> None:
+    """The stored config is refused on read, before any assignment is computed: each command
+    returns (the subprocess timeout is the hang guard, not a timing test), exits 2 with one
+    line naming the field and rule, and the KV entries keep their revisions."""
+    s = unique_name
+    await _setup(js, s)
+    for group, kind, stored, _ in BAD_STORED:
+        kv = await js.key_value(ELASTIC_BUCKET if kind == "elastic" else STATIC_BUCKET)
+        await kv.put(f"{s}.{group}", stored.encode())
+    before = await _snapshot(js, s)
+    cases = _bad_stored_cases(s)
+    limit = asyncio.Semaphore(4)
+
+    async def run(args: list[str]) -> tuple[int, str, str]:
+        async with limit:
+            return await _cg(nats_server.url, args, timeout=20)
+
+    results = await asyncio.gather(*(run(args) for args, _ in cases), return_exceptions=True)
+    failures = []
+    for (args, words), result in zip(cases, results, strict=True):
+        if isinstance(result, BaseException):
+            failures.append(f"{args}: {type(result).__name__} (did not return within 20 s)")
+            continue
+        code, out, err = result
+        lines = err.strip().splitlines()
+        ok = (code == 2 and out == "" and len(lines) == 1
+              and lines[0].startswith("cg: error: ") and words in lines[0])
+        if not ok:
+            failures.append(f"{args}: exit {code}, stdout {out!r}, stderr {err!r}")
+    assert not failures, "\n".join(failures)
     assert await _snapshot(js, s) == before

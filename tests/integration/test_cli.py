@@ -106,3 +106,38 @@ async def test_cg_dev_serves_until_interrupted(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_stream_create_and_options_after_the_command(nats_server, unique_name) -> None:
+    """``cg stream create`` makes the origin stream (idempotent; other settings: exit 2), and
+    every command takes the connection options after it, overriding those before it."""
+    url, s = nats_server.url, unique_name
+    bad = "nats://127.0.0.1:1"
+    run = [*CG, "--server", bad]  # the group-level server is wrong; the command's wins
+    r = subprocess.run([*run, "stream", "create", s, "--subject", f"{s}.>", "--server", url,
+                        "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    made = json.loads(r.stdout)
+    assert made["subjects"] == [f"{s}.>"] and made["retention"] == "limits"
+    again = subprocess.run([*run, "stream", "create", s, "--subject", f"{s}.>", "-s", url],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and f"stream {s}: subjects {s}.>" in again.stdout, again.stderr
+    other = subprocess.run([*run, "stream", "create", s, "--subject", "elsewhere.>", "-s", url],
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr
+    assert other.stderr.startswith(f"cg: error: stream {s!r}:")
+    r = subprocess.run([*run, "elastic", "create", s, "g", "--max-members", "2", "--server", url],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([*run, "elastic", "add", s, "g", "m1", "--server", url, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and json.loads(r.stdout)["members"] == ["m1"], r.stderr
+    info = subprocess.run([*run, "stream", "info", s, "--server", url], capture_output=True,
+                          text=True, timeout=60)
+    assert info.returncode == 0 and "limits retention" in info.stdout
+    missing = subprocess.run([*run, "stream", "info", s + "X", "--server", url],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "not found" in missing.stderr
+    # without the override, the group-level (wrong) server is used
+    r = subprocess.run([*run, "stream", "info", s], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "cannot connect to nats://127.0.0.1:1" in r.stderr

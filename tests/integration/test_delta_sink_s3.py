@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 
 from cg_pipelines.engine.model import FenceConflictError
 from cg_pipelines.sinks.delta import DeltaSink
-from cg_pipelines.sinks.s3 import MotoS3Server
+from cg_pipelines.testing.s3 import MotoS3Server
 from tests.support.race import race
 
 SCHEMA = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("tag", pa.string())])

@@ -1,9 +1,12 @@
 """Bad message payloads through the ordered engine, end to end (issue 6, "Bad input").
 
-The real legs pipeline (the Arrow legs processor: :data:`~cg_pipelines.flights.data.DECODER`
-plus :func:`~cg_pipelines.flights.data.validate_subject`) drains one partition that holds real
+The real legs pipeline (the Arrow legs processor: :data:`~flights.data.DECODER`
+plus :func:`~flights.data.validate_subject`) drains one partition that holds real
 flights of one aircraft (N146PQ, flying for 9E then EV) interleaved with one bad message per
 kind, each built from a good payload of that same aircraft:
+
+Among them the three payloads of issue 16 that used to stall a partition for good (an integer
+beyond 64 bits, a lone surrogate, JSON nested 100,000 deep).
 
 - under ``dlq``: each bad message is dead-lettered exactly once (a rerun adds none) with its
   payload, subject and a reason naming the problem; the good ones commit in order (the legs
@@ -32,12 +35,12 @@ from nats.js.api import StreamConfig
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, work_queue_stream_name
 from cg_pipelines.engine.deadletter import dlq_stream_name
 from cg_pipelines.engine.runner import EngineOptions, run_partition
-from cg_pipelines.flights.data import event_payloads, load_flights, subjects
-from cg_pipelines.flights.legs import legs_arrow_processor
-from cg_pipelines.flights.reference import compare_legs, reference_legs
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.sinks.delta import DeltaSink
+from flights.data import event_payloads, load_flights, subjects
+from flights.legs import legs_arrow_processor
+from flights.reference import compare_legs, reference_legs
 
 TAIL = "N146PQ"
 GOOD = 16
@@ -87,6 +90,15 @@ CASES = [
          "has too many tokens (4, expected 3"),
     Case("subject of another key", lambda s, t, p: (f"{s}.{p['carrier']}.N0OTHER", _json(p)),
          "does not end with the payload's carrier.tailnum"),
+    # issue 16: payloads that pass a plain json.loads and used to crash the whole batch
+    Case("integer beyond 64 bits", lambda s, t, p: (f"{s}.{t}", _json({**p, "flight": 10**30})),
+         "field 'flight' must be a 64-bit int, got a 31-digit integer"),
+    Case("lone surrogate", lambda s, t, p: (
+        f"{s}.{t}", _json(p).replace(b'"origin": "', b'"origin": "\\ud800', 1)),
+        "field 'origin' is not valid Unicode (lone surrogate at character 0)"),
+    Case("nested 100,000 deep", lambda s, t, p: (
+        f"{s}.{t}", _json(p)[:-1] + b', "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        "JSON nested deeper than 64 levels"),
 ]
 
 

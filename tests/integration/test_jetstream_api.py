@@ -19,7 +19,6 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
-from cg_pipelines.devserver import NatsServer
 from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config
 from cg_pipelines.jetstream.errors import (
     ConsumerAlreadyExistsError,
@@ -31,6 +30,7 @@ from cg_pipelines.jetstream.errors import (
     StreamNotFoundError,
     WorkQueueConsumerNotUniqueError,
 )
+from cg_pipelines.testing.nats_server import NatsServer
 
 PCG = "PCG"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import nkeys
 from dagster import EnvVar
 
+from cg_pipelines.dagster import NatsResource
 from cg_pipelines.jetstream.connect import ConnectOptions
-from resources.nats import NatsResource
 from tests.security.pki import CA, CertPair, Operator
 
 # Distinctive secrets: the leak tests grep every output for them.

@@ -4,7 +4,7 @@ annotations``: Dagster reads the ``context`` annotation at definition time)."""
 from dagster import AssetExecutionContext, MaterializeResult, asset
 from nats.aio.client import Client
 
-from resources.nats import NatsResource
+from cg_pipelines.dagster import NatsResource
 
 
 @asset

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from cg_pipelines.devserver import NatsServer
 from cg_pipelines.jetstream.connect import (
     ConnectOptions,
     NatsAuthError,
     NatsConnectError,
     NatsTLSError,
 )
+from cg_pipelines.testing.nats_server import NatsServer
 from tests.security.modes import (
     PKI,
     USER,

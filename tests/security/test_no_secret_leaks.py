@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, EnvVar, materialize, serialize_value
 
-from cg_pipelines.definitions import build_resources
-from cg_pipelines.devserver import NatsServer
+from cg_pipelines.dagster import NatsResource
 from cg_pipelines.jetstream.connect import ConnectOptions
-from resources.nats import NatsResource
+from cg_pipelines.testing.nats_server import NatsServer
+from resources import build_resources
 from tests.security.modes import (
     PASSWORD,
     PKI,

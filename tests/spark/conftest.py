@@ -1,7 +1,6 @@
-"""Spark test fixtures: ONE SparkSession (one JVM) for the whole suite, and a nats-server.
-
-Both are session-scoped and started lazily: tests that need neither start neither.
-"""
+"""Spark test fixtures: ONE SparkSession (one JVM) for the whole suite, and a nats-server of
+their own (their streams use bare partition subjects such as ``0.>``, which would overlap other
+tests' streams). Both session-scoped and started lazily."""
 
 from __future__ import annotations
 
@@ -10,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from cg_pipelines.devserver import NatsServer
 from cg_pipelines.spark.session import get_spark, session_start_seconds, stop_spark
+from cg_pipelines.testing.nats_server import NatsServer
 
 _FIGURES: list[str] = []
 

@@ -20,7 +20,7 @@ from cg_pipelines.spark.datasource import (
     SourceOptions,
     split_range,
 )
-from cg_pipelines.spark.job import read_range_with_spark
+from cg_pipelines.spark.processor import read_range_with_spark
 
 STREAM = "DS"
 N = 400

@@ -3,10 +3,10 @@
 A slice of the real nycflights13 events (the first 4000 events of five busy aircraft — one of
 them flying for two carriers — plus flights without a tail number) is split in order into
 random-size batches; each batch is processed with a hand-built :class:`BatchContext` whose sink
-is a :class:`DeltaSink` in ``tmp_path`` and committed (fenced, version = last sequence) before
-the next one starts, as the engine does. The committed table must equal the pandas reference
-computed on the whole slice at once: per-aircraft state crosses batch boundaries only through
-the committed table.
+is a :class:`DeltaSink` in ``tmp_path`` (state read back through ``last_rows``) and committed
+(fenced, version = last sequence) before the next one starts, as the engine does. The
+committed table must equal the pandas reference computed on the whole slice at once:
+per-aircraft state crosses batch boundaries only through the committed table.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ import pytest
 from nats.js import JetStreamContext
 from pyspark.sql import SparkSession
 
-from cg_pipelines.engine.model import BatchContext, Processor, Record
-from cg_pipelines.flights.data import (
+from cg_pipelines.engine.model import BatchContext, Processor, Record, records_to_arrow
+from cg_pipelines.engine.state import KeyStateCache
+from cg_pipelines.sinks.delta import DeltaSink
+from flights.data import (
     LEGS_SCHEMA,
     NO_TAIL,
     event_payloads,
@@ -33,9 +35,8 @@ from cg_pipelines.flights.data import (
     publish_flights,
     subjects,
 )
-from cg_pipelines.flights.legs import legs_arrow_processor, legs_processor
-from cg_pipelines.flights.reference import compare_legs, reference_legs
-from cg_pipelines.sinks.delta import DeltaSink
+from flights.legs import LEG_STATE, legs_arrow_processor, legs_processor
+from flights.reference import compare_legs, reference_legs
 
 APP_ID = "flights/legs/0"
 SLICE_EVENTS = 4000
@@ -78,15 +79,21 @@ def split(records: Sequence[Record], seed: int, max_size: int) -> list[list[Reco
     return out
 
 
+def ctx_of(sink: DeltaSink, batch: Sequence[Record]) -> BatchContext:
+    """The batch's context; a fresh state cache per batch, so every aircraft's state is read
+    back from the committed table."""
+    state = KeyStateCache(LEG_STATE, lambda keys: sink.last_rows(
+        LEG_STATE.key, keys, LEG_STATE.read_columns, LEG_STATE.order_by))
+    return BatchContext("flights", "legs", 0, APP_ID, batch[0].seq, batch[-1].seq, sink, state)
+
+
 def run_batches(processor: Processor, batches: list[list[Record]], sink: DeltaSink) -> list[str]:
     """Process and commit each batch in turn, as the engine would. Returns the dead letters."""
     dead: list[str] = []
     expected = 0
     for batch in batches:
         assert sink.watermark(APP_ID) == expected
-        ctx = BatchContext(stream="flights", group="legs", partition=0, app_id=APP_ID,
-                           first_seq=batch[0].seq, last_seq=batch[-1].seq, sink=sink)
-        out = processor.process(batch, ctx)
+        out = processor.process(records_to_arrow(batch), ctx_of(sink, batch))
         dead += [f"{d.seq}: {d.reason}" for d in out.dead]
         assert out.table is not None and out.table.schema == LEGS_SCHEMA
         assert out.table["_seq"].to_pylist() == [r.seq for r in batch]
@@ -126,7 +133,7 @@ def test_spark_legs_match_reference_and_arrow(spark: SparkSession, sliced: pd.Da
     batches = split(records, seed=56, max_size=1600)  # 5 batches, one of 24
     spark_sink = DeltaSink(str(tmp_path / "spark"))
     arrow_sink = DeltaSink(str(tmp_path / "arrow"))
-    assert run_batches(legs_processor(spark), batches, spark_sink) == []
+    assert run_batches(legs_processor().bind(spark), batches, spark_sink) == []
     assert run_batches(legs_arrow_processor(), batches, arrow_sink) == []
     table = committed(spark_sink)
     rows, mismatches, desc = compare_legs(table, reference_legs(sliced))
@@ -165,8 +172,7 @@ def test_bad_records_become_dead_letters(records: list[Record], tmp_path: Path) 
     float_delay = Record(good.seq + 3, good.subject,
                          json.dumps({**payload, "dep_delay": 1.5}).encode(), good.time_ns)
     batch = [good, bad_json, wrong_key, float_delay]
-    ctx = BatchContext("flights", "legs", 0, APP_ID, good.seq, float_delay.seq, sink)
-    out = legs_arrow_processor().process(batch, ctx)
+    out = legs_arrow_processor().process(records_to_arrow(batch), ctx_of(sink, batch))
     assert out.table is not None and out.table["_seq"].to_pylist() == [good.seq]
     reasons = {d.seq: d.reason for d in out.dead}
     assert set(reasons) == {bad_json.seq, wrong_key.seq, float_delay.seq}
@@ -175,13 +181,13 @@ def test_bad_records_become_dead_letters(records: list[Record], tmp_path: Path) 
     assert "dep_delay" in reasons[float_delay.seq]
 
 
-async def test_publish_flights_in_order(js: JetStreamContext, unique_name: str,
+async def test_publish_flights_in_order(nc, js: JetStreamContext, unique_name: str,
                                         sliced: pd.DataFrame) -> None:
     await js.add_stream(name=unique_name, subjects=["flights.>"])
     try:
         part = sliced.head(700)
         calls: list[tuple[int, int]] = []
-        seconds = await publish_flights(js, part, stream=unique_name, window=300,
+        seconds = await publish_flights(nc, part, stream=unique_name, window=300,
                                         progress=lambda d, t: calls.append((d, t)))
         assert seconds > 0
         assert calls == [(300, 700), (600, 700), (700, 700)]
@@ -192,7 +198,7 @@ async def test_publish_flights_in_order(js: JetStreamContext, unique_name: str,
             msg = await js.get_msg(unique_name, seq)
             assert msg.subject == subs[seq - 1] and msg.data == payloads[seq - 1]
         with pytest.raises(ValueError):
-            await publish_flights(js, part, stream=unique_name, window=0)
+            await publish_flights(nc, part, stream=unique_name, window=0)
     finally:
         await js.delete_stream(unique_name)
         await asyncio.sleep(0)

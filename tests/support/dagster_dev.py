@@ -2,7 +2,7 @@
 queries against it, and stopping process groups by PID.
 
 The server runs with ``cwd`` = the project root (``workspace.yaml`` loads
-``cg_pipelines.definitions`` with ``working_directory: .``), its own ``DAGSTER_HOME``, default
+``definitions`` with ``working_directory: .``), its own ``DAGSTER_HOME``, default
 signal handlers restored in the child and its own session (``start_new_session=True``);
 :meth:`DagsterWebserver.stop` sends SIGTERM to the process group by the leader's PID, then
 SIGKILL after ``stop_timeout_s`` (5 s). All durations are seconds.

@@ -1,9 +1,10 @@
 """A keyed-events pipeline for engine tests, and its pandas reference.
 
 Events are JSON ``{"key": str, "n": int}`` on ``<stream>.<key>``; the transform computes per key
-``count`` (events so far, across batches) and ``prev_n`` (the previous event's ``n``), reading
-the key's committed state from the sink — so the result is right only if per-key order, no loss
-and no duplicates all hold, wherever batches split.
+``count`` (events so far, across batches) and ``prev_n`` (the previous event's ``n``), continuing
+from the key's committed state (declared :data:`STATE`, attached by the library as ``last_n`` and
+``last_count``) — so the result is right only if per-key order, no loss and no duplicates all
+hold, wherever batches split.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import json
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from cg_pipelines.core.decode import Field, JsonDecoder
+from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.model import BatchContext
 from cg_pipelines.engine.processing import ArrowProcessor
 
@@ -24,27 +25,24 @@ OUT_SCHEMA = pa.schema([("key", pa.string()), ("n", pa.int64()), ("count", pa.in
                         ("prev_n", pa.int64()), ("seq", pa.int64())])
 
 
+STATE = KeyedState("key", ("n", "count"), order_by="seq", schema=OUT_SCHEMA)
+
+
 def transform(table: pa.Table, ctx: BatchContext) -> pa.Table:
-    df = table.select(["key", "n", "_seq"]).to_pandas()
-    keys = sorted(df["key"].unique().tolist())
-    state = ctx.sink.read(columns=["key", "n", "count"],  # type: ignore[attr-defined]
-                          filter=pc.field("key").isin(keys)).to_pandas()
-    last = state.sort_values("count").groupby("key").tail(1).set_index("key") if len(
-        state) else pd.DataFrame(columns=["n", "count"])
+    df = table.select(["key", "n", "_seq", "last_n", "last_count"]).to_pandas()
     df = df.sort_values("_seq", kind="stable")
-    df["count"] = df.groupby("key").cumcount() + 1
-    df["prev_n"] = df.groupby("key")["n"].shift(1)
-    base = df["key"].map(last["count"]).fillna(0).astype("int64")
-    df["count"] = df["count"] + base
-    first = df.groupby("key").cumcount() == 0
-    df.loc[first, "prev_n"] = df.loc[first, "key"].map(last["n"])
+    g = df.groupby("key")
+    first = g.cumcount() == 0
+    df["count"] = g.cumcount() + 1 + df["last_count"].fillna(0).astype("int64")
+    df["prev_n"] = g["n"].shift(1)
+    df.loc[first, "prev_n"] = df.loc[first, "last_n"]
     out = pd.DataFrame({"key": df["key"], "n": df["n"], "count": df["count"],
                         "prev_n": df["prev_n"].astype("Int64"), "seq": df["_seq"]})
     return pa.Table.from_pandas(out, schema=OUT_SCHEMA, preserve_index=False)
 
 
 def processor() -> ArrowProcessor:
-    return ArrowProcessor(DECODER, transform)
+    return ArrowProcessor(DECODER, transform, state=STATE)
 
 
 def events(n_keys: int, n_events: int) -> list[tuple[str, int]]:

@@ -1,7 +1,7 @@
 """The Dagster UI in a real headless browser: the ``aircraft_legs`` asset page shows its 8
 partitions, all materialized, with each partition's latest materialization.
 
-Flow: the main job (``cg_pipelines.mainjob.run_main_job``) on a 3,000-flight slice materializes
+Flow: the main job (``mainjob.run_main_job``) on a 3,000-flight slice materializes
 all 8 partitions into ``<tmp>/state/dagster``; ``dagster-webserver -w workspace.yaml`` (no
 daemon) serves that Dagster home on a free loopback port; headless Chromium (Selenium, the
 Debian ``chromium`` + ``chromium-driver`` binaries, nothing downloaded) opens
@@ -10,7 +10,7 @@ and run ids. Screenshot: ``<tmp_path>/aircraft_legs.png``, copied to
 ``.state/ui/aircraft_legs.png``.
 
 The main job runs in a child interpreter, not in the pytest process: it sets ``NATS_URL``,
-``DAGSTER_HOME`` ... in ``os.environ`` and imports ``cg_pipelines.definitions``, whose
+``DAGSTER_HOME`` ... in ``os.environ`` and imports ``definitions``, whose
 resources read the environment at import time, so in a pytest process that had already imported
 that module (tests/dagster does) its runs would use the earlier NATS URL and warehouse; it also
 stops the process-wide SparkSession. A child keeps the environment, the module cache and Spark of
@@ -46,7 +46,7 @@ from tests.support.dagster_dev import (
 pytestmark = pytest.mark.ui
 
 ASSET = "aircraft_legs"
-PARTITION_KEYS = [str(p) for p in range(8)]
+PARTITION_KEYS = [f"legs-{p}" for p in range(8)]
 LIMIT = 3000
 MAIN_JOB_TIMEOUT_S = 420.0
 BATCH = 120
@@ -58,7 +58,7 @@ RESULT_PREFIX = "CG_UI_MAIN_JOB_RESULT "
 _CHILD = (
     "import sys\n"
     "from pathlib import Path\n"
-    "from cg_pipelines.mainjob import run_main_job\n"
+    "from mainjob import run_main_job\n"
     "n = run_main_job(Path(sys.argv[1]), limit=int(sys.argv[2]))\n"
     f"print({RESULT_PREFIX!r} + str(n), flush=True)\n"
 )
@@ -76,7 +76,8 @@ def _run_main_job(state: Path, log_path: Path) -> int:
     """``run_main_job(state, limit=LIMIT)`` in a child interpreter; returns its result."""
     # Small batches: each partition's ~375 events commit in several batches, so every
     # aircraft's legs cross batch boundaries (state read back from the committed table).
-    env = {**_clean_env(), "PYTHONUNBUFFERED": "1", "CG_BATCH_MAX_MSGS": str(BATCH)}
+    env = {**_clean_env(), "PYTHONUNBUFFERED": "1", "CG_BATCH_MAX_MSGS": str(BATCH),
+           "CG_ADAPTIVE_MAX_MSGS": "0"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, str(state), str(LIMIT)], cwd=PROJECT_ROOT, env=env,
@@ -192,9 +193,10 @@ def test_asset_page_shows_eight_materialized_partitions(tmp_path: Path, chrome: 
                          "Materializing (0)", "Missing (0)"):
             assert expected in text, f"{expected!r} not on the page:\n{text}"
         assert "Join the Dagster community" not in text  # nux off: nothing covers the page
-        # the partition list: exactly the keys 0..7, in order (the only all-digit lines
-        # while no partition is selected)
-        assert [ln for ln in text.splitlines() if ln.strip().isdigit()] == PARTITION_KEYS, text
+        # the partition list: exactly the keys legs-0..legs-7, in order (the only lines that
+        # are a partition key while no partition is selected)
+        assert [ln.strip() for ln in text.splitlines()
+                if re.fullmatch(r"legs-\d+", ln.strip())] == PARTITION_KEYS, text
 
         # 4. Each partition, clicked in the list, shows its latest materialization: status
         #    "Materialized", the run (short id, as GraphQL reports it), the job, the metadata.

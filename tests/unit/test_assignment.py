@@ -11,9 +11,16 @@ from cg_pipelines.core.assignment import (
     moved_partitions,
     sticky_assignment,
 )
-from cg_pipelines.core.config import ElasticConfig, MemberMapping, StaticConfig
+from cg_pipelines.core.config import (
+    ElasticConfig,
+    MemberMapping,
+    PartitioningFilter,
+    StaticConfig,
+)
+from cg_pipelines.core.errors import ConfigError
 
 MM = MemberMapping
+PF = PartitioningFilter
 
 
 @pytest.mark.parametrize(
@@ -42,11 +49,48 @@ def test_filters_outer_partitions_inner() -> None:
 
 def test_mappings_with_several_filters_give_no_duplicates() -> None:
     mappings = (MM("a", (2, 0)), MM("b", (1,)))
-    assert generate_partition_filters([], 3, mappings, "a", ["x.*", "y.*"]) == [
-        "2.x.*", "0.x.*", "2.y.*", "0.y.*",
-    ]
+    # Reference (pcgroups/stream_consumer_group.go, GeneratePartitionFilters, mappings branch):
+    # "<p>.>" per partition in mapping order, whatever the filter; called once per filter it
+    # repeats them (["2.>", "0.>", "2.>", "0.>"]): each is written once here.
+    assert generate_partition_filters([], 3, mappings, "a", ["x.*", "y.*"]) == ["2.>", "0.>"]
     # A mapping listing a partition twice still yields each filter once.
     assert generate_partition_filters([], 1, (MM("a", (0, 0)),), "a") == ["0.>"]
+
+
+# (members, mappings, member, filters, expected). The reference: GeneratePartitionFilters in
+# pcgroups/stream_consumer_group.go (v0.2.1), called once per filter (outer) by
+# ElasticGetPartitionFilters (elastic_stream_consumer_group.go) and joinMemberConsumerStatic
+# (static_stream_consumer_group.go), with ">" when there are no filters. Members branch:
+# "<p>.<filter>"; mappings branch (no members): "<p>.>" whatever the filter.
+REFERENCE_FILTERS = [
+    (["a", "b"], (), "b", ["x.*", "y.>"], ["2.x.*", "3.x.*", "2.y.>", "3.y.>"]),
+    (["a", "b"], (), "a", [], ["0.>", "1.>"]),
+    ([], (MM("a", (3, 1)), MM("b", (0, 2))), "a", ["flights.*.*"], ["3.>", "1.>"]),
+    ([], (MM("a", (3, 1)), MM("b", (0, 2))), "b", ["x.*", "y.*", "z.>"], ["0.>", "2.>"]),
+    ([], (MM("a", (3, 1)), MM("b", (0, 2))), "a", [], ["3.>", "1.>"]),
+    ([], (MM("a", (0, 1)),), "zz", ["x.*"], []),
+    # members win over mappings (the reference tests len(members) first)
+    (["b"], (MM("a", (0, 1)),), "b", ["x.*"], ["0.x.*", "1.x.*", "2.x.*", "3.x.*"]),
+]
+
+
+@pytest.mark.parametrize(("members", "mappings", "member", "filters", "expected"),
+                         REFERENCE_FILTERS)
+def test_filters_follow_the_reference(members: list[str], mappings: tuple[MemberMapping, ...],
+                                      member: str, filters: list[str],
+                                      expected: list[str]) -> None:
+    assert generate_partition_filters(members, 4, mappings, member, filters) == expected
+
+
+def test_mapped_static_and_elastic_members_get_partition_wildcard_filters() -> None:
+    """What members.py passes (``cfg.filters`` / ``cfg.consumer_filters()``) gives "<p>.>" for
+    mapped members of both kinds."""
+    mm = (MM("x", (1,)), MM("y", (0,)))
+    static = StaticConfig(2, ("S.a.>", "S.b.>"), member_mappings=mm)
+    elastic = ElasticConfig(2, (PF("S.*.a", (1,)), PF("S.*.b", (1,))), member_mappings=mm)
+    for cfg, flt in ((static, static.filters), (elastic, elastic.consumer_filters())):
+        assert generate_partition_filters(cfg.members, cfg.max_members, cfg.member_mappings,
+                                          "x", flt) == ["1.>"]
 
 
 def test_assignment_and_moves() -> None:
@@ -120,3 +164,13 @@ def test_sticky_as_mappings_is_valid_config() -> None:
     assert cfg.validate() is cfg
     with pytest.raises(ValueError):
         sticky_assignment({}, [], 3)
+
+
+def test_assignment_never_loops_over_an_unbounded_number_of_partitions() -> None:
+    """Even called directly with an unvalidated config, the assignment refuses a max_members
+    above MAX_MEMBERS at once (10**30 used to loop for ever)."""
+    for call in (lambda: assignment(ElasticConfig(10**30, members=("a",))),
+                 lambda: generate_partition_filters(["a"], 10**8, (), "a"),
+                 lambda: sticky_assignment({}, ["a"], 10**30)):
+        with pytest.raises(ConfigError, match="max_members: must be <= 4096"):
+            call()

@@ -1,16 +1,26 @@
-"""Config codec and validation (reference JSON, DESIGN §4)."""
+"""Config codec and validation (reference JSON, DESIGN §4).
+
+Expected bytes are what Go's ``encoding/json`` writes for the reference structs
+(synadia-io/orbit.go pcgroups v0.2.1): ``StaticConsumerGroupConfig`` and
+``ElasticConsumerGroupConfig`` (field order and ``omitempty`` tags in
+static_stream_consumer_group.go / elastic_stream_consumer_group.go), ``PartitioningFilter`` and
+``MemberMapping`` (no ``omitempty``: a nil slice is ``null``), with ``<``, ``>``, ``&`` escaped.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from cg_pipelines.core.config import (
+    MAX_MEMBERS,
     ElasticConfig,
     MemberMapping,
     PartitioningFilter,
     StaticConfig,
+    equivalent,
     go_json,
     parse_mapping,
+    with_mappings,
     with_members,
 )
 from cg_pipelines.core.errors import ConfigError
@@ -30,10 +40,12 @@ ELASTIC_JSON = [
     (ElasticConfig(8, (PartitioningFilter("flights.*.*", (2,)),), members=("m1",)),
      b'{"max_members":8,"partitioning_filters":[{"filter":"flights.*.*",'
      b'"partitioning_wildcards":[2]}],"members":["m1"]}'),
+    # No wildcards given: Go's zero value, a nil slice, is null (the Go API's
+    # PartitioningFilter{Filter: "a.>"}); DESIGN §4 "Round trip".
     (ElasticConfig(2, (PartitioningFilter("a.>"),), 100, 2048, (),
                    (MM("x", (1,)), MM("y", (0,)))),
      b'{"max_members":2,"partitioning_filters":[{"filter":"a.\\u003e","partitioning_wildcards":'
-     b'[]}],"max_buffered_msg":100,"max_buffered_bytes":2048,"member_mappings":'
+     b'null}],"max_buffered_msg":100,"max_buffered_bytes":2048,"member_mappings":'
      b'[{"member":"x","partitions":[1]},{"member":"y","partitions":[0]}]}'),
 ]
 
@@ -98,6 +110,12 @@ REJECTED = [
     (ElasticConfig(2, members=("a.b",)), "members", "must not contain '.'"),
     (ElasticConfig(2, max_buffered_msgs=-1), "max_buffered_msg", ">= 0"),
     (StaticConfig(2, filters=("foo..bar",)), "filters", "empty tokens"),
+    # Issue 16: max_members is bounded (MAX_MEMBERS) and member names are unique.
+    (ElasticConfig(MAX_MEMBERS + 1), "max_members", f"must be <= {MAX_MEMBERS}, got 4097"),
+    (StaticConfig(10**8, members=("a",)), "max_members", "got 100000000"),
+    (ElasticConfig(10**30, members=("a",)), "max_members", "got 100000000000...(31 digits)"),
+    (ElasticConfig(4, members=("m1", "m2", "m1")), "members", "'m1' is listed more than once"),
+    (StaticConfig(4, members=("a", "a")), "members", "'a' is listed more than once"),
 ]
 
 
@@ -112,7 +130,9 @@ def test_validation_names_field_and_rule(cfg: object, field: str, words: str) ->
 ACCEPTED = [
     ElasticConfig(1),
     ElasticConfig(3, (PartitioningFilter("foo.>"),)),
-    ElasticConfig(3, (PartitioningFilter("foo.*.*.>", (2, 1)),), members=("m1", "m1", "zz")),
+    ElasticConfig(3, (PartitioningFilter("foo.*.*.>", (2, 1)),), members=("zz", "m1")),
+    ElasticConfig(MAX_MEMBERS, members=("m1",)),
+    StaticConfig(MAX_MEMBERS, member_mappings=(MM("a", tuple(range(MAX_MEMBERS))),)),
     ElasticConfig(2, member_mappings=(MM("a", (1,)), MM("b", (0,)))),
     StaticConfig(4, ("x.*",), ("a", "b", "c", "d", "e")),
 ]
@@ -131,6 +151,12 @@ BAD_JSON = [
     (b'{"max_members":3,"member_mappings":[{"member":"a","partitions":["0"]}]}',
      "member_mappings", "integers"),
     (b'{"max_members":3,"partitioning_filters":{}}', "partitioning_filters", "list"),
+    # Go's encoding/json rejects these (Python's json would read them).
+    (b'{"max_members":3,"x":NaN}', "config", "not valid JSON"),
+    (b'{"max_members":3,"x":-Infinity}', "config", "not valid JSON"),
+    # Bounded while parsing, before anything loops over the partitions.
+    (b'{"max_members":1000000000000000000000000000000,"members":["a"]}', "max_members",
+     f"must be <= {MAX_MEMBERS}"),
 ]
 
 
@@ -165,3 +191,166 @@ def test_parse_mapping_rejects(text: str, words: str) -> None:
     with pytest.raises(ConfigError, match="member_mappings") as ei:
         parse_mapping(text)
     assert ei.value.field == "member_mappings" and words in ei.value.rule, ei.value.rule
+
+
+def test_bad_max_members_and_duplicates_fail_fast() -> None:
+    """A stored max_members of 10**30 or 10**8 is refused when read, at once (it used to make
+    every assignment loop for ever / tens of seconds)."""
+    import time
+
+    t = time.perf_counter()
+    for data in (b'{"max_members":1000000000000000000000000000000}',
+                 b'{"max_members":100000000,"member_mappings":[{"member":"a","partitions":[0]}]}'):
+        with pytest.raises(ConfigError) as ei:
+            ElasticConfig.from_json(data)
+        assert ei.value.field == "max_members" and f"<= {MAX_MEMBERS}" in ei.value.rule
+        assert "\n" not in str(ei.value)
+    cfg = StaticConfig.from_json(b'{"max_members":4,"members":["b","a","b"]}')
+    with pytest.raises(ConfigError, match="members: member 'b' is listed more than once"):
+        cfg.validate()
+    assert time.perf_counter() - t < 5  # a hang guard, not a timing test
+
+
+# ------------------------------------------------------------------------------ round trip
+#
+# What is read is written back as read (issue 11): the reference's watcher compares
+# PartitioningFilters with reflect.DeepEqual, so null (nil) vs [] (empty) must survive; members
+# and mappings keep their order; unknown fields stay in place.
+
+GO_ELASTIC_NULL_WC = (  # written by the Go API with PartitioningFilter{Filter: "S.>"}
+    b'{"max_members":4,"partitioning_filters":[{"filter":"S.\\u003e","partitioning_wildcards":'
+    b'null}],"members":["m2","m1"]}')
+GO_ELASTIC_EMPTY_WC = GO_ELASTIC_NULL_WC.replace(b"null", b"[]")  # []int{}
+GO_ELASTIC_NO_FILTERS = b'{"max_members":4,"partitioning_filters":null,"members":["m2","m1"]}'
+GO_ELASTIC_EMPTY_FILTERS = b'{"max_members":4,"partitioning_filters":[],"members":["m2","m1"]}'
+GO_ELASTIC_MAPPED = (
+    b'{"max_members":2,"partitioning_filters":[{"filter":"S.*.a","partitioning_wildcards":[1]},'
+    b'{"filter":"S.*.b","partitioning_wildcards":[1]}],"max_buffered_msg":10,'
+    b'"member_mappings":[{"member":"y","partitions":[1]},{"member":"x","partitions":[0]}]}')
+GO_STATIC_MAPPED = (
+    b'{"max_members":2,"filters":["S.a.\\u003e","S.b.\\u003e"],"member_mappings":'
+    b'[{"member":"x","partitions":[1,0]},{"member":"y","partitions":null}]}')
+
+ROUND_TRIP = [
+    GO_ELASTIC_NULL_WC, GO_ELASTIC_EMPTY_WC, GO_ELASTIC_NO_FILTERS, GO_ELASTIC_EMPTY_FILTERS,
+    GO_ELASTIC_MAPPED, GO_STATIC_MAPPED,
+    b'{"max_members":2}',  # partitioning_filters absent stays absent
+    b'{"max_members":2,"partitioning_filters":null,"max_buffered_msg":0,"members":[]}',
+    b'{"max_members":2,"partitioning_filters":null,"members":null,"member_mappings":null}',
+    b'{"max_members":2,"filters":[],"members":null}',
+    b'{"max_members":2,"partitioning_filters":null,"max_memberz":3,"members":["a"]}',
+    b'{ "max_members" : 2,\n  "partitioning_filters": null }',  # not compact: bytes kept
+    b'{"max_members":2,"partitioning_filters":[{"filter":"a.*","partitioning_wildcards":[1],'
+    b'"hash":"fnv1a"}],"member_mappings":[{"member":"x","partitions":[0,1],"weight":2}]}',
+]
+
+
+@pytest.mark.parametrize("data", ROUND_TRIP)
+def test_config_read_and_written_back_unchanged_is_byte_exact(data: bytes) -> None:
+    cls = StaticConfig if b'"filters"' in data else ElasticConfig
+    cfg = cls.from_json(data)
+    assert cfg.to_json() == data
+    assert cls.from_json(cfg.to_json()) == cfg
+
+
+# (stored bytes, change, expected bytes): the expected bytes are what the reference writes
+# after the same change (json.Marshal of the struct it unmarshalled, with the new membership;
+# AddMembers/DeleteMembers/SetMemberMappings/DeleteMemberMappings in
+# elastic_stream_consumer_group.go), except that our members are sorted (the reference's come
+# from a map: random order).
+ELASTIC_CHANGES = [
+    # nil wildcards stay null (a rewrite as [] stops every Go member: reflect.DeepEqual)
+    (GO_ELASTIC_NULL_WC, lambda c: with_members(c, [*c.members, "m3"]),
+     b'{"max_members":4,"partitioning_filters":[{"filter":"S.\\u003e","partitioning_wildcards":'
+     b'null}],"members":["m1","m2","m3"]}'),
+    (GO_ELASTIC_EMPTY_WC, lambda c: with_members(c, [*c.members, "m3"]),
+     b'{"max_members":4,"partitioning_filters":[{"filter":"S.\\u003e","partitioning_wildcards":'
+     b'[]}],"members":["m1","m2","m3"]}'),
+    (GO_ELASTIC_NO_FILTERS, lambda c: with_members(c, ["m1"]),
+     b'{"max_members":4,"partitioning_filters":null,"members":["m1"]}'),
+    (GO_ELASTIC_EMPTY_FILTERS, lambda c: with_members(c, ["m1"]),
+     b'{"max_members":4,"partitioning_filters":[],"members":["m1"]}'),
+    # DeleteMembers of everyone: nil members, omitted (omitempty)
+    (GO_ELASTIC_NULL_WC, lambda c: with_members(c, []),
+     b'{"max_members":4,"partitioning_filters":[{"filter":"S.\\u003e","partitioning_wildcards":'
+     b'null}]}'),
+    # SetMemberMappings: Members = []string{} (omitted), mappings written
+    (GO_ELASTIC_NULL_WC, lambda c: with_mappings(c, [MM("b", (2, 3)), MM("a", (0, 1))]),
+     b'{"max_members":4,"partitioning_filters":[{"filter":"S.\\u003e","partitioning_wildcards":'
+     b'null}],"member_mappings":[{"member":"a","partitions":[0,1]},{"member":"b","partitions":'
+     b'[2,3]}]}'),
+    # DeleteMemberMappings then AddMembers, with filters and a buffer limit kept as they were
+    (GO_ELASTIC_MAPPED, lambda c: with_members(c, ["x"]),
+     b'{"max_members":2,"partitioning_filters":[{"filter":"S.*.a","partitioning_wildcards":[1]},'
+     b'{"filter":"S.*.b","partitioning_wildcards":[1]}],"max_buffered_msg":10,'
+     b'"members":["x"]}'),
+    # Unknown fields (a newer reference's, or a typo) keep their place; a field that was
+    # absent goes right after the Go field before it.
+    (b'{"max_members":4,"partitioning_filters":null,"max_memberz":9,"members":["a"],'
+     b'"zz":{"k":[1,null],"s":"<"}}', lambda c: with_members(c, ["a", "b"]),
+     b'{"max_members":4,"partitioning_filters":null,"max_memberz":9,"members":["a","b"],'
+     b'"zz":{"k":[1,null],"s":"\\u003c"}}'),
+    (b'{"max_members":4,"partitioning_filters":null,"future":true}',
+     lambda c: with_members(c, ["a"]),
+     b'{"max_members":4,"partitioning_filters":null,"members":["a"],"future":true}'),
+    (b'{"max_members":2,"partitioning_filters":[{"filter":"a.*","partitioning_wildcards":[1],'
+     b'"hash":"fnv1a"}],"member_mappings":[{"member":"x","partitions":[0,1],"weight":2}]}',
+     lambda c: with_members(c, ["x"]),
+     b'{"max_members":2,"partitioning_filters":[{"filter":"a.*","partitioning_wildcards":[1],'
+     b'"hash":"fnv1a"}],"members":["x"]}'),
+]
+
+
+@pytest.mark.parametrize(("stored", "change", "expected"), ELASTIC_CHANGES)
+def test_membership_change_keeps_everything_else_as_read(
+        stored: bytes, change: object, expected: bytes) -> None:
+    new = change(ElasticConfig.from_json(stored)).validate()  # type: ignore[operator]
+    assert new.to_json() == expected
+    assert ElasticConfig.from_json(expected) == new
+
+
+def test_null_and_empty_wildcards_are_equal_but_written_as_read() -> None:
+    null, empty = ElasticConfig.from_json(GO_ELASTIC_NULL_WC), ElasticConfig.from_json(
+        GO_ELASTIC_EMPTY_WC)
+    # Same group to us (same transform, same filters): create stays idempotent over either.
+    assert null == empty and null.same_shape(empty)
+    assert b'"partitioning_wildcards":null' in null.to_json()
+    assert b'"partitioning_wildcards":[]' in empty.to_json()
+
+
+def test_unknown_fields_are_exposed() -> None:
+    cfg = ElasticConfig.from_json(
+        b'{"max_memberz":5,"max_members":2,"partitioning_filters":[{"filter":"a.*",'
+        b'"partitioning_wildcards":[1],"hash":"x"}],"member_mappings":[{"member":"m",'
+        b'"partitions":[0,1],"weight":2}]}')
+    assert cfg.unknown_fields == {"max_memberz": 5, "partitioning_filters[0].hash": "x",
+                                  "member_mappings[0].weight": 2}
+    assert ElasticConfig.from_json(GO_ELASTIC_NULL_WC).unknown_fields == {}
+    assert ElasticConfig(2).unknown_fields == {}
+    # An ADR name that was not used (the code's name is there too) is unknown to the reference.
+    s = StaticConfig.from_json(b'{"max_members":2,"filters":["a.>"],"filter":"b.>"}')
+    assert s.filters == ("a.>",) and s.unknown_fields == {"filter": "b.>"}
+    assert s.to_json() == b'{"max_members":2,"filters":["a.>"],"filter":"b.>"}'
+
+
+def test_adr_names_are_written_with_the_code_names_in_place() -> None:
+    e = ElasticConfig.from_json(b'{"max_members":3,"filter":"foo.*","partitioning-wildcards":[1],'
+                                b'"x":1,"member-mappings":[{"member":"m","partitions":[0,1,2]}]}')
+    assert e.to_json() == (b'{"max_members":3,"partitioning_filters":[{"filter":"foo.*",'
+                           b'"partitioning_wildcards":[1]}],"x":1,"member_mappings":[{"member":'
+                           b'"m","partitions":[0,1,2]}]}')
+    nested = ElasticConfig.from_json(b'{"max_members":1,"partitioning_filters":[{"filter":"a.*",'
+                                     b'"partitioning-wildcards":[1]}]}')
+    assert nested.to_json() == (b'{"max_members":1,"partitioning_filters":[{"filter":"a.*",'
+                                b'"partitioning_wildcards":[1]}]}')
+
+
+def test_equivalent_ignores_member_and_mapping_order_only() -> None:
+    a = ElasticConfig.from_json(GO_ELASTIC_NULL_WC)
+    assert equivalent(a, with_members(a, a.members)) and a != with_members(a, a.members)
+    assert not equivalent(a, with_members(a, ["m1"]))
+    m1 = ElasticConfig(3, member_mappings=(MM("b", (2, 1)), MM("a", (0,))))
+    m2 = ElasticConfig(3, member_mappings=(MM("a", (0,)), MM("b", (1, 2))))
+    assert equivalent(m1, m2)
+    assert not equivalent(m1, ElasticConfig(3, member_mappings=(MM("a", (1,)), MM("b", (0, 2)))))
+    assert not equivalent(StaticConfig(3), ElasticConfig(3))

@@ -12,8 +12,7 @@ import pyarrow as pa
 import pytest
 
 from cg_pipelines.core.decode import BadMessage
-from cg_pipelines.engine.model import Record
-from cg_pipelines.flights.data import (
+from flights.data import (
     DECODER,
     LEGS_COLUMNS,
     LEGS_SCHEMA,
@@ -23,7 +22,7 @@ from cg_pipelines.flights.data import (
     subjects,
     validate_subject,
 )
-from cg_pipelines.flights.reference import compare_legs, reference_legs
+from flights.reference import compare_legs, reference_legs
 
 NAN = math.nan
 
@@ -253,12 +252,14 @@ def test_decoder_is_strict() -> None:
 
 
 def test_validate_subject() -> None:
-    row = DECODER.decode(event_payloads(frame(flight("N1", carrier="DL")))[0])
-    validate_subject(Record(1, "flights.DL.N1", b"", 0), row)
-    with pytest.raises(BadMessage, match="does not end with"):
-        validate_subject(Record(1, "flights.DL.N2", b"", 0), row)
-    for subject in ("flights.N1", "N1"):
-        with pytest.raises(BadMessage, match=f"subject '{subject}' has too few tokens"):
-            validate_subject(Record(1, subject, b"", 0), row)
-    with pytest.raises(BadMessage, match="too many tokens"):
-        validate_subject(Record(1, "flights.x.DL.N1", b"", 0), row)
+    subjects = ["flights.DL.N1", "flights.DL.N2", "flights.N1", "N1", "flights.x.DL.N1",
+                "other.DL.N1", "flights.UA.N1"]
+    table = pa.table({"carrier": ["DL"] * len(subjects), "tailnum": ["N1"] * len(subjects),
+                      "_subject": subjects})
+    got = dict(validate_subject(table))
+    assert sorted(got) == [1, 2, 3, 4, 6]
+    assert "does not end with the payload's carrier.tailnum DL.N1" in got[1]
+    assert got[2].startswith("subject 'flights.N1' has too few tokens")
+    assert got[3].startswith("subject 'N1' has too few tokens")
+    assert "too many tokens" in got[4]
+    assert "does not end with" in got[6]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.partitioning import SubjectPartitioner, subject_matches
 from cg_pipelines.core.subjects import (
     fnv1a_32,
     name_error,
@@ -74,3 +76,28 @@ def test_subject_error(s: str, err: str | None) -> None:
                                         ("a b", False), ("a*", False)])
 def test_name_error(s: str, ok: bool) -> None:
     assert (name_error(s) is None) == ok
+
+
+# -- partition of an origin subject (rebuild) ------------------------------------------------
+
+
+
+@pytest.mark.parametrize(("subject", "flt", "want"), [
+    ("a.b.c", "a.*.c", True), ("a.b.c", "a.>", True), ("a", "a.>", False),
+    ("a.b", "a.*.*", False), ("a.b.c.d", "a.*.c", False), ("a.b.c", ">", True),
+    ("x.b.c", "a.*.c", False), ("a.b.c", "a.b.c", True), ("a.b", "*.*", True),
+])
+def test_subject_matches(subject: str, flt: str, want: bool) -> None:
+    assert subject_matches(subject, flt) is want
+
+
+def test_subject_partitioner_follows_the_transform() -> None:
+    cfg = ElasticConfig(8, (PartitioningFilter("flights.*.*", (2,)),
+                            PartitioningFilter("other.>", ())))
+    part = SubjectPartitioner(cfg)
+    assert part("flights.AA.N123") == partition_for(["N123"], 8)
+    assert part("flights.UA.N123") == part("flights.AA.N123")  # the carrier is not hashed
+    assert part("other.x.y") == partition_for(["other.x.y"], 8)
+    assert part("flights.AA") is None and part("nope.a.b") is None
+    whole = SubjectPartitioner(ElasticConfig(4))
+    assert whole("any.thing") == partition_for(["any.thing"], 4)

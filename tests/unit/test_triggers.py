@@ -1,18 +1,23 @@
-"""Sensor decisions: backlog run requests and membership gains."""
+"""Sensor decisions: backlog run requests, membership gains, how a tick reads the backlog."""
 
 from __future__ import annotations
 
 import pytest
 
 from cg_pipelines.core.triggers import (
-    PartitionBacklog as B,
-)
-from cg_pipelines.core.triggers import (
+    MAX_LISTED_SUBJECTS,
+    SUBJECTS_PER_PARTITION,
     backlog_requests,
     decode_membership_cursor,
     encode_membership_cursor,
     gained_partitions,
+    pending_by_partition,
     served_partitions,
+    summary_lines,
+    use_subject_counts,
+)
+from cg_pipelines.core.triggers import (
+    PartitionBacklog as B,
 )
 
 
@@ -70,3 +75,59 @@ def test_served_partitions_and_cursor_round_trip() -> None:
     assert decode_membership_cursor(None) == (0, {})
     with pytest.raises(ValueError, match="corrupt"):
         decode_membership_cursor("{oops")
+
+
+@pytest.mark.parametrize(
+    ("num_subjects", "partitions", "expected"),
+    [
+        (4000, 256, False),  # ~16 subjects per partition: the direct gets are cheaper
+        (2048, 256, True),  # 8 per partition: list them, skip the empty partitions
+        (2049, 256, False),
+        (80, 256, True),
+        (4096, 4096, True),
+        (4000, 16, False),
+        (1, 1, False),  # one partition: its direct get is the cheapest read
+        (0, 256, False),  # nothing to list
+        (MAX_LISTED_SUBJECTS, MAX_LISTED_SUBJECTS // SUBJECTS_PER_PARTITION, True),
+        (MAX_LISTED_SUBJECTS + 1, 4096 * 8, False),  # never more than one page
+        (SUBJECTS_PER_PARTITION * 3, 3, True),
+        (SUBJECTS_PER_PARTITION * 3 + 1, 3, False),
+    ],
+)
+def test_use_subject_counts(num_subjects: int, partitions: int, expected: bool) -> None:
+    assert use_subject_counts(num_subjects, partitions) is expected
+
+
+@pytest.mark.parametrize(
+    ("subjects", "expected"),
+    [
+        ({}, {}),
+        ({"0.s.c1.t1": 3, "0.s.c2.t1": 2, "7.s.c1.t9": 1}, {0: 5, 7: 1}),
+        ({"12.a": 4, "1.a": 1, "2.b.c": 0}, {12: 4, 1: 1}),  # no zero counts
+        ({"x.a": 5, "3": 2, "3.": 2, "-1.a": 1, "01.a": 1, "\u0663.a": 1, "4.a": 2},
+         {4: 2}),  # not <p>.<subject>: ignored
+        ({"255.s.c0.t1": 10, "255.s.c0.t2": 10, "0.s.x": 1}, {255: 20, 0: 1}),
+    ],
+)
+def test_pending_by_partition(subjects: dict[str, int], expected: dict[int, int]) -> None:
+    assert pending_by_partition(subjects) == expected
+
+
+@pytest.mark.parametrize(
+    ("lines", "limit", "expected"),
+    [
+        ([], 20, []),
+        (["a", "b"], 2, ["a", "b"]),
+        (["a", "b", "c"], 2, ["a", "b", "... and 1 more"]),
+        (["a", "b", "c"], 0, ["... and 3 more"]),
+        ([f"p{i}" for i in range(256)], 20,
+         [f"p{i}" for i in range(20)] + ["... and 236 more"]),
+    ],
+)
+def test_summary_lines(lines: list[str], limit: int, expected: list[str]) -> None:
+    assert summary_lines(lines, limit) == expected
+
+
+def test_summary_lines_rejects_negative_limit() -> None:
+    with pytest.raises(ValueError):
+        summary_lines(["a"], -1)

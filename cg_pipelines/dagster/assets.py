@@ -1,0 +1,310 @@
+"""The partitioned asset of a consumer group, its job and its asset checks.
+
+Each run drains one group partition through the ordered engine
+(:func:`cg_pipelines.engine.run_partition`) into the group's Delta table.
+
+**One run per partition at a time, however it was launched** (asset job, ``dagster asset
+materialize --partition``, UI materialization, UI backfill, sensor, schedule). Every such run
+carries Dagster's own ``dagster/partition`` tag with the group-qualified key, and the Dagster
+instance records them all, so:
+
+1. before touching NATS, a run looks up the instance's in-progress runs of its asset partition
+   and waits until those that started before it have finished (runs executed in the calling
+   process, like ``dagster asset materialize``, never pass a run queue: this covers them);
+2. with this instance setting (``dagster.yaml``), launched runs do not even start while
+   another run of the partition is in progress — they wait in the run queue instead of in a
+   run::
+
+       concurrency:
+         runs:
+           tag_concurrency_limits:
+             - key: "dagster/partition"
+               value: {applyLimitPerUniqueValue: true}
+               limit: 1
+
+The engine's lease and fenced commit stay the last line: a second holder commits nothing.
+"""
+
+
+import time
+from typing import Any, Literal
+
+import nats.errors
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    Config,
+    DagsterRun,
+    DagsterRunStatus,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    RunsFilter,
+    StaticPartitionsDefinition,
+    TableColumn,
+    TableColumnConstraints,
+    TableSchema,
+    asset,
+)
+from pydantic import Field as PydanticField
+
+from cg_pipelines.core.assignment import assignment, owners
+from cg_pipelines.core.config import ElasticConfig
+from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
+from cg_pipelines.dagster.resources import (
+    DeltaWarehouseResource,
+    NatsResource,
+    PartitionRunsResource,
+)
+from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.engine.model import RunResult
+from cg_pipelines.engine.rebuild import rebuild_partition
+from cg_pipelines.engine.runner import run_partition
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.errors import JetStreamError
+from cg_pipelines.jetstream.kv import Versioned
+from cg_pipelines.sinks.delta import DeltaSink, TableStats
+
+__all__ = [
+    "PartitionRunConfig",
+    "build_group_asset",
+    "check_partitions",
+    "load_group_config",
+    "wait_for_earlier_runs",
+]
+
+class PartitionRunConfig(Config):
+    """Run config of a consumer-group asset's run (Launchpad: ``ops.<asset>.config``)."""
+
+    mode: Literal["drain", "rebuild"] = PydanticField(
+        "drain", description="drain: process the partition's backlog (the default). rebuild: "
+        "recompute the partition from the origin stream's history with today's code and "
+        "replace its rows atomically (cg_pipelines.engine.rebuild_partition).")
+    allow_partial: bool = PydanticField(
+        False, description="rebuild only: go on when retention trimmed the origin stream's "
+        "first messages (their effects are then missing).")
+
+
+TICK_ERRORS = (GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError,
+               nats.errors.Error, ValueError)
+"""What a sensor tick reports as a skip reason, and a run as a ``Failure``, instead of crashing."""
+
+
+def check_partitions(config: ElasticConfig, spec: ConsumerGroupAsset) -> None:
+    """Raise ``ConfigError`` unless the group's partition count is the one the code declares."""
+    if config.max_members != spec.partitions:
+        raise ConfigError("max_members", f"group {spec.stream}.{spec.group} has "
+                          f"{config.max_members} partitions in KV but the code declares "
+                          f"{spec.partitions}")
+
+
+def load_group_config(nats_res: NatsResource, spec: ConsumerGroupAsset
+                      ) -> Versioned[ElasticConfig]:
+    """The group's config (one bounded NATS call), its partition count checked.
+
+    Raises:
+        GroupNotFoundError, ConfigError, JetStreamError, TimeoutError: as the call fails.
+    """
+    v = nats_res.run(lambda nc: admin.get_elastic(nc.jetstream(), spec.stream, spec.group,
+                                                  timeout=nats_res.call_timeout_s))
+    check_partitions(v.config, spec)
+    return v
+
+
+def _run_metadata(result: RunResult, owner: str, revision: int) -> dict[str, Any]:
+    return {
+        "status": result.status,
+        "first_seq": result.first_seq or 0,
+        "last_seq": result.last_seq or 0,
+        "messages": result.processed,
+        "dead_lettered": result.dead_lettered,
+        "duplicates_skipped": result.duplicates_skipped,
+        "commits": result.commits,
+        "fence_conflicts": result.fence_conflicts,
+        "watermark": result.watermark,
+        "seconds": MetadataValue.float(round(result.seconds, 3)),
+        "messages_per_second": MetadataValue.float(round(result.messages_per_second, 1)),
+        "owner_member": owner,
+        "config_revision": revision,
+        "detail": result.detail or "",
+        "timings": MetadataValue.json({k: round(v, 3) for k, v in result.timings.items()}),
+    }
+
+
+def _table_metadata(stats: TableStats | None, uri: str, table: str) -> dict[str, Any]:
+    """Dagster's standard table metadata keys (``dagster/table_name``, ``dagster/uri``,
+    ``dagster/row_count``, ``dagster/partition_row_count``, ``dagster/column_schema``,
+    ``dagster/storage_kind``; the catalog shows them) plus the Delta version."""
+    md: dict[str, Any] = {"dagster/table_name": table, "dagster/uri": uri,
+                          "dagster/storage_kind": "delta"}
+    if stats is None:
+        return md
+    md["dagster/row_count"] = MetadataValue.int(stats.rows)
+    if stats.partition_rows is not None:
+        md["dagster/partition_row_count"] = MetadataValue.int(stats.partition_rows)
+    md["dagster/column_schema"] = MetadataValue.table_schema(TableSchema(columns=[
+        TableColumn(f.name, str(f.type), constraints=TableColumnConstraints(nullable=f.nullable))
+        for f in stats.schema]))
+    md["delta_version"] = stats.version
+    return md
+
+
+def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
+    """The partitioned asset of ``spec`` with its two (non-partitioned) asset checks."""
+    partitions = StaticPartitionsDefinition(spec.partition_keys())
+    checks = [
+        # Not partitioned: AssetCheckSpec(partitions_def=...) is a preview feature in Dagster
+        # 1.13; each result carries the run's partition in its metadata instead.
+        AssetCheckSpec("backlog_drained", asset=spec.name,
+                       description="The run drained the partition's backlog seen at its start."),
+        AssetCheckSpec("no_unexplained_fence_conflicts", asset=spec.name,
+                       description="No commit was refused by the watermark fence (a refusal "
+                       "means another holder took the partition over mid-run)."),
+    ]
+    keys = {spec.nats_resource_key, spec.warehouse_resource_key, spec.runs_resource_key}
+    if spec.uses_spark:
+        keys.add(spec.spark_resource_key)
+    kinds = set(spec.kinds) if spec.kinds is not None else (
+        {"nats", "delta", "spark"} if spec.uses_spark else {"nats", "delta"})
+
+    @asset(
+        name=spec.name,
+        key_prefix=spec.key_prefix,
+        group_name=spec.group_name,
+        partitions_def=partitions,
+        check_specs=checks,
+        description=spec.description or f"Consumer group {spec.group} on {spec.stream}.",
+        kinds=kinds,
+        pool=spec.pool,
+        required_resource_keys=keys,
+        io_manager_key=spec.io_manager_key,
+        metadata={"cg/stream": spec.stream, "cg/group": spec.group,
+                  "cg/partitions": spec.partitions, "cg/table": spec.table_name,
+                  "cg/partition_key_prefix": spec.key_prefix_text,
+                  **spec.metadata},
+    )
+    def _group_asset(context: AssetExecutionContext,
+                     config: PartitionRunConfig) -> MaterializeResult:
+        return _materialize(context, spec, config)
+
+    return _group_asset
+
+
+_ACTIVE = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+
+
+def _targets(run: DagsterRun, key: AssetKey) -> bool:
+    """Whether ``run`` materializes asset ``key`` (a run without an explicit asset selection,
+    e.g. a whole asset job or the implicit one, is taken to: its partition key, qualified by the
+    group, already names the partition)."""
+    return not run.asset_selection or key in run.asset_selection
+
+
+def wait_for_earlier_runs(context: AssetExecutionContext, timeout_s: float,
+                          poll_s: float = 1.0) -> list[str]:
+    """Wait until no other run of this asset partition that started before this one is in
+    progress (see the module docstring). Returns the ids of the runs waited for.
+
+    Raises:
+        Failure: still waiting after ``timeout_s`` seconds (nothing was consumed).
+    """
+    instance, me = context.instance, context.run_id
+    key = context.partition_key
+    mine = instance.get_run_record_by_id(me)
+    my_order = ((mine.start_time or time.time()) if mine else time.time(), me)
+    waited: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = instance.get_run_records(RunsFilter(
+            tags={"dagster/partition": key}, statuses=_ACTIVE))
+        earlier = [r.dagster_run.run_id for r in records
+                   if r.dagster_run.run_id != me and r.start_time is not None
+                   and (r.start_time, r.dagster_run.run_id) < my_order
+                   and _targets(r.dagster_run, context.asset_key)]
+        if not earlier:
+            return waited
+        for run_id in earlier:
+            if run_id not in waited:
+                waited.append(run_id)
+                context.log.info(f"partition {key}: waiting for run {run_id}, which started "
+                                 "first, to finish")
+        if time.monotonic() > deadline:
+            raise Failure(f"partition {key} is still being processed by run(s) "
+                          f"{', '.join(earlier)} after {timeout_s:g} s; nothing was consumed")
+        time.sleep(poll_s)
+
+
+def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
+                 config: PartitionRunConfig) -> MaterializeResult:
+    res = context.resources
+    nats_res: NatsResource = getattr(res, spec.nats_resource_key)
+    warehouse: DeltaWarehouseResource = getattr(res, spec.warehouse_resource_key)
+    runs: PartitionRunsResource = getattr(res, spec.runs_resource_key)
+    p = spec.partition_of(context.partition_key)
+    waited = wait_for_earlier_runs(context, runs.run_timeout_s)
+    try:
+        v = load_group_config(nats_res, spec)
+    except TICK_ERRORS as e:
+        raise Failure(f"cannot read consumer group {spec.stream}.{spec.group}: {e}") from e
+    owner = owners(assignment(v.config)).get(p)
+    served = runs.served()
+    if owner is None or (served is not None and owner not in served):
+        raise Failure(
+            f"partition {p} of {spec.stream}.{spec.group} is owned by "
+            f"{owner or 'no member'}; this deployment serves "
+            f"{', '.join(served) if served else 'every member'}")
+    sink = warehouse.sink(spec.table_name)
+    processor = spec.processor
+    if spec.uses_spark:
+        processor = processor.bind(getattr(res, spec.spark_resource_key).spark_session)
+    if config.mode == "rebuild":
+        result = nats_res.run(
+            lambda nc: rebuild_partition(nc, spec.stream, spec.group, p, processor, sink,
+                                         runs.engine_options(),
+                                         allow_partial=config.allow_partial),
+            timeout_s=runs.run_timeout_s)
+    else:
+        result = nats_res.run(
+            lambda nc: run_partition(nc, spec.stream, spec.group, p, processor, sink,
+                                     runs.engine_options()),
+            timeout_s=runs.run_timeout_s)
+    context.log.info(f"partition {p}: {result.status}, {result.processed} messages in "
+                     f"{result.seconds:.1f} s ({result.messages_per_second:,.0f}/s); "
+                     f"{result.detail}")
+    md = _run_metadata(result, owner, v.revision)
+    md["mode"] = config.mode
+    md["waited_for_runs"] = ", ".join(waited)
+    if config.mode == "rebuild":
+        md.update({"rebuilt": result.status == "rebuilt",
+                   "origin_first_seq": result.first_seq or 0,
+                   "origin_last_seq": result.last_seq or 0,
+                   "messages_read": result.messages_read,
+                   "rows_replaced": result.rows_replaced,
+                   "rows_written": result.rows_written})
+    if result.status == "halted":
+        raise Failure(f"partition {p} halted: {result.detail}", metadata=md)
+    md.update(_table_metadata(_stats(sink, p), sink.uri, spec.table_name))
+    drained = result.status in ("drained", "empty", "rebuilt")
+    return MaterializeResult(
+        metadata=md,
+        check_results=[
+            AssetCheckResult(
+                check_name="backlog_drained", passed=drained,
+                severity=AssetCheckSeverity.WARN,
+                metadata={"partition": p, "status": result.status, "detail": result.detail}),
+            AssetCheckResult(
+                check_name="no_unexplained_fence_conflicts",
+                passed=result.fence_conflicts == 0, severity=AssetCheckSeverity.WARN,
+                metadata={"partition": p, "fence_conflicts": result.fence_conflicts,
+                          "detail": result.detail}),
+        ],
+    )
+
+
+def _stats(sink: DeltaSink, partition: int) -> TableStats | None:
+    """The table's statistics, or ``None`` when it does not exist (nothing committed yet)."""
+    return sink.stats(partition) if sink.exists() else None

@@ -1,0 +1,150 @@
+"""One call from consumer-group specs to Dagster definitions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import (
+    AssetsDefinition,
+    Definitions,
+    ExecutorDefinition,
+    ScheduleDefinition,
+    SensorDefinition,
+    define_asset_job,
+    in_process_executor,
+)
+
+from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.dagster.assets import build_group_asset
+from cg_pipelines.dagster.io_manager import DeltaTableIOManager
+from cg_pipelines.dagster.resources import PartitionRunsResource
+from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
+from cg_pipelines.dagster.spec import ConsumerGroupAsset
+
+__all__ = ["GroupDefinitions", "build_definitions", "build_group_definitions"]
+
+
+@dataclass(frozen=True)
+class GroupDefinitions:
+    """The Dagster parts of one consumer group: ``asset`` (partitioned, with its checks),
+    ``job`` (the asset job: one partition per run, draining), ``rebuild_job`` (the same asset,
+    each run rebuilding its partition from the origin stream: backfill it over the partitions
+    to recompute), ``sensors`` (membership, backlog), ``schedule`` (drain-all, or ``None``)."""
+
+    asset: AssetsDefinition
+    job: Any
+    rebuild_job: Any
+    sensors: list[SensorDefinition]
+    schedule: ScheduleDefinition | None
+
+    @property
+    def jobs(self) -> list[Any]:
+        return [self.job, self.rebuild_job]
+
+    @property
+    def schedules(self) -> list[ScheduleDefinition]:
+        return [self.schedule] if self.schedule is not None else []
+
+
+def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
+    """The asset, its jobs (``<name>_job`` drains, ``<name>_rebuild`` rebuilds), sensors
+    (``<name>_membership``, ``<name>_backlog``) and schedule (``<name>_drain``) of one group;
+    use these parts to compose your own ``Definitions``, or :func:`build_definitions` for all
+    of it."""
+    asset = build_group_asset(spec)
+    job = define_asset_job(f"{spec.name}_job", selection=[asset],
+                           description=f"Drain one partition of {spec.stream}.{spec.group} "
+                           "per run.")
+    rebuild = define_asset_job(
+        f"{spec.name}_rebuild", selection=[asset],
+        config={"ops": {asset.op.name: {"config": {"mode": "rebuild"}}}},
+        description=f"Rebuild one partition of {spec.stream}.{spec.group} per run from the "
+        "origin stream's history, replacing its rows atomically (backfill it to recompute).")
+    return GroupDefinitions(asset, job, rebuild, build_sensors(spec, job),
+                            build_drain_schedule(spec, job))
+
+
+def _check_resources(groups: Sequence[ConsumerGroupAsset], resources: Mapping[str, Any]) -> None:
+    """Definition-time checks: the resources each group needs are given, a Spark resource where
+    a processor uses Spark, and a state-capable warehouse where a processor declares state."""
+    for g in groups:
+        need = [g.nats_resource_key, g.warehouse_resource_key]
+        if g.uses_spark:
+            need.append(g.spark_resource_key)
+        missing = [k for k in need if k not in resources]
+        if missing:
+            raise ConfigError("resources", f"{g.name} needs resource(s) {missing} "
+                              f"(given: {sorted(resources)})")
+        state = getattr(g.processor, "state", None)
+        warehouse = resources[g.warehouse_resource_key]
+        if state is not None and not getattr(warehouse, "supports_state", False):
+            raise ConfigError("resources", f"{g.name} declares per-key state on "
+                              f"{state.key!r} but the warehouse resource "
+                              f"{type(warehouse).__name__} cannot serve it (its sink has no "
+                              "last_rows): use DeltaWarehouseResource")
+
+
+def _check_partition_keys(groups: Sequence[ConsumerGroupAsset]) -> None:
+    """Partition keys must tell groups apart: the ``dagster/partition`` run tag is what keeps
+    two runs of one partition from running at once."""
+    seen: dict[str, str] = {}
+    for g in groups:
+        for key in (g.partition_key(0), g.partition_key(g.partitions - 1)):
+            if key in seen and seen[key] != g.name:
+                raise ConfigError("partition_key_prefix", f"{g.name} and {seen[key]} share "
+                                  f"partition key {key!r}: give them different "
+                                  "partition_key_prefix values")
+            seen[key] = g.name
+
+
+def build_definitions(
+    groups: Sequence[ConsumerGroupAsset],
+    *,
+    resources: Mapping[str, Any],
+    assets: Sequence[Any] = (),
+    jobs: Sequence[Any] = (),
+    sensors: Sequence[SensorDefinition] = (),
+    schedules: Sequence[ScheduleDefinition] = (),
+    executor: ExecutorDefinition | None = in_process_executor,
+    **kwargs: Any,
+) -> Definitions:
+    """``dagster.Definitions`` for consumer groups: each group's asset, job, sensors, schedule
+    and checks, plus your own ``assets``/``jobs``/``sensors``/``schedules``.
+
+    Args:
+        groups: the consumer-group assets.
+        resources: your resources under the keys the groups name (defaults ``nats``,
+            ``warehouse``, and ``spark`` for Spark processors). A
+            :class:`~cg_pipelines.dagster.PartitionRunsResource` (serve every member, default
+            engine options) and a :class:`~cg_pipelines.dagster.DeltaTableIOManager` (so
+            downstream assets can take a group asset as input) are added under their keys
+            unless given.
+        executor: default executor; in-process by default (one asset per run, so a run needs
+            no extra step process).
+        kwargs: passed to ``Definitions`` (e.g. ``asset_checks``, ``loggers``).
+
+    Raises:
+        ConfigError: a missing resource, a state-declaring processor without a state-capable
+            warehouse, or two groups whose partition keys collide.
+    """
+    res = dict(resources)
+    _check_resources(groups, res)
+    _check_partition_keys(groups)
+    for g in groups:
+        res.setdefault(g.runs_resource_key, PartitionRunsResource())
+        if g.io_manager_key not in res:
+            res[g.io_manager_key] = DeltaTableIOManager(
+                warehouse=res[g.warehouse_resource_key],
+                spark=res.get(g.spark_resource_key))
+    parts = [build_group_definitions(g) for g in groups]
+    return Definitions(
+        assets=[*(p.asset for p in parts), *assets],
+        jobs=[*(j for p in parts for j in p.jobs), *jobs],
+        sensors=[*(s for p in parts for s in p.sensors), *sensors],
+        schedules=[*(s for p in parts for s in p.schedules), *schedules],
+        resources=res,
+        executor=executor,
+        **kwargs,
+    )

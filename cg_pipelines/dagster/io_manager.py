@@ -1,0 +1,115 @@
+"""Downstream assets read a consumer-group table as an input: :class:`DeltaTableIOManager`.
+
+The consumer-group asset commits its rows itself (the engine's fenced Delta commit), so this IO
+manager only *loads*: a downstream asset that takes the group asset as an argument gets the
+Delta table's latest version, typed by the argument's annotation:
+
+- ``pyarrow.Table`` (or no annotation): an Arrow table, read by delta-rs/pyarrow;
+- ``pandas.DataFrame``: the same as pandas;
+- ``pyspark.sql.DataFrame``: read on the executors from the version's Parquet files
+  (``spark.read.parquet``, partition column recovered from the paths), on the Spark resource's
+  session; Spark needs no Delta jars for that;
+- ``polars.DataFrame``: ``polars.read_delta`` (when polars is installed).
+
+When the downstream asset is partitioned like the group asset, only the rows of the loaded
+partitions are read (the ``_partition`` column; its own files). The table stays an ordinary
+Delta table, readable by any Delta reader (Spark with delta-spark, DuckDB's delta extension,
+Polars, delta-rs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from dagster import ConfigurableIOManager, InputContext, OutputContext
+
+from cg_pipelines.dagster.resources import DeltaWarehouseResource, SparkResource
+from cg_pipelines.engine.model import PARTITION_COLUMN
+from cg_pipelines.sinks.delta import DeltaSink
+
+__all__ = ["DeltaTableIOManager"]
+
+
+def _type_name(t: Any) -> str:
+    return f"{getattr(t, '__module__', '')}.{getattr(t, '__qualname__', '')}"
+
+
+class DeltaTableIOManager(ConfigurableIOManager):
+    """Loads a consumer-group asset's Delta table for downstream assets (see module docstring).
+
+    Example: ``DeltaTableIOManager(warehouse=warehouse, spark=spark)`` under the group asset's
+    ``io_manager_key`` (``build_definitions`` adds one for you). ``spark`` is needed only by
+    downstream assets that ask for a Spark DataFrame.
+    """
+
+    warehouse: DeltaWarehouseResource
+    spark: SparkResource | None = None
+
+    def handle_output(self, context: OutputContext, obj: Any) -> None:
+        """Nothing to store: the group asset committed its rows in the engine. Raises
+        ``TypeError`` if an asset using this IO manager returns a value."""
+        if obj is not None:
+            raise TypeError(f"{context.asset_key.to_user_string()}: DeltaTableIOManager only "
+                            "loads consumer-group tables; it does not store returned values")
+
+    def load_input(self, context: InputContext) -> Any:
+        """The upstream group asset's table (or its loaded partitions), typed as asked.
+
+        Raises:
+            ValueError: the upstream asset is not a consumer-group asset (no ``cg/table``
+                definition metadata), or a Spark DataFrame is asked for without ``spark``.
+            TypeError: an annotation this IO manager cannot produce.
+        """
+        upstream = context.upstream_output
+        md = upstream.definition_metadata if upstream is not None else {}
+        table = md.get("cg/table")
+        if table is None:
+            raise ValueError(f"{context.asset_key.to_user_string()} is not a consumer-group "
+                             "asset (no cg/table metadata)")
+        table = getattr(table, "value", table)
+        sink = self.warehouse.sink(str(table))
+        parts = self._partitions(context, md)
+        want = context.dagster_type.typing_type
+        name = _type_name(want)
+        if name.startswith("pyspark.sql") and name.endswith("DataFrame"):
+            return self._spark_frame(sink, parts)
+        if name.startswith("polars"):
+            import polars as pl
+
+            frame = pl.read_delta(sink.uri, storage_options=self.warehouse.storage_options())
+            return frame if parts is None else frame.filter(pl.col(PARTITION_COLUMN).is_in(parts))
+        flt = None if parts is None else pc.field(PARTITION_COLUMN).isin(parts)
+        arrow = sink.read(filter=flt)
+        if name.startswith("pandas") and name.endswith("DataFrame"):
+            return arrow.to_pandas()
+        if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
+            return arrow
+        raise TypeError(f"DeltaTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
+                        f"DataFrame; {context.asset_key.to_user_string()} is annotated {want!r}")
+
+    @staticmethod
+    def _partitions(context: InputContext, md: Any) -> list[int] | None:
+        """Group partitions to load, or None for all (downstream not partitioned alike)."""
+        if not context.has_asset_partitions:
+            return None
+        prefix = md.get("cg/partition_key_prefix")
+        prefix = str(getattr(prefix, "value", prefix) or "")
+        out = []
+        for key in context.asset_partition_keys:
+            tail = key[len(prefix):] if key.startswith(prefix) else key
+            if not tail.isdigit():
+                return None
+            out.append(int(tail))
+        return out
+
+    def _spark_frame(self, sink: DeltaSink, parts: list[int] | None) -> Any:
+        if self.spark is None:
+            raise ValueError("a Spark DataFrame input needs DeltaTableIOManager(spark=...)")
+        spark = self.spark.spark_session
+        files = sink.file_uris()
+        if not files:
+            return spark.createDataFrame(sink.read())
+        df = spark.read.option("basePath", sink.uri).parquet(*files)
+        return df if parts is None else df.where(df[PARTITION_COLUMN].isin(parts))

@@ -1,0 +1,243 @@
+"""Dagster resources of a consumer-group deployment.
+
+- :class:`NatsResource`: how to reach NATS (URL, user/password, token, NKey seed, creds file,
+  TLS); bounded calls for sensors and runs.
+- :class:`SparkResource`: the SparkSession of a run: ``master`` (``local[*]``,
+  ``spark://host:port``), or ``remote`` (Spark Connect, ``sc://host:port``), and
+  ``spark_config``, all honoured; stopped on teardown.
+- :class:`DeltaWarehouseResource`: where the Delta tables live (local directory or ``s3://``).
+- :class:`PartitionRunsResource`: which members this deployment serves, and engine options.
+
+Secrets (password, token, S3 keys) come from the environment through Dagster ``EnvVar`` and are
+never logged, shown in ``repr`` or put in run metadata; connection failures raise the library's
+typed errors (:class:`~cg_pipelines.jetstream.connect.NatsAuthError`, ``NatsTLSError``), whose
+messages name the server and the auth mode but not the secret. Dagster ops and sensors are
+synchronous; :meth:`NatsResource.run` runs one asyncio coroutine against a fresh connection,
+bounded by ``call_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from nats.aio.client import Client
+from pydantic import Field, PrivateAttr
+
+from cg_pipelines.engine.runner import EngineOptions
+from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly, redact_url
+from cg_pipelines.sinks.delta import PARTITION_COLUMN, DeltaSink
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "DeltaWarehouseResource",
+    "NatsResource",
+    "PartitionRunsResource",
+    "SparkResource",
+]
+
+T = TypeVar("T")
+
+
+class NatsResource(ConfigurableResource):
+    """How this deployment reaches NATS.
+
+    Example: ``NatsResource(servers=EnvVar("NATS_URL"), user="app",
+    password=EnvVar("NATS_PASSWORD"))``. Give secrets only as ``EnvVar``: a plain string would
+    be stored in the code location's snapshot.
+    """
+
+    servers: str = Field("nats://127.0.0.1:4222", description="NATS URL(s), comma separated.")
+    user: str | None = Field(None, description="User name for user/password auth.")
+    password: str | None = Field(None, description="Password (use EnvVar).", repr=False)
+    token: str | None = Field(None, description="Auth token (use EnvVar).", repr=False)
+    nkey_seed_file: str | None = Field(None, description="Path of an NKey seed file.")
+    creds_file: str | None = Field(None, description="Path of a .creds (JWT + NKey) file.")
+    tls_ca: str | None = Field(None, description="CA file to verify the server's certificate.")
+    tls_cert: str | None = Field(None, description="Client certificate file (optional).")
+    tls_key: str | None = Field(None, description="Client key file (optional).")
+    connect_timeout_s: float = Field(5.0, description="Seconds to connect.")
+    call_timeout_s: float = Field(10.0, description="Seconds allowed for one bounded call "
+                                  "(sensor ticks make a few; keep well under 60).")
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """pydantic's repr fields, with credentials in ``servers`` URLs replaced by ``***``
+        (``password`` and ``token`` are left out of the repr altogether)."""
+        for name, value in super().__repr_args__():
+            if name == "servers" and isinstance(value, str) and not isinstance(value, EnvVar):
+                value = ",".join(redact_url(u.strip()) for u in value.split(","))
+            yield name, value
+
+    def connect_options(self) -> ConnectOptions:
+        """The library's connection options (secrets stay out of ``repr``)."""
+        return ConnectOptions(
+            servers=self.servers, user=self.user, password=self.password, token=self.token,
+            creds=self.creds_file, tls_ca=self.tls_ca, tls_cert=self.tls_cert,
+            tls_key=self.tls_key, connect_timeout=self.connect_timeout_s,
+            name="cg_pipelines-dagster", nkey_seed=self.nkey_seed_file,
+        )
+
+    def run(self, fn: Callable[[Client], Awaitable[T]], *, timeout_s: float | None = None) -> T:
+        """Connect, run ``fn(nc)``, close — all within ``timeout_s`` (default
+        ``call_timeout_s``) seconds. Raises ``TimeoutError`` past it, and connection errors
+        unchanged: ``NatsAuthError`` (credentials rejected), ``NatsTLSError``,
+        ``NatsConnectError``, ``nats.errors.NoServersError`` (unreachable)."""
+
+        async def main() -> T:
+            nc = await self.connect_options().connect()
+            try:
+                return await fn(nc)
+            finally:
+                await close_quietly(nc)
+
+        async def bounded() -> T:
+            return await asyncio.wait_for(main(), timeout_s or self.call_timeout_s)
+
+        return asyncio.run(bounded())
+
+
+class SparkResource(ConfigurableResource):
+    """The SparkSession of a partition run, made from these settings when a run first needs it.
+
+    Example: ``SparkResource(master="spark://spark-master:7077",
+    spark_config={"spark.executor.memory": "2g"})`` or ``SparkResource(remote="sc://host:15002")``.
+
+    * ``master`` and ``spark_config`` reach the session. A classic session already running in
+      the process with another master, or with other static settings, is stopped and replaced
+      (one JVM per process; a warning is logged) — the resource's settings win.
+    * ``remote`` (Spark Connect) makes a Connect client session instead; ``master`` is then
+      ignored. It needs the ``pyspark[connect]`` client packages (``grpcio``, ...).
+    * Teardown stops only a session this resource made, with the API of its kind, when
+      ``stop_on_teardown`` (a process that runs many runs in-process can keep it).
+
+    Defaults applied before ``spark_config``:
+    :data:`cg_pipelines.spark.session.DEFAULT_CONF` (Arrow on, UTC, few shuffle partitions).
+    Requires the ``spark`` extra (``pip install cg-pipelines[spark]``) and Java 17+ for a local
+    or standalone master.
+    """
+
+    master: str = Field("local[*]", description="Spark master URL: local[*], local[N], "
+                        "spark://host:port, yarn, k8s://... (ignored when remote is set).")
+    remote: str | None = Field(None, description="Spark Connect URL, e.g. sc://host:15002.")
+    app_name: str = Field("cg_pipelines", description="Spark application name.")
+    spark_config: dict[str, str] = Field(default_factory=dict,
+                                         description="Extra Spark settings (win over defaults).")
+    stop_on_teardown: bool = Field(True, description="Stop the session this resource made "
+                                   "when the run ends (also when it failed).")
+
+    _session: Any = PrivateAttr(default=None)
+
+    @property
+    def spark_session(self) -> SparkSession:
+        """The session, started on first access (see class docstring).
+
+        Raises:
+            cg_pipelines.spark.session.JavaNotFoundError: no Java 17+ for a classic session.
+            ImportError: pyspark (or, for ``remote``, its Connect client packages) missing.
+        """
+        if self._session is None:
+            from cg_pipelines.spark.session import get_spark
+
+            conf = {k: str(v) for k, v in self.spark_config.items()}
+            self._session = get_spark(self.master, app_name=self.app_name, conf=conf,
+                                      remote=self.remote)
+        return self._session
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        session, self._session = self._session, None
+        if session is not None and self.stop_on_teardown:
+            from cg_pipelines.spark.session import stop_session
+
+            stop_session(session)
+
+
+class DeltaWarehouseResource(ConfigurableResource):
+    """Where a deployment's Delta tables live: ``<root>/<table>``.
+
+    ``root`` is a local directory (made absolute) or ``s3://bucket/prefix``; for S3 give the
+    endpoint (MinIO, moto ...) and credentials as ``EnvVar`` — they are handed to delta-rs as
+    storage options and never logged (:class:`~cg_pipelines.sinks.delta.DeltaSink` masks them).
+    Tables are partitioned by the consumer-group partition column
+    :data:`~cg_pipelines.sinks.delta.PARTITION_COLUMN` (``_partition``).
+    """
+
+    supports_state: ClassVar[bool] = True  # its sinks serve per-key state (last_rows)
+
+    root: str = Field(description="Local directory or s3://bucket/prefix.")
+    s3_endpoint: str | None = Field(None, description="S3 endpoint URL (e.g. MinIO, moto).")
+    aws_access_key_id: str | None = Field(None, description="Use EnvVar.")
+    aws_secret_access_key: str | None = Field(None, description="Use EnvVar.")
+    aws_region: str = Field("us-east-1")
+    allow_http: bool = Field(False, description="Allow a plain-http S3 endpoint.")
+
+    def table_uri(self, table: str) -> str:
+        """URI of ``table`` under the root (local roots are made absolute)."""
+        if self.root.startswith("s3://"):
+            return f"{self.root.rstrip('/')}/{table}"
+        return os.path.join(os.path.abspath(self.root), table)
+
+    def storage_options(self) -> dict[str, str] | None:
+        """delta-rs storage options (``None`` for a local root)."""
+        if not self.root.startswith("s3://"):
+            return None
+        return DeltaSink.s3_options(self.s3_endpoint, self.aws_access_key_id,
+                                    self.aws_secret_access_key, region=self.aws_region,
+                                    allow_http=self.allow_http)
+
+    def sink(self, table: str) -> DeltaSink:
+        """A fenced Delta sink for ``table``, partitioned by ``_partition``."""
+        return DeltaSink(self.table_uri(table), storage_options=self.storage_options(),
+                         partition_by=[PARTITION_COLUMN])
+
+
+class PartitionRunsResource(ConfigurableResource):
+    """Which members this deployment serves, and how its partition runs behave.
+
+    A group's partitions are owned by members (the group's KV config); this deployment runs
+    only the partitions owned by ``members`` (empty: every member of the config). Durations are
+    seconds.
+    """
+
+    members: list[str] = Field(default_factory=list, description="Member names served here; "
+                               "empty = every member in the group's config.")
+    batch_max_msgs: int = Field(20_000, description="Messages of the first batch of a run "
+                                "(one commit each batch).")
+    adaptive_max_msgs: int | None = Field(
+        200_000, description="Batches grow up to this many messages while the transform's "
+        "fixed cost per batch is over a fifth of its time (None: fixed batch_max_msgs).")
+    batch_max_bytes: int = Field(64 * 1024 * 1024, description="Payload bytes per batch.")
+    ack_wait_s: float = Field(30.0, description="Lease ack wait, seconds.")
+    priority_timeout_s: float = Field(30.0, description="Pin timeout, seconds.")
+    hold_wait_s: float = Field(5.0, description="Seconds to wait when another instance holds "
+                               "the partition.")
+    max_messages: int | None = Field(None, description="Stop a run after this many messages.")
+    dead_letter_policy: Literal["dlq", "halt"] = Field("dlq")
+    run_timeout_s: float = Field(3600.0, description="Upper bound of one partition run.")
+    min_pending: int = Field(1, description="Backlog sensor: run a partition at this many "
+                             "pending messages ...")
+    max_age_s: float | None = Field(None, description="... or when its oldest pending message "
+                                    "is this old (seconds).")
+    executor_read_min_msgs: int | None = Field(
+        None, description="Messages: a partition whose backlog is at least this many is read, "
+        "decoded and transformed as one batch on the Spark executors (the jetstream data "
+        "source), then committed once on the driver; needs a Spark processor. None: off "
+        "(bench/spark_read.py measures the crossover for your cluster).")
+
+    def served(self) -> list[str] | None:
+        """Served member names, or ``None`` for every member."""
+        return list(self.members) or None
+
+    def engine_options(self) -> EngineOptions:
+        """These settings as the engine's :class:`~cg_pipelines.engine.runner.EngineOptions`."""
+        return EngineOptions(
+            batch_max_msgs=self.batch_max_msgs, adaptive_max_msgs=self.adaptive_max_msgs,
+            batch_max_bytes=self.batch_max_bytes,
+            ack_wait_s=self.ack_wait_s, priority_timeout_s=self.priority_timeout_s,
+            hold_wait_s=self.hold_wait_s, max_messages=self.max_messages,
+            dead_letter_policy=self.dead_letter_policy,
+            executor_read_min_msgs=self.executor_read_min_msgs)

@@ -1,0 +1,118 @@
+"""What a user declares for one consumer group: :class:`ConsumerGroupAsset`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.engine.model import Processor
+
+__all__ = ["ConsumerGroupAsset"]
+
+
+@dataclass(frozen=True)
+class ConsumerGroupAsset:
+    """A consumer group materialized as a partitioned Dagster asset (one group partition per
+    run), written to a Delta table.
+
+    Attributes:
+        name: asset name; also the Delta table's name under the warehouse root (``table``
+            overrides).
+        stream: the origin stream.
+        group: the elastic consumer group on it.
+        partitions: the group's partition count (its ``max_members``, fixed for the group's
+            life). Checked against the group's KV config at run time.
+        processor: the processing step, e.g.
+            :class:`cg_pipelines.spark.SparkProcessor` (gets the run's SparkSession from the
+            Spark resource) or :class:`cg_pipelines.engine.ArrowProcessor` (needs no Spark
+            resource). A processor that declares per-key state needs a warehouse whose sink
+            serves it (:class:`~cg_pipelines.dagster.DeltaWarehouseResource` does).
+        description: shown in the Dagster UI.
+        table: Delta table name (default ``name``).
+        partition_key_prefix: partition keys are ``<prefix><p>`` (default ``"<group>-"``, so
+            keys say which group they belong to, and Dagster's ``dagster/partition`` run tag is
+            unique per group partition: the run-concurrency limit that makes partition runs
+            exclusive keys on it). ``""`` gives plain ``"0".."N-1"``.
+        key_prefix: asset key prefix (a string or path components).
+        group_name: Dagster asset group.
+        kinds: Dagster kinds shown in the UI (default ``nats``, ``delta``, and ``spark`` when the
+            processor uses Spark).
+        pool: Dagster concurrency pool of the asset (``None``: none).
+        sensor_interval_s: minimum seconds between the sensors' ticks.
+        schedule_cron: cron of the drain-all schedule (``None``: no schedule).
+        nats_resource_key, spark_resource_key, warehouse_resource_key, runs_resource_key:
+            the resource keys this asset, its sensors and schedule use.
+        io_manager_key: the key of the IO manager that loads the table for downstream assets
+            (:class:`~cg_pipelines.dagster.DeltaTableIOManager`).
+        metadata: extra definition metadata.
+
+    Raises:
+        ConfigError: ``partitions < 1``, empty names.
+    """
+
+    name: str
+    stream: str
+    group: str
+    partitions: int
+    processor: Processor
+    description: str = ""
+    table: str | None = None
+    partition_key_prefix: str | None = None
+    key_prefix: str | Sequence[str] | None = None
+    group_name: str | None = None
+    kinds: frozenset[str] | None = None
+    pool: str | None = None
+    sensor_interval_s: int = 30
+    schedule_cron: str | None = "*/15 * * * *"
+    nats_resource_key: str = "nats"
+    spark_resource_key: str = "spark"
+    warehouse_resource_key: str = "warehouse"
+    runs_resource_key: str = "partition_runs"
+    io_manager_key: str = "cg_io_manager"
+    metadata: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for what in ("name", "stream", "group"):
+            if not getattr(self, what):
+                raise ConfigError(what, "must not be empty")
+        if isinstance(self.partitions, bool) or not isinstance(self.partitions, int) or \
+                self.partitions < 1:
+            raise ConfigError("partitions", f"must be an integer >= 1, got {self.partitions!r}")
+
+    @property
+    def uses_spark(self) -> bool:
+        """Whether the processor runs on Spark (then the asset requires the Spark resource)."""
+        return bool(getattr(self.processor, "uses_spark", False))
+
+    @property
+    def table_name(self) -> str:
+        """The Delta table's name under the warehouse root."""
+        return self.table or self.name
+
+    @property
+    def key_prefix_text(self) -> str:
+        """The partition key prefix in effect (``"<group>-"`` unless given)."""
+        return f"{self.group}-" if self.partition_key_prefix is None else self.partition_key_prefix
+
+    def partition_key(self, partition: int) -> str:
+        """Dagster partition key of group partition ``partition``."""
+        return f"{self.key_prefix_text}{partition}"
+
+    def partition_keys(self) -> list[str]:
+        """All partition keys, in partition order."""
+        return [self.partition_key(p) for p in range(self.partitions)]
+
+    def partition_of(self, key: str) -> int:
+        """The group partition of Dagster partition ``key``.
+
+        Raises:
+            ConfigError: not one of this asset's keys.
+        """
+        prefix = self.key_prefix_text
+        tail = key[len(prefix):] if key.startswith(prefix) else ""
+        if not tail.isdigit() or int(tail) >= self.partitions or str(int(tail)) != tail:
+            raise ConfigError("partition_key", f"{key!r} is not a partition key of "
+                              f"{self.name} ({self.partition_key(0)} .. "
+                              f"{self.partition_key(self.partitions - 1)})")
+        return int(tail)

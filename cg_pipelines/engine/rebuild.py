@@ -1,0 +1,378 @@
+"""Rebuild one partition from the origin stream's history, atomically (a backfill that
+recomputes).
+
+A drain processes what the work queue holds; what it committed can only be as good as the code
+that first processed it. A rebuild recomputes partition ``p`` with today's processor:
+
+1. **Lease.** Take ``p``'s lease as a drain does, so no drain of ``p`` runs meanwhile: with a
+   backlog, pull and hold one message (renewed, never processed here); without one, keep one
+   pull request waiting at the head of the lease consumer's queue for the whole rebuild, so a
+   message arriving meanwhile is delivered to this run, which then holds it. A drain started
+   during the rebuild finds the partition ``held`` and drains after it.
+2. **Range.** Read the committed watermark ``W`` and the origin sequence ``O`` of the last
+   committed message (each commit records it, :func:`~cg_pipelines.engine.model.origin_marker`).
+   Refuse when the origin stream no longer holds its whole history (its first sequence is
+   not 1, or messages were deleted) unless ``allow_partial``.
+3. **Replay.** Read the origin stream from its first message up to ``O`` in order, keep the
+   messages whose subject maps to ``p`` (:class:`~cg_pipelines.core.partitioning.
+   SubjectPartitioner`: the work queue's own transform), and run the processor over them in
+   batches from empty state (per-key state carried in memory from batch to batch).
+   Payloads it rejects are counted, not published again (the drain dead-lettered them).
+4. **Replace, fenced.** Stream the new rows into ONE Delta transaction that replaces ``p``'s
+   rows and keeps the watermark at ``W``
+   (:meth:`~cg_pipelines.sinks.delta.DeltaSink.replace_partition`): if another holder committed
+   ``p`` meanwhile, nothing is written (``fenced``); if the processor raises or the process
+   dies, nothing is written either and the old rows stay.
+5. **Release** the lease; live draining continues from ``W``: no gap, no duplicate.
+
+Cost: a rebuild reads the origin stream's whole history (every partition's messages) to select
+one partition's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from cg_pipelines.core.config import ElasticConfig
+from cg_pipelines.core.errors import GroupNotFoundError
+from cg_pipelines.core.partitioning import SubjectPartitioner
+from cg_pipelines.engine.model import (
+    BatchContext,
+    FenceConflictError,
+    Processor,
+    Record,
+    RunResult,
+    Sink,
+    origin_marker,
+    records_to_arrow,
+)
+from cg_pipelines.engine.runner import (
+    EngineConfigError,
+    EngineOptions,
+    Hook,
+    _Lease,
+    _PartitionRun,
+    _user_headers,
+    with_partition_column,
+)
+from cg_pipelines.engine.state import KeyStateCache
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import consumer_config
+
+__all__ = ["RebuildError", "rebuild_partition"]
+
+
+class RebuildError(RuntimeError):
+    """A rebuild cannot be done as asked (nothing is written): e.g. the origin stream no longer
+    holds the partition's whole history, no origin sequence was recorded, or the processor's
+    output does not fit the table."""
+
+
+class _Rebuild(_PartitionRun):
+    def __init__(self, *args: Any, allow_partial: bool = False) -> None:
+        super().__init__(*args)
+        self.allow_partial = allow_partial
+        self.state = None  # a rebuild starts from empty state (set per run below)
+        self._guard: asyncio.Task[Any] | None = None
+        self._guard_lease: _Lease | None = None
+        self.config: ElasticConfig = ElasticConfig(1)
+
+    # ------------------------------------------------------------------------ the lease
+
+    async def _take_lease(self) -> bool:
+        """Hold the partition (see module docstring, step 1); False when another instance
+        holds it (status ``held``)."""
+        info = await self.retry.call("consumer info", lambda: self.api.consumer_info(
+            self.wq, self.cname))
+        if int(info.get("num_pending") or 0) + int(info.get("num_ack_pending") or 0):
+            got = await self._pull("pull the lease", batch=1, expires_s=self.opt.hold_wait_s)
+            if not got.messages:
+                await self._why_nothing()
+                return False
+            self._guard_lease = self._lease_of(got.messages[0], got.pin_id)
+            return True
+        wait_s = self.opt.max_seconds or 3600.0
+
+        async def waiting() -> None:
+            got = await self.api.pull(self.wq, self.cname, batch=1, expires_s=wait_s)
+            if got.messages:  # a message arrived during the rebuild: hold it too
+                self._guard_lease = self._lease_of(got.messages[0], got.pin_id)
+
+        self._guard = asyncio.create_task(waiting())
+        await asyncio.sleep(0)
+        return True
+
+    async def _release_lease(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()  # its inbox goes: the server drops the waiting request
+            with contextlib.suppress(BaseException):
+                await self._guard
+        lease = self._guard_lease
+        if lease is not None:
+            await self._release(lease)
+            with contextlib.suppress(Exception):
+                await lease.msg.nak()  # for the drain that follows, at once
+
+    # ------------------------------------------------------------------------ the rebuild
+
+    async def _ensure_consumer(self) -> None:
+        self.config = await self._group_config()
+        await super()._ensure_consumer()
+
+    async def _group_config(self) -> ElasticConfig:
+        """The elastic group's config. Raises RebuildError for a static group."""
+        try:
+            v = await self.retry.call("group config", lambda: admin.get_elastic(
+                self.js, self.stream, self.group, timeout=self.opt.timeout_s))
+        except GroupNotFoundError:
+            try:
+                await admin.get_static(self.js, self.stream, self.group,
+                                       timeout=self.opt.timeout_s)
+            except GroupNotFoundError:
+                raise
+            raise RebuildError(
+                f"{self.stream}.{self.group} is a static group: its stream is partitioned by "
+                "the publishers (subjects <p>.<...>) and consumed in place, so there is no "
+                "work queue to lease against and no origin sequence to replay up to; to "
+                "recompute a static partition, drain it into a new table") from None
+        return v.config
+
+    async def _loop(self) -> None:
+        config = self.config
+        if not await self._take_lease():
+            return
+        try:
+            await self._rebuild(config)
+        finally:
+            await self._release_lease()
+
+    async def _rebuild(self, config: ElasticConfig) -> None:
+        res = self.res
+        watermark = await asyncio.to_thread(self.sink.watermark, self.app_id)
+        res.watermark = watermark
+        if watermark == 0:
+            res.status, res.detail = "empty", "nothing committed yet: nothing to rebuild"
+            return
+        origin_last = await asyncio.to_thread(self.sink.watermark, origin_marker(self.app_id))
+        if origin_last == 0:
+            raise RebuildError(
+                f"partition {self.partition}: no origin sequence recorded with its commits "
+                "(committed before cg_pipelines 0.2): drain it once more before a rebuild")
+        # the snapshot the final replace is fenced against
+        await asyncio.to_thread(self.sink.watermark, self.app_id)
+        info = await self.retry.call("stream info", lambda: self.api.stream_info(self.stream))
+        state = info["state"]
+        first = int(state.get("first_seq") or 1)
+        deleted = int(state.get("num_deleted") or 0)
+        if (first > 1 or deleted) and not self.allow_partial:
+            raise RebuildError(
+                f"origin stream {self.stream!r} no longer holds the partition's whole history: "
+                f"its first retained sequence is {first}"
+                + (f" and {deleted} messages were deleted" if deleted else "")
+                + "; nothing was changed (rebuild with allow_partial to use what is left)")
+        res.first_seq, res.last_seq = first, origin_last
+        schema = await asyncio.to_thread(self._table_schema)
+        part = SubjectPartitioner(config)
+        cache = KeyStateCache(self.processor.state, None) if getattr(
+            self.processor, "state", None) is not None else None
+        self.state = cache
+        out: queue.Queue[pa.Table | BaseException | None] = queue.Queue(maxsize=2)
+        written = {"rows": 0}
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            while True:
+                item = out.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                written["rows"] += item.num_rows
+                yield from item.to_batches()
+
+        reader = pa.RecordBatchReader.from_batches(schema, batches())
+        writer = asyncio.create_task(asyncio.to_thread(
+            self.sink.replace_partition, reader, self.partition, self.app_id, watermark,  # type: ignore[attr-defined]
+            {origin_marker(self.app_id): origin_last}))
+        try:
+            async for batch in self._replay(first, origin_last, part, config):
+                table = await self._process_rebuild(batch, schema, cache)
+                if table is not None and table.num_rows:
+                    await self._put(out, table, writer)
+            await self._put(out, None, writer)
+        except BaseException as e:
+            with contextlib.suppress(queue.Full):
+                out.put_nowait(RebuildError(f"rebuild stopped: {type(e).__name__}: {e}"))
+            with contextlib.suppress(BaseException):
+                await writer
+            raise
+        try:
+            res.rows_replaced = await writer
+        except FenceConflictError as e:
+            res.fence_conflicts += 1
+            res.status = "fenced"
+            res.detail = f"{e}; another holder committed meanwhile: nothing was written"
+            return
+        res.rows_written = written["rows"]
+        res.status = "rebuilt"
+        res.detail = (f"origin sequences {first}..{origin_last}: {res.messages_read} messages "
+                      f"read, {res.processed} of partition {self.partition}, "
+                      f"{res.rows_replaced} rows replaced by {res.rows_written}")
+        self._step("rebuilt", first_seq=first, last_seq=origin_last)
+
+    def _table_schema(self) -> pa.Schema:
+        stats = self.sink.stats()  # type: ignore[attr-defined]
+        return stats.schema
+
+    @staticmethod
+    async def _put(out: queue.Queue[Any], item: Any, writer: asyncio.Task[Any]) -> None:
+        """Hand ``item`` to the writer thread (bounded: backpressure), unless it failed."""
+        while True:
+            if writer.done():
+                writer.result()  # raises the writer's error
+                raise RebuildError("the Delta writer stopped early")
+            try:
+                out.put_nowait(item)
+                return
+            except queue.Full:
+                await asyncio.sleep(0.01)
+
+    async def _replay(self, first: int, last: int, part: SubjectPartitioner,
+                      config: ElasticConfig) -> Any:
+        """The origin stream's messages of this partition from ``first`` to ``last``, in order,
+        as batches (:data:`~cg_pipelines.engine.model.RECORD_SCHEMA`, ``seq`` = origin
+        sequence) of at most ``batch_max_msgs`` messages / ``batch_max_bytes`` bytes.
+
+        Read through an ephemeral consumer (ack none, in memory, from ``first``, filtered by
+        the group's partitioning filters): it works on any origin stream (direct get needs
+        ``allow_direct``) and the server streams the history in order; it is deleted after."""
+        opt, res = self.opt, self.res
+        name = f"cg-rebuild-{self.group}-{self.partition}-{uuid.uuid4().hex[:8]}"
+        filters = [p.filter for p in config.partitioning_filters] or None
+        await self.retry.call("create the replay consumer", lambda: self.api.create_consumer(
+            self.stream, consumer_config(
+                name, filter_subjects=filters, deliver_policy="by_start_sequence",
+                opt_start_seq=first, ack_policy="none",
+                inactive_threshold_s=max(60.0, 10 * opt.timeout_s),
+                description="cg_pipelines rebuild replay (ephemeral)",
+                extra={"mem_storage": True, "num_replicas": 1})))
+        pending: list[Record] = []
+        nbytes = 0
+        try:
+            done = False
+            while not done:
+                t = time.monotonic()
+                got = await self.retry.call("read the origin stream", lambda: self.api.pull(
+                    self.stream, name, batch=opt.read_chunk, expires_s=0, no_wait=True,
+                    group=None))
+                self._timed("read", t)
+                if not got.messages:
+                    if got.status not in (404, 408):
+                        got.raise_for_status()
+                    break
+                for m in got.messages:
+                    md = m.metadata
+                    seq = md.sequence.stream
+                    if seq > last:
+                        done = True
+                        break
+                    res.messages_read += 1
+                    if part(m.subject) != self.partition:
+                        continue
+                    pending.append(Record(seq, m.subject, m.data,
+                                          int(md.timestamp.timestamp() * 1_000_000_000),
+                                          _user_headers(m.headers), seq))
+                    nbytes += len(m.data)
+                    if len(pending) >= opt.batch_max_msgs or nbytes >= opt.batch_max_bytes:
+                        yield records_to_arrow(pending)
+                        pending, nbytes = [], 0
+                    if seq >= last:
+                        done = True
+                        break
+            if pending:
+                yield records_to_arrow(pending)
+        finally:
+            with contextlib.suppress(Exception):
+                await self.api.delete_consumer(self.stream, name)
+
+    async def _process_rebuild(self, batch: pa.Table, schema: pa.Schema,
+                               cache: KeyStateCache | None) -> pa.Table | None:
+        seqs = batch["seq"]
+        ctx = BatchContext(self.stream, self.group, self.partition, self.app_id,
+                           seqs[0].as_py(), seqs[-1].as_py(), self.sink, cache, "rebuild")
+        t = time.monotonic()
+        processed = await asyncio.to_thread(self.processor.process, batch, ctx)
+        self._timed("process", t)
+        self.res.processed += batch.num_rows - len(processed.dead)
+        self.res.dead_lettered += len(processed.dead)
+        table = with_partition_column(processed.table, self.partition)
+        if cache is not None:
+            cache.update(table)
+        self._step("processed", first_seq=ctx.first_seq, last_seq=ctx.last_seq)
+        if table is None:
+            return None
+        missing = [n for n in schema.names if n not in table.column_names]
+        if missing:
+            raise RebuildError(f"the processor's output lacks the table's columns {missing}: "
+                               "a partition rebuild keeps the table's schema")
+        try:
+            return table.select(schema.names).cast(schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise RebuildError(f"the processor's output does not fit the table's schema: "
+                               f"{e}") from e
+
+
+async def rebuild_partition(
+    nc: Any,
+    stream: str,
+    group: str,
+    partition: int,
+    processor: Processor,
+    sink: Sink,
+    options: EngineOptions | None = None,
+    *,
+    allow_partial: bool = False,
+    hook: Hook | None = None,
+) -> RunResult:
+    """Rebuild one partition of an elastic group from the origin stream's history (see module
+    docstring): its rows replaced, its watermark kept, in one fenced Delta transaction.
+
+    Args:
+        nc: a connected nats-py client.
+        stream, group, partition: as for :func:`~cg_pipelines.engine.run_partition`.
+        processor: the processing step (today's code: the rows it gives replace the old ones).
+        sink: a :class:`~cg_pipelines.sinks.delta.DeltaSink` (``replace_partition``).
+        options: :class:`~cg_pipelines.engine.EngineOptions` (batch sizes, timeouts; a rebuild
+            never halts: bad payloads are counted).
+        allow_partial: rebuild from what the origin stream still holds when retention trimmed
+            its beginning (the result then lacks the trimmed messages' effects).
+
+    Returns:
+        A :class:`~cg_pipelines.engine.model.RunResult` with ``status`` ``"rebuilt"``
+        (``first_seq``/``last_seq``: the origin range; ``processed``: the partition's messages;
+        ``messages_read``; ``rows_replaced``; ``rows_written``), ``"held"`` (another instance
+        holds the partition), ``"empty"`` (nothing committed yet) or ``"fenced"`` (another
+        holder committed meanwhile: nothing written).
+
+    Raises:
+        RebuildError: the rebuild cannot be done as asked (see the class); nothing is written.
+        EngineConfigError: the sink cannot replace a partition.
+        Exceptions of the processor (nothing is written, the old rows stay) and NATS errors as
+        :func:`~cg_pipelines.engine.run_partition` raises them.
+    """
+    if partition < 0:
+        raise ValueError(f"partition must be >= 0, got {partition}")
+    if not hasattr(sink, "replace_partition"):
+        raise EngineConfigError(f"{type(sink).__name__} cannot replace a partition's rows "
+                                "(no replace_partition): use DeltaSink")
+    run = _Rebuild(nc, stream, group, partition, processor, sink, options or EngineOptions(),
+                   hook, allow_partial=allow_partial)
+    return await run.run()
+

