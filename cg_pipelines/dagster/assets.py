@@ -27,6 +27,7 @@ The engine's lease and fenced commit stay the last line: a second holder commits
 
 
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import nats.errors
@@ -87,6 +88,23 @@ class PartitionRunConfig(Config):
     allow_partial: bool = PydanticField(
         False, description="rebuild only: go on when retention trimmed the origin stream's "
         "first messages (their effects are then missing).")
+
+
+MODE_TAG = "cg/mode"
+"""Run tag that fixes a run's mode whatever its run config says: the ``<asset>_rebuild`` job
+carries ``cg/mode=rebuild`` (a run config given at launch replaces a job's config, so the
+job's default ``mode: rebuild`` alone would be lost to, say, a logger config)."""
+
+
+def run_mode(tags: Mapping[str, str], config: PartitionRunConfig) -> str:
+    """The run's mode: the ``cg/mode`` tag when set (``drain`` or ``rebuild``), else the run
+    config's ``mode``. Raises ``Failure`` for another tag value."""
+    tag = tags.get(MODE_TAG)
+    if tag is None:
+        return config.mode
+    if tag not in ("drain", "rebuild"):
+        raise Failure(f"run tag {MODE_TAG}={tag!r}: expected 'drain' or 'rebuild'")
+    return tag
 
 
 TICK_ERRORS = (GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError,
@@ -212,7 +230,7 @@ def wait_for_earlier_runs(context: AssetExecutionContext, timeout_s: float,
     Raises:
         Failure: still waiting after ``timeout_s`` seconds (nothing was consumed).
     """
-    instance, me = context.instance, context.run_id
+    instance, me = context.instance, context.run.run_id
     key = context.partition_key
     mine = instance.get_run_record_by_id(me)
     my_order = ((mine.start_time or time.time()) if mine else time.time(), me)
@@ -257,11 +275,12 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
             f"partition {p} of {spec.stream}.{spec.group} is owned by "
             f"{owner or 'no member'}; this deployment serves "
             f"{', '.join(served) if served else 'every member'}")
+    mode = run_mode(context.run.tags, config)
     sink = warehouse.sink(spec.table_name)
     processor = spec.processor
     if spec.uses_spark:
         processor = processor.bind(getattr(res, spec.spark_resource_key).spark_session)
-    if config.mode == "rebuild":
+    if mode == "rebuild":
         result = nats_res.run(
             lambda nc: rebuild_partition(nc, spec.stream, spec.group, p, processor, sink,
                                          runs.engine_options(),
@@ -276,9 +295,9 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
                      f"{result.seconds:.1f} s ({result.messages_per_second:,.0f}/s); "
                      f"{result.detail}")
     md = _run_metadata(result, owner, v.revision)
-    md["mode"] = config.mode
+    md["mode"] = mode
     md["waited_for_runs"] = ", ".join(waited)
-    if config.mode == "rebuild":
+    if mode == "rebuild":
         md.update({"rebuilt": result.status == "rebuilt",
                    "origin_first_seq": result.first_seq or 0,
                    "origin_last_seq": result.last_seq or 0,

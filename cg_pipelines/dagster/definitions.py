@@ -17,7 +17,7 @@ from dagster import (
 )
 
 from cg_pipelines.core.errors import ConfigError
-from cg_pipelines.dagster.assets import build_group_asset
+from cg_pipelines.dagster.assets import MODE_TAG, build_group_asset
 from cg_pipelines.dagster.io_manager import DeltaTableIOManager
 from cg_pipelines.dagster.resources import PartitionRunsResource
 from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
@@ -60,6 +60,7 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
     rebuild = define_asset_job(
         f"{spec.name}_rebuild", selection=[asset],
         config={"ops": {asset.op.name: {"config": {"mode": "rebuild"}}}},
+        tags={MODE_TAG: "rebuild"},
         description=f"Rebuild one partition of {spec.stream}.{spec.group} per run from the "
         "origin stream's history, replacing its rows atomically (backfill it to recompute).")
     return GroupDefinitions(asset, job, rebuild, build_sensors(spec, job),

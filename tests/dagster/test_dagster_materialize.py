@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from dagster import DagsterInstance, ExecuteInProcessResult, materialize
+from deltalake import DeltaTable
 from nats.js import JetStreamContext
 
 from cg_pipelines.testing.nats_server import NatsServer
@@ -108,3 +109,43 @@ async def test_partition_of_unserved_member_fails(js: JetStreamContext, nats_ser
     ok = await asyncio.to_thread(run, pkey(0))  # m1's partition runs
     assert ok.success
     h.assert_table_equals_reference(warehouse, [e for e in evs if h.partition_of(e[0]) == 0])
+
+
+async def test_rebuild_job_rebuilds_whatever_run_config_it_is_given(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance) -> None:
+    """A run config given at launch replaces the job's own (``mode: rebuild``); the job's
+    ``cg/mode`` tag still makes it a rebuild, and a bad tag value fails the run with the
+    reason."""
+    stream = unique_name
+    await h.create_group(js, stream, members=("m1",))
+    evs = keyed.events(n_keys=20, n_events=200)
+    await h.publish(js, stream, evs, len(evs))
+    defs = make_defs(stream, nats_server.url, warehouse)
+    p = next(h.partition_of(k) for k, _ in evs)
+    drain = await asyncio.to_thread(defs.resolve_job_def(JOB).execute_in_process,
+                                    partition_key=pkey(p), instance=instance)
+    assert drain.success
+    DeltaTable(f"{warehouse}/{ASSET}").update({"count": "count + 100"})  # the rows go bad
+    logs_only = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    rebuild = defs.resolve_job_def(f"{ASSET}_rebuild")
+    res = await asyncio.to_thread(rebuild.execute_in_process, partition_key=pkey(p),
+                                  instance=instance, run_config=logs_only)
+    assert res.success and res.dagster_run.tags["cg/mode"] == "rebuild"
+    (mat,) = res.asset_materializations_for_node(ASSET)
+    md = {k: v.value for k, v in mat.metadata.items()}
+    assert (md["mode"], md["status"], md["rebuilt"]) == ("rebuild", "rebuilt", True), md
+    mine = [e for e in evs if h.partition_of(e[0]) == p]
+    assert md["rows_written"] == len(mine)
+    got = DeltaTable(f"{warehouse}/{ASSET}").to_pandas()
+    assert got[got["_partition"] == p]["count"].max() <= len(mine)  # the +100 is gone
+    h.assert_table_equals_reference(warehouse, [e for e in evs if h.partition_of(e[0]) == p])
+
+    bad = await asyncio.to_thread(
+        defs.resolve_job_def(JOB).execute_in_process, partition_key=pkey(p),
+        instance=instance, tags={"cg/mode": "replay"}, raise_on_error=False)
+    assert not bad.success
+    failure = bad.failure_data_for_node(ASSET)
+    assert failure is not None and failure.error is not None
+    text = failure.error.message
+    assert "cg/mode='replay'" in text and "expected 'drain' or 'rebuild'" in text
