@@ -100,7 +100,8 @@ async def _prepare(url: str, df: Any, progress: bool) -> float:
     nc = await nats.connect(url)
     try:
         js = nc.jetstream(timeout=30)
-        await js.add_stream(StreamConfig(name=STREAM, subjects=[FLIGHTS_SUBJECTS]))
+        await js.add_stream(StreamConfig(name=STREAM, subjects=[FLIGHTS_SUBJECTS],
+                                         allow_direct=True))  # rebuilds read by direct get
         await admin.create_elastic(js, STREAM, "legs", ElasticConfig(
             PARTITIONS, (PartitioningFilter(PARTITION_FILTER, (2,)),), members=MEMBERS))
         click.echo(f"created stream {STREAM} and elastic group legs ({PARTITIONS} partitions "

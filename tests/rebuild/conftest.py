@@ -95,10 +95,14 @@ class Legs:
         return int((await self.api.stream_info(wq))["state"]["messages"])
 
 
-@pytest.fixture
-async def legs(nc: Client, js: JetStreamContext, unique_name: str, tmp_path) -> Legs:
+@pytest.fixture(params=[False, True], ids=["replay-consumer", "replay-direct-get"])
+async def legs(request: pytest.FixtureRequest, nc: Client, js: JetStreamContext,
+               unique_name: str, tmp_path) -> Legs:
+    """The origin stream without ``allow_direct`` (the rebuild replays through an ephemeral
+    consumer) and with it (batched direct get, cut into Arrow in bulk)."""
     stream = unique_name
-    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"],
+                                     allow_direct=request.param))
     await admin.create_elastic(js, stream, GROUP, ElasticConfig(
         PARTITIONS, (PartitioningFilter(f"{stream}.*.*", (2,)),), members=("m1",)))
     return Legs(nc, js, stream, DeltaSink(str(tmp_path / "legs")), pd.DataFrame())
