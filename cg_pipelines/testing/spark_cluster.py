@@ -61,6 +61,7 @@ class _Proc:
 
     def __init__(self, name: str, args: list[str], log_dir: Path) -> None:
         self.name, self.log = name, log_dir / f"{name}.log"
+        log_dir.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
             self.popen = subprocess.Popen(
                 [str(spark_home() / "bin" / "spark-class"), *args], env=_env(log_dir),
