@@ -27,7 +27,7 @@ _EXPORTS = {
     "BadMessage": "cg_pipelines.core.decode",
     "KeyedState": "cg_pipelines.core.state",
     "run_partition": "cg_pipelines.engine.runner",
-    "run_static_partition": "cg_pipelines.engine.runner",
+    "run_static_partition": "cg_pipelines.engine.static",
     "EngineOptions": "cg_pipelines.engine.runner",
     "ArrowProcessor": "cg_pipelines.engine.processing",
     "RunResult": "cg_pipelines.engine.model",

@@ -19,8 +19,8 @@ from cg_pipelines.engine.runner import (
     EngineConfigError,
     EngineOptions,
     run_partition,
-    run_static_partition,
 )
+from cg_pipelines.engine.static import run_static_partition
 
 __all__ = [
     "PARTITION_COLUMN",

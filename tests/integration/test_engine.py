@@ -27,8 +27,8 @@ from cg_pipelines.engine.runner import (
     EngineOptions,
     lease_consumer_name,
     run_partition,
-    run_static_partition,
 )
+from cg_pipelines.engine.static import run_static_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.sinks.delta import DeltaSink
