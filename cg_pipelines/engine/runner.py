@@ -78,7 +78,10 @@ from cg_pipelines.jetstream.rangeread import read_range
 PRIORITY_GROUP = "PCG"
 Hook = Callable[[str, dict[str, Any]], None]
 """``hook(step, info)``: called after each step (``"leased"``, ``"read"``, ``"processed"``,
-``"committed"``, ``"purged"``, ``"acked"``) with ``first_seq``/``last_seq``, and ``"retry"``
+``"committed"``, ``"purged"``, ``"acked"``) with ``first_seq``/``last_seq`` (``"committed"``
+also with the run's totals so far: ``processed`` and ``dead_lettered`` messages, ``left``
+(the backlog seen at the start less what was handled) and ``seconds`` since the start), and
+``"retry"``
 (``step``, ``attempt``, ``error``) after each failed attempt of a NATS step that will be
 retried; used by fault-injection tests and progress reporting. It runs on the event loop: keep
 it short."""
@@ -321,6 +324,10 @@ class _PartitionRun:
         self._pending = 0  # the partition's backlog at start (consumer pending + ack pending)
         self._dense = False  # read ranges unfiltered (see _loop)
         self._pinned = False  # a lease (so the pin) was held at some point
+        self._lease_now: _Lease | None = None  # the newest lease taken (nak'ed on failure)
+        self._inflight: tuple[int, int] | None = None  # sequences being processed
+        self._watermark_read = False  # res.watermark holds the sink's committed watermark
+        self._settled_through = 0  # purged/acknowledged through this sequence
         self.state = _state_cache(processor, sink, partition)
         self.cost = getattr(processor, "cost_model", None) or CostModel()
         self.retry = Retrier(nc, options.retry_max_s, options.retry_backoff_s,
@@ -378,10 +385,46 @@ class _PartitionRun:
             await self._ensure_consumer()
             await self._loop()
             await self._unpin()
+        except BaseException as e:
+            # Any failure (the transform's, the sink's, NATS', a cancellation) gives the
+            # partition back on the way out, so a retry starts at once instead of finding it
+            # "held" until the ack wait / pin timeout.
+            await self._give_back()
+            if isinstance(e, Exception):
+                e.add_note(self.failure_summary(e))
+            raise
         finally:
             await self.api.close()
             self.res.seconds = time.monotonic() - self.t0
         return self.res
+
+    def failure_summary(self, error: BaseException) -> str:
+        """One line for a failed run: the partition, the sequence range in flight, and what
+        was committed and acknowledged (so an operator knows nothing was lost)."""
+        res = self.res
+        inflight = (f"sequences {self._inflight[0]}..{self._inflight[1]} in flight"
+                    if self._inflight else "no batch in flight")
+        committed = (f"committed through sequence {res.watermark}" if self._watermark_read
+                     else "nothing read from the sink yet")
+        return (f"partition {self.partition} of {self.wq}: run failed "
+                f"({type(error).__name__}) with {inflight}; {committed}, acknowledged through "
+                f"{self._settled_through or 'none'} ({res.commits} commit(s) by this run); "
+                "nothing later was committed or acknowledged, the partition was given back "
+                "and the next run resumes from the committed watermark")
+
+    async def _give_back(self) -> None:
+        """After a failure: nak the messages of the lease still held (so they are delivered
+        again at once, not after the ack wait) and unpin. Best effort and bounded: with NATS
+        gone the ack wait and pin timeout do the same later."""
+        lease = self._lease_now
+        if lease is not None:
+            await self._release(lease)
+            for msg in lease.msgs:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(msg.nak(), self.opt.timeout_s)
+        if self._pinned:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self.api.unpin(self.wq, self.cname), self.opt.timeout_s)
 
     async def _unpin(self) -> None:
         """A run that held the pin and ended on its own gives the pin up, so the next run of
@@ -456,8 +499,13 @@ class _PartitionRun:
             self.wq, self.cname))
         if info.get("num_ack_pending") or info.get("num_pending"):
             self.res.status = "held"
-            self.res.detail = (f"partition {self.partition} held by another instance "
-                               f"(waited {self.opt.hold_wait_s:g} s)")
+            holder = _pinned_id(info)
+            who = (f"pinned client {holder}" if holder else
+                   f"{int(info.get('num_ack_pending') or 0)} message(s) delivered and not yet "
+                   f"acknowledged; an earlier holder's lease returns after the ack wait "
+                   f"({self.opt.ack_wait_s:g} s)")
+            self.res.detail = (f"partition {self.partition} held by another instance ({who}; "
+                               f"waited {self.opt.hold_wait_s:g} s); nothing processed")
         else:
             self.res.status = "empty"
 
@@ -465,6 +513,7 @@ class _PartitionRun:
         msgs = msg if isinstance(msg, list) else [msg]
         lease = _Lease(msgs, msgs[0].metadata.sequence.stream, pin_id)
         self._pinned = True
+        self._lease_now = lease
         lease.keeper = asyncio.create_task(self._keep(lease))
         self._step("leased", first_seq=lease.seq, last_seq=lease.seq)
         return lease
@@ -560,6 +609,7 @@ class _PartitionRun:
                 watermark = await asyncio.to_thread(self.sink.watermark, self.app_id)
                 self._timed("watermark", t)
                 self.res.watermark = watermark
+                self._watermark_read = True
                 if lease.seq <= watermark:
                     # Committed by an earlier run that stopped before purge/ack: finish its job.
                     await self._purge(watermark + 1)
@@ -650,6 +700,7 @@ class _PartitionRun:
             await self._ack(lease)
             return await self._next_lease(lease)
         span = _Span(got.first_seq, got.last_seq, got.last_origin_seq, got.messages)
+        self._inflight = (span.first, span.last)
         _check_range(got, span, first, last)
         processed = got.processed
         processed.table = with_partition_column(processed.table, self.partition)
@@ -759,10 +810,16 @@ class _PartitionRun:
         res.processed += facts.messages - len(processed.dead)
         res.first_seq = res.first_seq or first
         res.last_seq = last
-        self._step("committed", first_seq=first, last_seq=last)
+        handled = res.processed + res.dead_lettered + res.duplicates_skipped
+        self._step("committed", first_seq=first, last_seq=last, processed=res.processed,
+                   dead_lettered=res.dead_lettered, left=max(0, self._pending - handled),
+                   seconds=time.monotonic() - self.t0)
         t = time.monotonic()
         await self._release(lease)  # no keep-alive pull may be waiting when the lease is acked
         await self._settle(lease, last)
+        self._settled_through = last
+        if self._inflight is not None and self._inflight[1] <= last:
+            self._inflight = None
         self._timed("settle", t)
         if prep.halted is not None:
             # The bad message is now the partition's first: leave it for an operator.
@@ -780,6 +837,7 @@ class _PartitionRun:
     ) -> bool:
         """Process, dead-letter, commit, purge, ack one batch, in that order. Returns True to
         stop the run."""
+        self._inflight = _bounds(records)
         prep = await self._prepare_batch(records)
         if prep.records.num_rows == 0:  # halted at the batch's first message
             await self._release(lease)
@@ -809,6 +867,7 @@ class _PartitionRun:
         try:
             while True:
                 first, last = _bounds(records)
+                self._inflight = (first, last)
                 self._step("read", first_seq=first, last_seq=last)
                 if prefetch is None and last < start_last:
                     prefetch = (last + 1, asyncio.create_task(
@@ -1016,6 +1075,11 @@ async def run_partition(
             not committed, and the next run resumes from the watermark.
         JetStreamError: other NATS API failures (same guarantee).
         Exceptions of the processing step or the sink (other than fence conflicts), unchanged.
+
+    On any failure (a cancellation included) the run gives the partition back before raising:
+    the held lease is nak'ed and the pin released, so an immediate retry is not ``held``. The
+    raised exception carries a note (:pep:`678`) naming the partition, the sequences in flight
+    and what was committed and acknowledged.
     """
     if partition < 0:
         raise ValueError(f"partition must be >= 0, got {partition}")
