@@ -10,6 +10,12 @@ Fixtures:
   127.0.0.1, a random port and a temporary store. A missing ``nats-server`` binary fails the
   test (:class:`~cg_pipelines.testing.NatsServerNotFoundError`), it never skips.
 - ``nats_url`` (session): its URL, e.g. ``"nats://127.0.0.1:40211"``.
+- ``nats_cluster`` (session): a :class:`~cg_pipelines.testing.NatsCluster`, 3 JetStream nodes on
+  127.0.0.1 (free ports, temporary stores), healthy when handed out; tests may kill, restart and
+  step down its nodes (wait with ``await nats_cluster.wait_healthy()`` before handing it on).
+- ``nats_cluster_url`` (session): every node's URL, comma separated (for ``ConnectOptions``,
+  ``cg --server``, ``NatsResource(servers=...)``; nats-py's own ``connect`` takes
+  ``servers=nats_cluster.urls``).
 - ``moto_server`` (session): a :class:`~cg_pipelines.testing.MotoS3Server`.
 - ``s3_bucket``: a new bucket on it, as ``(name, storage_options)`` ready for
   :class:`~cg_pipelines.sinks.delta.DeltaSink` (``"s3://<name>/<table>"``).
@@ -22,6 +28,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cg_pipelines.testing.cluster import NatsCluster
 from cg_pipelines.testing.nats_server import NatsServer
 from cg_pipelines.testing.s3 import MotoS3Server
 
@@ -43,6 +50,25 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
 def nats_url(nats_server: NatsServer) -> str:
     """The session server's client URL."""
     return nats_server.url
+
+
+@pytest.fixture(scope="session")
+def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    """A 3-node JetStream cluster on 127.0.0.1 (random ports, temporary stores), stopped by PID
+    (SIGKILL after 3 s) at the end of the session. A test that kills a node restarts it and
+    waits for ``wait_healthy()`` before it ends, so the next test gets the whole cluster."""
+    cluster = NatsCluster(tmp_path_factory.mktemp("nats-cluster"), size=3)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_cluster_url(nats_cluster: NatsCluster) -> str:
+    """The cluster's client URLs, comma separated."""
+    return nats_cluster.url
 
 
 @pytest.fixture(scope="session")
