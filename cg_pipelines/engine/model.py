@@ -153,13 +153,17 @@ class Sink(Protocol):
     :class:`FenceConflictError` otherwise (nothing written). ``markers`` are other
     ``{app id: version}`` pairs recorded in the same commit and read back with ``watermark``
     (the engine records the origin sequence of the batch's last message under
-    :func:`origin_marker` ``(app_id)``), not fenced.
+    :func:`origin_marker` ``(app_id)``), not fenced. ``lineage`` (keyword) describes the batch
+    for the commit's metadata: ``stream``, ``group``, ``partition``, ``first_seq``,
+    ``last_seq`` (sequences of the stream read), ``last_origin_seq`` (or None); a sink records
+    it with the commit (the Delta sink: ``custom_metadata``, ``cg.<name>``) or ignores it.
     """
 
     def watermark(self, app_id: str) -> int: ...
 
     def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
-               markers: Mapping[str, int] | None = None) -> None: ...
+               markers: Mapping[str, int] | None = None, *,
+               lineage: Mapping[str, object] | None = None) -> None: ...
 
 
 def origin_marker(app_id: str) -> str:

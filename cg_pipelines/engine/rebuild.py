@@ -19,7 +19,8 @@ that first processed it. A rebuild recomputes partition ``p`` with today's proce
    batches from empty state (per-key state carried in memory from batch to batch).
    Payloads it rejects are counted, not published again (the drain dead-lettered them).
 4. **Replace, fenced.** Stream the new rows into ONE Delta transaction that replaces ``p``'s
-   rows and keeps the watermark at ``W``
+   rows (in :class:`~cg_pipelines.core.write.Merge` mode: each key's last row, deleted keys
+   dropped, which is what a fresh drain leaves) and keeps the watermark at ``W``
    (:meth:`~cg_pipelines.sinks.delta.DeltaSink.replace_partition`): if another holder committed
    ``p`` meanwhile, nothing is written (``fenced``); if the processor raises or the process
    dies, nothing is written either and the old rows stay.
@@ -192,8 +193,8 @@ class _Rebuild(_PartitionRun):
         res.first_seq, res.last_seq = first, origin_last
         schema = await asyncio.to_thread(self._table_schema)
         part = SubjectPartitioner(config)
-        cache = KeyStateCache(self.processor.state, None) if getattr(
-            self.processor, "state", None) is not None else None
+        cache = KeyStateCache(self.processor.state, None, getattr(self.sink, "write", None)) \
+            if getattr(self.processor, "state", None) is not None else None
         self.state = cache
         out: queue.Queue[pa.Table | BaseException | None] = queue.Queue(maxsize=2)
         written = {"rows": 0}
@@ -209,9 +210,12 @@ class _Rebuild(_PartitionRun):
                 yield from item.to_batches()
 
         reader = pa.RecordBatchReader.from_batches(schema, batches())
+        lineage = {"stream": self.stream, "group": self.group, "partition": self.partition,
+                   "origin_first_seq": first, "origin_last_seq": origin_last,
+                   "last_seq": watermark}
         writer = asyncio.create_task(asyncio.to_thread(
             self.sink.replace_partition, reader, self.partition, self.app_id, watermark,  # type: ignore[attr-defined]
-            {origin_marker(self.app_id): origin_last}))
+            {origin_marker(self.app_id): origin_last}, lineage=lineage))
         try:
             direct = bool((info.get("config") or {}).get("allow_direct")) and \
                 fast_path_available(self.nc)
@@ -235,7 +239,9 @@ class _Rebuild(_PartitionRun):
             res.status = "fenced"
             res.detail = f"{e}; another holder committed meanwhile: nothing was written"
             return
-        res.rows_written = written["rows"]
+        # merge mode: the rows left in the table (each key's last), not the replay's output
+        table_rows = getattr(self.sink, "last_rows_written", None)
+        res.rows_written = written["rows"] if table_rows is None else int(table_rows)
         res.status = "rebuilt"
         res.detail = (f"origin sequences {first}..{origin_last}: {res.messages_read} messages "
                       f"read, {res.processed} of partition {self.partition}, "

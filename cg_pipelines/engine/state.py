@@ -7,6 +7,11 @@ partition's only writer while it commits (a commit after another holder's is ref
 fence, and the run stops). A rebuild starts from empty state and never reads the sink: the
 cache is updated with each processed batch instead, since the batches commit together at the
 end.
+
+In :class:`~cg_pipelines.core.write.Merge` mode the table holds each key's current row, so the
+committed state read is the current table's; a key whose last output row is a delete marker
+has no state afterwards (the cache forgets its row), exactly as a later run reading the table
+would find it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cg_pipelines.core.state import KeyedState, merge_last
+from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge, last_rows_by_key
 
 __all__ = ["KeyStateCache"]
 
@@ -31,10 +37,15 @@ class KeyStateCache:
         spec: the declared state.
         reader: reads committed last rows for keys not seen yet in this run; ``None`` means
             empty initial state (a rebuild).
+        write: the sink's write mode; with :class:`~cg_pipelines.core.write.Merge` and a
+            delete marker, a key whose last updated row is a marker loses its state.
     """
 
-    def __init__(self, spec: KeyedState, reader: Reader | None) -> None:
+    def __init__(self, spec: KeyedState, reader: Reader | None,
+                 write: Append | Merge | None = None) -> None:
         self.spec, self._reader = spec, reader
+        self._merge = write if isinstance(write, Merge) and write.delete_when is not None \
+            else None
         self._table: pa.Table | None = None
         self._known: set[object] = set()
         self.sink_reads = 0  # keys read from the sink (a figure for metadata and tests)
@@ -64,8 +75,20 @@ class KeyStateCache:
         state of their keys."""
         if rows is None or rows.num_rows == 0:
             return
-        self._table = merge_last(self._table, rows, self.spec)
         self._known.update(pc.unique(rows[self.spec.key]).to_pylist())
+        if self._merge is None:
+            self._table = merge_last(self._table, rows, self.spec)
+            return
+        cols = self.spec.read_columns
+        flagged = rows.select(cols).append_column(DELETE_COLUMN, self._merge.delete_mask(rows))
+        last = last_rows_by_key(flagged, [self.spec.key], self.spec.order_by)
+        gone = last.filter(last[DELETE_COLUMN])[self.spec.key]
+        live = last.filter(pc.invert(last[DELETE_COLUMN])).drop_columns([DELETE_COLUMN])
+        table = merge_last(self._table, live, self.spec) if live.num_rows else self._table
+        if table is not None and len(gone):
+            table = table.filter(pc.invert(pc.is_in(table[self.spec.key],
+                                                    value_set=gone.combine_chunks())))
+        self._table = table
 
     def reset(self) -> None:
         """Forget everything (a batch taken as state was not committed after all): the next

@@ -31,6 +31,24 @@ sink is created as microseconds (a ``timestamp[ns]`` column would switch on the
 ``timestampNanos`` reader feature, which delta-rs' own pyarrow reader and Spark cannot read),
 and delta-rs truncates nanosecond data to microseconds on append.
 
+Write modes (:mod:`cg_pipelines.core.write`): :class:`Append` (the default) appends every row;
+:class:`Merge` runs a Delta MERGE by key (``DeltaTable.merge`` with the same
+``CommitProperties``), so the data change and the watermark are still ONE Delta version and a
+zombie or a replay changes nothing. The batch is first reduced to each key's last row in stream
+order; a key whose last row is a delete marker is deleted. The merge matches keys within the
+batch's consumer-group partition (``_partition = p`` in the predicate): delta-rs then reads and
+rewrites only that partition's files, and merges of different partitions do not conflict. A
+merge that changes no row (e.g. deletes of absent keys) commits nothing in delta-rs 1.6.6, so
+the watermark is then recorded by an empty transaction fenced against the same snapshot.
+
+Lineage: every commit (append, merge, empty, replace) carries ``custom_metadata``:
+``cg.stream``, ``cg.group``, ``cg.partition``, ``cg.first_seq``, ``cg.last_seq`` (what the
+caller passes as ``lineage``), ``cg.app_id``, ``cg.watermark``, ``cg.write_mode``,
+``cg.operation``, ``cg.library_version``, the sink's own ``commit_metadata`` (the Dagster
+integration adds ``cg.dagster_run_id``), and the same as one JSON object in ``userMetadata``
+(the column Spark's ``DESCRIBE HISTORY`` shows). ``DeltaTable.history()`` returns them as
+top-level keys of each version.
+
 Reads go through pyarrow datasets over a native pyarrow filesystem (local or ``S3FileSystem``),
 not delta-rs' default Python filesystem handler: with that handler the interpreter sometimes
 aborts at exit ("terminate called without an active exception", delta-rs issue #2184).
@@ -38,6 +56,7 @@ aborts at exit ("terminate called without an active exception", delta-rs issue #
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -53,10 +72,15 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
+from cg_pipelines import __version__
 from cg_pipelines.core.state import last_per_key
+from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge, last_rows_by_key
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
 
-__all__ = ["PARTITION_COLUMN", "DeltaSink", "TableStats"]
+__all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "Merge", "TableStats"]
+
+LINEAGE_PREFIX: Final = "cg."
+"""Prefix of the lineage keys in each Delta version's commit info (``cg.stream`` ...)."""
 
 _MASK: Final = "***"
 
@@ -100,6 +124,22 @@ def _delta_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(_delta_type(f.type)) for f in schema], metadata=schema.metadata)
 
 
+def _lineage_key(name: str) -> str:
+    """``name`` with the ``cg.`` prefix (kept when present)."""
+    return name if name.startswith(LINEAGE_PREFIX) else LINEAGE_PREFIX + name
+
+
+def _counting(data: pa.RecordBatchReader, counted: dict[str, int]) -> pa.RecordBatchReader:
+    """``data`` passed through, its rows added up in ``counted["rows"]``."""
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        for batch in data:
+            counted["rows"] += batch.num_rows
+            yield batch
+
+    return pa.RecordBatchReader.from_batches(data.schema, gen())
+
+
 def _txn(dt: DeltaTable | None, app_id: str) -> int:
     """The application transaction version of ``app_id`` in snapshot ``dt`` (0 if none)."""
     if dt is None:
@@ -137,6 +177,8 @@ class DeltaSink:
         partition_by: list[str] | None = None,
         schema: pa.Schema | None = None,
         checkpoint_interval: int = 10,
+        write: Append | Merge | None = None,
+        commit_metadata: Mapping[str, str] | None = None,
     ) -> None:
         """
         Args:
@@ -154,9 +196,24 @@ class DeltaSink:
                 1.6 re-reads every JSON commit since the last checkpoint on each snapshot load
                 and each commit, so on S3 the latency grows with this number (moto: median
                 commit ~0.5 s at 100 vs ~0.15 s at 10 over 120 commits).
+            write: :class:`~cg_pipelines.core.write.Append` (default, ``None`` alike) or
+                :class:`~cg_pipelines.core.write.Merge` (upserts/deletes by key; see the module
+                docstring).
+            commit_metadata: extra lineage recorded in every commit's ``custom_metadata``
+                (string keys and values; keys without the ``cg.`` prefix get it), e.g.
+                ``{"dagster_run_id": run_id}``.
+
+        Raises:
+            ValueError: ``checkpoint_interval < 1``; ``write`` is not Append/Merge/None.
         """
         if checkpoint_interval < 1:
             raise ValueError("checkpoint_interval must be >= 1")
+        if write is not None and not isinstance(write, (Append, Merge)):
+            raise ValueError(f"write must be Append() or Merge(key=...), got {write!r}")
+        self._write: Append | Merge = write if write is not None else Append()
+        self._extra_md = {_lineage_key(k): str(v) for k, v in (commit_metadata or {}).items()}
+        self._versions: list[int] = []
+        self.last_rows_written: int | None = None
         self._uri = uri
         self._options: dict[str, str] = dict(storage_options or {})
         self._partition_by = list(partition_by) if partition_by is not None else None
@@ -219,11 +276,22 @@ class DeltaSink:
         """The table root as given."""
         return self._uri
 
+    @property
+    def write(self) -> Append | Merge:
+        """The write mode (:class:`Append` or :class:`Merge`)."""
+        return self._write
+
+    @property
+    def versions_written(self) -> list[int]:
+        """Delta versions this sink object committed so far (commits and replaces, in order)."""
+        with self._lock:
+            return list(self._versions)
+
     def __repr__(self) -> str:
         return (
             f"DeltaSink(uri={self._safe_uri()!r}, "
             f"storage_options={_mask_options(self._options)!r}, "
-            f"partition_by={self._partition_by!r})"
+            f"partition_by={self._partition_by!r}, write={self._write!r})"
         )
 
     # ---------------------------------------------------------------- the Sink protocol
@@ -250,11 +318,14 @@ class DeltaSink:
             return _txn(dt, app_id)
 
     def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
-               markers: Mapping[str, int] | None = None) -> None:
-        """Append ``table`` and set ``app_id``'s watermark to ``version``, in one Delta commit,
-        only if the watermark is still ``expected``. ``markers`` (``{app id: version}``) are
-        recorded in the same commit as further application transactions (not fenced; read back
-        with :meth:`watermark`).
+               markers: Mapping[str, int] | None = None, *,
+               lineage: Mapping[str, object] | None = None) -> None:
+        """Write ``table`` (append, or merge by key in :class:`Merge` mode) and set ``app_id``'s
+        watermark to ``version``, in one Delta commit, only if the watermark is still
+        ``expected``. ``markers`` (``{app id: version}``) are recorded in the same commit as
+        further application transactions (not fenced; read back with :meth:`watermark`).
+        ``lineage`` (e.g. ``stream``, ``group``, ``partition``, ``first_seq``, ``last_seq``)
+        goes into the commit's ``custom_metadata`` as ``cg.<name>`` (values as strings).
 
         Args:
             table: rows to append (any schema the table accepts; ``None`` or 0 rows records only
@@ -270,7 +341,8 @@ class DeltaSink:
                 and in the latest one), or a concurrent commit with the same app id won after
                 that snapshot; nothing was written.
             ValueError: ``version <= expected``, or the table does not exist, ``table`` has no
-                columns and no ``schema`` was given.
+                columns and no ``schema`` was given; in merge mode, a required column is
+                missing, a key is null, or the output's columns differ from the table's.
             DeltaError / OSError: I/O or schema errors from delta-rs (not retried); a
                 ``CommitFailedError`` that is not a fence conflict (e.g. a concurrent metadata
                 change) is re-raised as is; nothing was written.
@@ -294,6 +366,9 @@ class DeltaSink:
                 if expected != 0:
                     raise FenceConflictError(app_id, expected, 0)
                 schema = table.schema if table is not None and table.num_columns else self._schema
+                if schema is not None and isinstance(self._write, Merge) and table is not None \
+                        and table.num_columns:
+                    self._write.check(table)
                 if schema is None:
                     raise ValueError(f"{self._safe_uri()}: no table yet and no schema to create "
                                      "it with: pass schema= or call ensure_table() first")
@@ -306,14 +381,23 @@ class DeltaSink:
                 with self._lock:
                     self._snapshots[app_id] = dt
                 raise FenceConflictError(app_id, expected, found)
+            empty = table is None or table.num_rows == 0
+            merge = isinstance(self._write, Merge) and not empty
             props = CommitProperties(app_transactions=[
                 Transaction(app_id, version),
-                *(Transaction(k, v) for k, v in (markers or {}).items())])
+                *(Transaction(k, v) for k, v in (markers or {}).items())],
+                custom_metadata=self._lineage(app_id, version, "merge" if merge else (
+                    "empty" if empty else "append"), lineage))
             try:
-                if table is None or table.num_rows == 0:
-                    dt.create_write_transaction(
-                        actions=[], mode="append", schema=dt.schema(), commit_properties=props
-                    )
+                if empty:
+                    self._empty_commit(dt, props)
+                elif merge:
+                    assert table is not None
+                    self._merge(dt, table, props)
+                    if _txn(dt, app_id) != version:
+                        # delta-rs commits no version for a merge that changes no row: record
+                        # the watermark alone, fenced against the same snapshot.
+                        self._empty_commit(dt, props)
                 else:
                     write_deltalake(dt, table, mode="append", commit_properties=props)
             except CommitFailedError as e:
@@ -326,11 +410,84 @@ class DeltaSink:
                         app_id, expected, None if found == expected else found
                     ) from e
                 raise
-            # write_deltalake advances dt in place, create_write_transaction does not.
+            # write_deltalake and merge advance dt in place to the version they wrote,
+            # create_write_transaction does not.
             if _txn(dt, app_id) != version:
                 dt.update_incremental()
+                written = self._find_version(dt, app_id, version)
+            else:
+                written = dt.version()
             with self._lock:
                 self._snapshots[app_id] = dt
+                if written is not None:
+                    self._versions.append(written)
+
+    def _empty_commit(self, dt: DeltaTable, props: CommitProperties) -> None:
+        """A commit with no data actions (only the transactions and the commit info)."""
+        dt.create_write_transaction(actions=[], mode="append", schema=dt.schema(),
+                                    commit_properties=props)
+
+    def _merge(self, dt: DeltaTable, table: pa.Table, props: CommitProperties) -> None:
+        """MERGE ``table`` into snapshot ``dt`` by the :class:`Merge` key (see module doc)."""
+        mode = self._write
+        assert isinstance(mode, Merge)
+        target = pa.schema(dt.schema().to_arrow())
+        src = self._conform(mode.current(table), target, keep=[DELETE_COLUMN])
+        on = [f"t.`{k}` = s.`{k}`" for k in mode.keys]
+        if PARTITION_COLUMN in target.names and PARTITION_COLUMN in src.column_names:
+            parts = pc.unique(src[PARTITION_COLUMN]).to_pylist()
+            on.append(f"t.`{PARTITION_COLUMN}` = {int(parts[0])}" if len(parts) == 1 else
+                      f"t.`{PARTITION_COLUMN}` = s.`{PARTITION_COLUMN}`")
+        flag = f"s.`{DELETE_COLUMN}`"
+        (dt.merge(src, " AND ".join(on), source_alias="s", target_alias="t",
+                  commit_properties=props)
+           .when_matched_delete(predicate=flag)
+           .when_matched_update_all(predicate=f"NOT {flag}", except_cols=[DELETE_COLUMN])
+           .when_not_matched_insert_all(predicate=f"NOT {flag}", except_cols=[DELETE_COLUMN])
+           .execute())
+
+    def _conform(self, table: pa.Table, target: pa.Schema, keep: Sequence[str] = ()
+                 ) -> pa.Table:
+        """``table`` with the target's columns in its order and types (plus ``keep``).
+
+        Raises:
+            ValueError: columns missing from ``table`` or not in the table (named).
+        """
+        names = [n for n in table.column_names if n not in keep]
+        extra = [n for n in names if n not in target.names]
+        missing = [f.name for f in target if f.name not in names]
+        if extra or missing:
+            raise ValueError(
+                f"{self._safe_uri()}: the output's columns differ from the table's"
+                + (f"; not in the table: {extra}" if extra else "")
+                + (f"; missing from the output: {missing}" if missing else ""))
+        # timestamps: truncated to the table's microseconds, as delta-rs does on append
+        cols = [table[f.name].cast(f.type, safe=not pa.types.is_timestamp(f.type))
+                for f in target] + [table[k] for k in keep]
+        return pa.Table.from_arrays(cols, names=[*target.names, *keep])
+
+    def _lineage(self, app_id: str, watermark: int, operation: str,
+                 lineage: Mapping[str, object] | None) -> dict[str, str]:
+        """The commit's ``custom_metadata`` (see the module docstring)."""
+        md = {_lineage_key(k): str(v) for k, v in (lineage or {}).items() if v is not None}
+        md.update({"cg.app_id": app_id, "cg.watermark": str(watermark),
+                   "cg.write_mode": self._write.name, "cg.operation": operation,
+                   "cg.library_version": __version__})
+        md.update(self._extra_md)
+        md["userMetadata"] = json.dumps(
+            {k[len(LINEAGE_PREFIX):]: v for k, v in sorted(md.items())},
+            separators=(",", ":"))
+        return md
+
+    @staticmethod
+    def _find_version(dt: DeltaTable, app_id: str, watermark: int) -> int | None:
+        """The version whose commit info says ``app_id`` reached ``watermark`` (searched in
+        the latest 50 versions of snapshot ``dt``), or None."""
+        for entry in dt.history(limit=50):
+            if entry.get("cg.app_id") == app_id and entry.get("cg.watermark") == str(watermark):
+                v = entry.get("version")
+                return int(v) if v is not None else None
+        return None
 
     # ---------------------------------------------------------------- table management / reads
 
@@ -454,15 +611,23 @@ class DeltaSink:
         app_id: str,
         expected: int,
         markers: Mapping[str, int] | None = None,
+        *,
+        lineage: Mapping[str, object] | None = None,
     ) -> int:
         """Replace every row of consumer-group ``partition`` with ``data``, keeping ``app_id``'s
         watermark at ``expected``, in ONE Delta commit, fenced like :meth:`commit`: it is
         written only if the watermark is still ``expected`` in the snapshot :meth:`watermark`
         remembered (and no commit of ``app_id`` came after it).
 
-        ``data`` is streamed into the new files (never held whole in memory); every row must
-        have ``PARTITION_COLUMN == partition`` (delta-rs checks the replace predicate). A
-        failure while reading ``data`` (e.g. the transform raising) writes nothing.
+        Append mode: ``data`` is streamed into the new files (never held whole in memory).
+        Merge mode: ``data`` is the partition's output rows in stream order (a replay of its
+        history); it is reduced as it is read to each key's last row (memory: one row per key
+        plus one batch), keys whose last row is a delete marker are dropped, and the rest
+        replace the partition's rows: the table then equals what draining the same history
+        would have left. Every row must have ``PARTITION_COLUMN == partition`` (delta-rs checks
+        the replace predicate). A failure while reading ``data`` (e.g. the transform raising)
+        writes nothing. ``lineage`` as for :meth:`commit`. Afterwards
+        :attr:`last_rows_written` holds the rows written.
 
         Returns:
             The number of rows the partition had before (the rows replaced).
@@ -484,9 +649,18 @@ class DeltaSink:
             before = self._partition_rows(dt, partition)
             props = CommitProperties(app_transactions=[
                 Transaction(app_id, expected),
-                *(Transaction(k, v) for k, v in (markers or {}).items())])
+                *(Transaction(k, v) for k, v in (markers or {}).items())],
+                custom_metadata=self._lineage(app_id, expected, "replace_partition",
+                                              {"partition": partition, **(lineage or {})}))
+            counted: dict[str, int] = {"rows": 0}
+            source: pa.RecordBatchReader | pa.Table
+            if isinstance(self._write, Merge):
+                source = self._current_of(data, pa.schema(dt.schema().to_arrow()))
+                counted["rows"] = source.num_rows
+            else:
+                source = _counting(data, counted)
             try:
-                write_deltalake(dt, data, mode="overwrite",
+                write_deltalake(dt, source, mode="overwrite",
                                 predicate=f"{PARTITION_COLUMN} = {int(partition)}",
                                 commit_properties=props)
             except CommitFailedError as e:
@@ -499,7 +673,27 @@ class DeltaSink:
                 raise
             with self._lock:
                 self._snapshots.pop(app_id, None)
+                self._versions.append(dt.version())
+            self.last_rows_written = counted["rows"]
             return before
+
+    def _current_of(self, data: pa.RecordBatchReader, target: pa.Schema) -> pa.Table:
+        """Merge mode: the rows ``data`` leaves in the table (last row per key, deletes
+        dropped), conformed to ``target``."""
+        mode = self._write
+        assert isinstance(mode, Merge)
+        state: pa.Table | None = None
+        for batch in data:
+            if batch.num_rows == 0:
+                continue
+            cur = mode.current(pa.Table.from_batches([batch]))
+            state = cur if state is None else last_rows_by_key(
+                pa.concat_tables([state, cur], promote_options="permissive"),
+                mode.keys, mode.order_by)
+        if state is None:
+            return target.empty_table()
+        live = state.filter(pc.invert(state[DELETE_COLUMN])).drop_columns([DELETE_COLUMN])
+        return self._conform(live, target)
 
     def _partition_rows(self, dt: DeltaTable, partition: int) -> int:
         actions = pa.table(dt.get_add_actions(flatten=True))
