@@ -73,7 +73,6 @@ from cg_pipelines.jetstream.errors import (
     RequestTimeoutError,
     WorkQueueConsumerNotUniqueError,
 )
-from cg_pipelines.jetstream.leader import confirm_empty_range
 from cg_pipelines.jetstream.rangeread import read_range
 
 PRIORITY_GROUP = "PCG"
@@ -641,8 +640,6 @@ class _PartitionRun:
                     records = await self._read(from_seq, start_last)
                 prefetch = None
                 if records.num_rows == 0:
-                    if await self._stale_empty_read(from_seq, start_last):
-                        continue  # a replica behind the leader answered: read again
                     # The leased message was purged after a commit (crash before its ack).
                     await self._ack(lease)
                     lease = await self._next_lease(lease)
@@ -699,8 +696,6 @@ class _PartitionRun:
             self.res.timings[k] = self.res.timings.get(k, 0.0) + v
         self.res.timings.setdefault("read_executors", 0.0)
         if got.messages == 0 or got.first_seq is None or got.last_seq is None:
-            if await self._stale_empty_read(first, last):
-                return lease  # a replica behind the leader answered: the loop reads again
             # The leased message was purged after a commit (crash before its ack).
             await self._ack(lease)
             return await self._next_lease(lease)
@@ -718,17 +713,6 @@ class _PartitionRun:
         if await self._commit_batch(lease, prep, watermark):
             return None
         return await self._next_lease(lease)
-
-    async def _stale_empty_read(self, first: int, last: int) -> bool:
-        """An empty read of the leased range ``[first, last]`` is taken as "purged after a
-        commit" (and the lease acknowledged) only when the stream's leader agrees: direct gets
-        may be answered by a replica a little behind it. True: the leader holds a message of
-        the partition there (a replica now serves it too): read the range again. Raises
-        :class:`~cg_pipelines.jetstream.leader.StaleReplicaError` when replicas miss it for
-        5 s."""
-        return await self.retry.call("confirm the empty range with the stream leader", lambda:
-                                     confirm_empty_range(self.api, self.wq, self.flt, first,
-                                                         last))
 
     async def _read(self, from_seq: int, start_last: int, timing: str = "read") -> pa.Table:
         """The partition's stored messages from ``from_seq`` on, in order, up to the batch
