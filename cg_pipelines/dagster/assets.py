@@ -56,6 +56,7 @@ from pydantic import Field as PydanticField
 from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
+from cg_pipelines.core.write import Merge
 from cg_pipelines.dagster.resources import (
     DeltaWarehouseResource,
     NatsResource,
@@ -203,6 +204,9 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
         metadata={"cg/stream": spec.stream, "cg/group": spec.group,
                   "cg/partitions": spec.partitions, "cg/table": spec.table_name,
                   "cg/partition_key_prefix": spec.key_prefix_text,
+                  "cg/write_mode": spec.write.name,
+                  **({"cg/merge_key": ", ".join(spec.write.keys)}
+                     if isinstance(spec.write, Merge) else {}),
                   **spec.metadata},
     )
     def _group_asset(context: AssetExecutionContext,
@@ -276,7 +280,8 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
             f"{owner or 'no member'}; this deployment serves "
             f"{', '.join(served) if served else 'every member'}")
     mode = run_mode(context.run.tags, config)
-    sink = warehouse.sink(spec.table_name)
+    sink = warehouse.sink(spec.table_name, write=spec.write,
+                          commit_metadata={"dagster_run_id": context.run.run_id})
     processor = spec.processor
     if spec.uses_spark:
         processor = processor.bind(getattr(res, spec.spark_resource_key).spark_session)
@@ -296,6 +301,8 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
                      f"{result.detail}")
     md = _run_metadata(result, owner, v.revision)
     md["mode"] = mode
+    md["write_mode"] = spec.write.name
+    md["delta_versions"] = MetadataValue.json(sink.versions_written)
     md["waited_for_runs"] = ", ".join(waited)
     if mode == "rebuild":
         md.update({"rebuilt": result.status == "rebuilt",

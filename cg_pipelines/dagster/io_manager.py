@@ -11,6 +11,12 @@ Delta table's latest version, typed by the argument's annotation:
   session; Spark needs no Delta jars for that;
 - ``polars.DataFrame``: ``polars.read_delta`` (when polars is installed).
 
+What the table holds depends on the group asset's write mode (``ConsumerGroupAsset(write=...)``,
+shown as ``cg/write_mode`` in its definition metadata): in ``append`` mode (the default) every
+output row ever committed, i.e. the **history** (pick a key's latest row yourself if you need
+it); in ``merge`` mode (``write=Merge(key=...)``) one **current** row per key (upserted, deleted
+keys gone) — the same loader, no per-key reduction needed downstream.
+
 When the downstream asset is partitioned like the group asset, only the rows of the loaded
 partitions are read (the ``_partition`` column; its own files). The table stays an ordinary
 Delta table, readable by any Delta reader (Spark with delta-spark, DuckDB's delta extension,
@@ -55,7 +61,8 @@ class DeltaTableIOManager(ConfigurableIOManager):
                             "loads consumer-group tables; it does not store returned values")
 
     def load_input(self, context: InputContext) -> Any:
-        """The upstream group asset's table (or its loaded partitions), typed as asked.
+        """The upstream group asset's table (or its loaded partitions), typed as asked: the
+        history in append mode, the current row per key in merge mode.
 
         Raises:
             ValueError: the upstream asset is not a consumer-group asset (no ``cg/table``

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from nats.aio.client import Client
 from pydantic import Field, PrivateAttr
 
+from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.runner import EngineOptions
 from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly, redact_url
 from cg_pipelines.sinks.delta import PARTITION_COLUMN, DeltaSink
@@ -189,10 +190,14 @@ class DeltaWarehouseResource(ConfigurableResource):
                                     self.aws_secret_access_key, region=self.aws_region,
                                     allow_http=self.allow_http)
 
-    def sink(self, table: str) -> DeltaSink:
-        """A fenced Delta sink for ``table``, partitioned by ``_partition``."""
+    def sink(self, table: str, write: Append | Merge | None = None,
+             commit_metadata: Mapping[str, str] | None = None) -> DeltaSink:
+        """A fenced Delta sink for ``table``, partitioned by ``_partition``, in write mode
+        ``write`` (default append), adding ``commit_metadata`` (e.g. the Dagster run id) to
+        every commit's lineage."""
         return DeltaSink(self.table_uri(table), storage_options=self.storage_options(),
-                         partition_by=[PARTITION_COLUMN])
+                         partition_by=[PARTITION_COLUMN], write=write,
+                         commit_metadata=commit_metadata)
 
 
 class PartitionRunsResource(ConfigurableResource):

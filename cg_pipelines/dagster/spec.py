@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import Processor
 
 __all__ = ["ConsumerGroupAsset"]
@@ -46,9 +47,16 @@ class ConsumerGroupAsset:
         io_manager_key: the key of the IO manager that loads the table for downstream assets
             (:class:`~cg_pipelines.dagster.DeltaTableIOManager`).
         metadata: extra definition metadata.
+        write: how output rows reach the table: :class:`~cg_pipelines.core.write.Append`
+            (default: every row, the table is the history) or
+            :class:`~cg_pipelines.core.write.Merge` (``Merge(key="device",
+            delete_when=("op", "delete"))``: one current row per key, upserts and deletes,
+            under the same fence). Downstream assets get the table as it is: the history, or
+            the current rows.
 
     Raises:
-        ConfigError: ``partitions < 1``, empty names.
+        ConfigError: ``partitions < 1``, empty names, ``write`` not Append/Merge, or a
+            processor whose declared state key is not the merge key.
     """
 
     name: str
@@ -71,6 +79,7 @@ class ConsumerGroupAsset:
     runs_resource_key: str = "partition_runs"
     io_manager_key: str = "cg_io_manager"
     metadata: Mapping[str, object] = field(default_factory=dict)
+    write: Append | Merge = field(default_factory=Append)
 
     def __post_init__(self) -> None:
         for what in ("name", "stream", "group"):
@@ -79,6 +88,14 @@ class ConsumerGroupAsset:
         if isinstance(self.partitions, bool) or not isinstance(self.partitions, int) or \
                 self.partitions < 1:
             raise ConfigError("partitions", f"must be an integer >= 1, got {self.partitions!r}")
+        if not isinstance(self.write, (Append, Merge)):
+            raise ConfigError("write", f"must be Append() or Merge(key=...), got {self.write!r}")
+        state = getattr(self.processor, "state", None)
+        if isinstance(self.write, Merge) and state is not None and \
+                (state.key,) != self.write.keys:
+            raise ConfigError("write", f"the processor's KeyedState key {state.key!r} must be "
+                              f"the merge key {self.write.key!r}: in merge mode a key's state "
+                              "is its current row")
 
     @property
     def uses_spark(self) -> bool:
