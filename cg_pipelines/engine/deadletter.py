@@ -10,12 +10,15 @@ dead-letters each message once (within the stream's duplicate window, default 7 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 from nats.js import JetStreamContext
 
+from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.engine.model import DeadLetter
 from cg_pipelines.jetstream.api import JetStreamAPI, seconds_to_ns
 from cg_pipelines.jetstream.errors import JetStreamError
@@ -29,22 +32,53 @@ def dlq_stream_name(stream: str, group: str) -> str:
 
 
 async def ensure_dlq_stream(
-    api: JetStreamAPI, stream: str, group: str, *, replicas: int = 1,
+    api: JetStreamAPI, stream: str, group: str, *, replicas: int | None = None,
     duplicate_window_s: float = DLQ_DUPLICATE_WINDOW_S,
 ) -> str:
-    """Create the dead-letter stream if missing (subjects ``<name>.>``); returns its name."""
+    """Create the dead-letter stream if missing (subjects ``<name>.>``); returns its name.
+
+    ``replicas`` defaults to the origin stream's replica count (the work queue's when the
+    origin cannot be read), so on a cluster the dead letters survive a node as the group's
+    other streams do. An existing dead-letter stream with fewer replicas (made by an earlier
+    version, always R1) is updated to that count; when the update is refused (e.g. a node is
+    down) the stream is used as it is and the next run tries again.
+
+    Raises:
+        JetStreamError: the stream cannot be read or created (503 while it has no leader).
+    """
     name = dlq_stream_name(stream, group)
     try:
-        await api.stream_info(name)
+        info: dict[str, Any] | None = await api.stream_info(name)
     except JetStreamError as e:
         if e.status != 404:
             raise
+        info = None
+    want = replicas if replicas is not None else await group_replicas(api, stream, group)
+    if info is None:
         await api.create_stream({
             "name": name, "subjects": [f"{name}.>"], "storage": "file",
-            "num_replicas": replicas, "retention": "limits",
+            "num_replicas": want, "retention": "limits",
             "duplicate_window": seconds_to_ns(duplicate_window_s), "allow_direct": True,
         })
+        return name
+    config = dict(info.get("config") or {})
+    if int(config.get("num_replicas") or 1) < want:
+        config["num_replicas"] = want
+        with contextlib.suppress(JetStreamError):
+            await api.update_stream(config)
     return name
+
+
+async def group_replicas(api: JetStreamAPI, stream: str, group: str) -> int:
+    """The replica count a group's streams should carry: the origin stream's, else its
+    work-queue stream's, else 1 (neither readable)."""
+    for name in (stream, work_queue_stream_name(stream, group)):
+        try:
+            info = await api.stream_info(name)
+        except JetStreamError:
+            continue
+        return max(1, int((info.get("config") or {}).get("num_replicas") or 1))
+    return 1
 
 
 async def publish_dead_letters(

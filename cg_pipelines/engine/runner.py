@@ -49,6 +49,7 @@ from nats.aio.msg import Msg
 
 from cg_pipelines.core.batching import CostModel, next_batch_size
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.contract import check_output
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.deadletter import ensure_dlq_stream, publish_dead_letters
 from cg_pipelines.engine.model import (
@@ -73,6 +74,7 @@ from cg_pipelines.jetstream.errors import (
     RequestTimeoutError,
     WorkQueueConsumerNotUniqueError,
 )
+from cg_pipelines.jetstream.leader import confirm_empty_range
 from cg_pipelines.jetstream.rangeread import read_range
 
 PRIORITY_GROUP = "PCG"
@@ -640,6 +642,8 @@ class _PartitionRun:
                     records = await self._read(from_seq, start_last)
                 prefetch = None
                 if records.num_rows == 0:
+                    if await self._stale_empty_read(from_seq, start_last):
+                        continue  # a replica behind the leader answered: read again
                     # The leased message was purged after a commit (crash before its ack).
                     await self._ack(lease)
                     lease = await self._next_lease(lease)
@@ -696,6 +700,8 @@ class _PartitionRun:
             self.res.timings[k] = self.res.timings.get(k, 0.0) + v
         self.res.timings.setdefault("read_executors", 0.0)
         if got.messages == 0 or got.first_seq is None or got.last_seq is None:
+            if await self._stale_empty_read(first, last):
+                return lease  # a replica behind the leader answered: the loop reads again
             # The leased message was purged after a commit (crash before its ack).
             await self._ack(lease)
             return await self._next_lease(lease)
@@ -713,6 +719,17 @@ class _PartitionRun:
         if await self._commit_batch(lease, prep, watermark):
             return None
         return await self._next_lease(lease)
+
+    async def _stale_empty_read(self, first: int, last: int) -> bool:
+        """An empty read of the leased range ``[first, last]`` is taken as "purged after a
+        commit" (and the lease acknowledged) only when the stream's leader agrees: direct gets
+        may be answered by a replica a little behind it. True: the leader holds a message of
+        the partition there (a replica now serves it too): read the range again. Raises
+        :class:`~cg_pipelines.jetstream.leader.StaleReplicaError` when replicas miss it for
+        5 s."""
+        return await self.retry.call("confirm the empty range with the stream leader", lambda:
+                                     confirm_empty_range(self.api, self.wq, self.flt, first,
+                                                         last))
 
     async def _read(self, from_seq: int, start_last: int, timing: str = "read") -> pa.Table:
         """The partition's stored messages from ``from_seq`` on, in order, up to the batch
@@ -737,6 +754,10 @@ class _PartitionRun:
                            first, last, self.sink, self.state)
         t = time.monotonic()
         processed = await asyncio.to_thread(self.processor.process, records, ctx)
+        if processed.table is not None:  # one line naming a missing or mistyped column
+            check_output(processed.table.schema, getattr(self.processor, "state", None),
+                         where=f"transform output of partition {self.partition} of {self.wq} "
+                               f"(sequences {first}..{last})")
         processed.table = with_partition_column(processed.table, self.partition)
         self._timed("process", t)
         seqs = set(records["seq"].to_pylist())

@@ -32,6 +32,7 @@ direct get not enabled on the stream) raises :class:`JetStreamUnavailableError`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import functools
 import json
@@ -50,6 +51,7 @@ from nats.js import JetStreamContext
 from cg_pipelines.jetstream.errors import (
     JetStreamError,
     JetStreamUnavailableError,
+    NoMessageFoundError,
     RequestTimeoutError,
     error_from_response,
     error_from_status,
@@ -62,6 +64,7 @@ __all__ = [
     "PullResult",
     "StoredMessage",
     "consumer_config",
+    "parse_header_block",
     "parse_rfc3339_ns",
     "seconds_to_ns",
 ]
@@ -272,6 +275,17 @@ class StoredMessage:
     data: bytes
     time_ns: int
     num_pending: int | None = None
+
+
+def parse_header_block(raw: bytes) -> dict[str, str]:
+    """Headers of a NATS header block (``NATS/1.0[ status]\\r\\nKey: Value\\r\\n\\r\\n``) as a
+    dict (the last value of a repeated key wins; the status line is dropped)."""
+    out: dict[str, str] = {}
+    for line in raw.decode("utf-8", "replace").split("\r\n")[1:]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip():
+            out[key.strip()] = value.strip()
+    return out
 
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -865,6 +879,68 @@ class JetStreamAPI:
             body["keep"] = keep
         resp = await self.request(self._subject("STREAM", "PURGE", stream), body)
         return int(resp.get("purged") or 0)
+
+    async def msg_get(
+        self,
+        stream: str,
+        *,
+        seq: int | None = None,
+        next_by_subj: str | None = None,
+        last_by_subj: str | None = None,
+    ) -> StoredMessage | None:
+        """One stored message, answered by the stream's **leader** (``$JS.API.STREAM.MSG.GET``,
+        not a direct get, which any replica may answer a little behind the leader).
+
+        Body ``{"seq"}`` (that sequence), ``{"seq", "next_by_subj"}`` (the first message at or
+        after ``seq`` on that subject filter) or ``{"last_by_subj"}``.
+
+        Returns:
+            The message (all its headers, ``Nats-*`` included, in ``headers``; ``num_pending``
+            ``None``), or ``None`` when nothing matches (err_code 10037).
+
+        Raises:
+            StreamNotFoundError: no such stream.
+            JetStreamError: another API error (e.g. 503 while the stream has no leader).
+            RequestTimeoutError: no answer within ``self.timeout`` seconds.
+        """
+        body: dict[str, Any] = {}
+        if seq is not None:
+            body["seq"] = seq
+        if next_by_subj is not None:
+            body["next_by_subj"] = next_by_subj
+        if last_by_subj is not None:
+            body["last_by_subj"] = last_by_subj
+        try:
+            resp = await self.request(self._subject("STREAM", "MSG", "GET", stream), body)
+        except NoMessageFoundError:
+            return None
+        m = resp.get("message") or {}
+        raw_hdrs = base64.b64decode(m["hdrs"]) if m.get("hdrs") else b""
+        return StoredMessage(
+            int(m["seq"]), str(m["subject"]), parse_header_block(raw_hdrs) or None,
+            base64.b64decode(m["data"]) if m.get("data") else b"",
+            parse_rfc3339_ns(str(m["time"])) if m.get("time") else 0)
+
+    async def delete_msg(self, stream: str, seq: int, *, erase: bool = False) -> bool:
+        """Delete one message (``$JS.API.STREAM.MSG.DELETE``; ``erase`` overwrites it too).
+
+        Returns:
+            True when deleted, False when there was no such message (err_code 10057).
+
+        Raises:
+            StreamNotFoundError: no such stream.
+            JetStreamError: another API error.
+        """
+        body: dict[str, Any] = {"seq": seq}
+        if not erase:
+            body["no_erase"] = True
+        try:
+            resp = await self.request(self._subject("STREAM", "MSG", "DELETE", stream), body)
+        except JetStreamError as e:
+            if e.err_code == 10057 or (e.status == 404 and e.err_code != 10059):
+                return False
+            raise
+        return bool(resp.get("success"))
 
     async def direct_get_batch(
         self,
