@@ -1,0 +1,134 @@
+"""The ordered partition engine on a 3-node cluster (R3 origin, work queue, dead-letter stream
+and KV bucket) while the work queue's leader steps down, the meta leader steps down, and the
+work queue's leader is killed with SIGKILL and restarted, all during partition runs: the table
+equals the pandas reference (lost 0, duplicates 0, order violations 0), the work queue ends
+empty, and the dead letters are stored once each, on R3."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.engine.deadletter import dlq_stream_name, ensure_dlq_stream
+from cg_pipelines.engine.model import RunResult
+from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.sinks.delta import DeltaSink
+from cg_pipelines.testing.cluster import NatsCluster
+from tests.cluster import checks
+from tests.support import keyed
+from tests.support.wait import wait_for
+
+P = 4
+OPTIONS = EngineOptions(batch_max_msgs=60, max_messages=400, ack_wait_s=2.0,
+                        priority_timeout_s=2.0, hold_wait_s=2.0, timeout_s=2.0,
+                        retry_max_s=30.0)
+BAD = [b"{not json", b"", b'{"key": "kbad", "n": "x"}']
+
+
+async def test_engine_survives_step_downs_and_leader_kill(
+        cnc: Client, cjs: JetStreamContext, nats_cluster: NatsCluster, tmp_path: Path,
+        report: list[str]) -> None:
+    t0 = time.monotonic()
+    stream = "EngR3"
+    wq = work_queue_stream_name(stream, "g")
+    api = JetStreamAPI(cnc, timeout=5)
+    await checks.create_r3_group(cjs, stream, P)
+    evs = keyed.events(n_keys=40, n_events=3600)
+    first, second = evs[:2400], evs[2400:]
+    await keyed.publish(cjs, stream, first)
+    for body in BAD:
+        await cjs.publish(f"{stream}.kbad", body)
+    await checks.wait_sourced(api, stream, len(first) + len(BAD))
+
+    sink = DeltaSink(str(tmp_path / "t"), schema=keyed.OUT_SCHEMA)
+    commits = {"n": 0}
+    faults: list[str] = []
+    results: list[RunResult] = []
+    errors: list[str] = []
+    faults_done = asyncio.Event()
+
+    def hook(step: str, info: dict) -> None:
+        if step == "committed":
+            commits["n"] += 1
+
+    async def after_commits(k: int) -> None:
+        target = commits["n"] + k
+        await wait_for(lambda: commits["n"] >= target, 60, f"{k} more commits")
+
+    async def inject() -> None:
+        try:
+            await after_commits(2)
+            new = await nats_cluster.step_down_stream(wq)
+            faults.append(f"stream leader step-down -> {nats_cluster.server_name(new)}")
+            await after_commits(3)
+            new = await nats_cluster.step_down_meta()
+            faults.append(f"meta leader step-down -> {nats_cluster.server_name(new)}")
+            await after_commits(3)
+            killed = await nats_cluster.kill_stream_leader(wq)
+            faults.append(f"kill -9 of work-queue leader {nats_cluster.server_name(killed)}")
+            await asyncio.sleep(1.5)  # runs go on (or wait) on the other two nodes
+            await asyncio.to_thread(nats_cluster.restart, killed)
+            await nats_cluster.wait_healthy(60)
+            faults.append(f"restart of {nats_cluster.server_name(killed)}")
+            await keyed.publish(cjs, stream, second)
+        finally:
+            faults_done.set()
+
+    async def drive(p: int) -> None:
+        while True:
+            done_before = faults_done.is_set()
+            try:
+                r = await run_partition(cnc, stream, "g", p, keyed.processor(), sink, OPTIONS,
+                                        hook=hook)
+            except Exception as e:  # noqa: BLE001 - a failed run is retried, as Dagster would
+                errors.append(f"partition {p}: {type(e).__name__}: {e}")
+                await asyncio.sleep(0.5)
+                continue
+            results.append(r)
+            if done_before and r.status == "empty":
+                return
+            if r.status in ("empty", "held"):
+                await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(asyncio.gather(inject(), *(drive(p) for p in range(P))), 150)
+    await checks.wait_sourced(api, stream, len(evs) + len(BAD))
+    # The queue is drained once the last publish is sourced: a final pass finds nothing.
+    for p in range(P):
+        r = await run_partition(cnc, stream, "g", p, keyed.processor(), sink, OPTIONS)
+        assert r.status == "empty", r
+
+    got = checks.effects(sink.read(), evs)
+    report.append(f"cluster engine: {len(results)} runs, {commits['n']} commits, faults: "
+                  f"{'; '.join(faults)}; {got.line()}; failed runs retried: {len(errors)}; "
+                  f"{time.monotonic() - t0:.1f} s")
+    assert len(faults) == 4, faults
+    assert (got.lost, got.duplicates, got.order_violations) == (0, 0, 0), got.line()
+    assert got.rows == len(evs)
+    assert keyed.mismatches(sink.read(), evs) is None
+    assert await checks.wq_messages(api, stream) == 0
+    dlq = await api.stream_info(dlq_stream_name(stream, "g"))
+    assert dlq["state"]["messages"] == len(BAD)
+    assert await checks.replicas(api, stream) == {
+        stream: 3, wq: 3, dlq_stream_name(stream, "g"): 3, checks.KV_STREAM: 3}
+    # Failed runs are allowed (a rerun resumes), but each must say what happened in one line.
+    for e in errors:
+        assert "\n" not in e.strip(), e
+    await api.close()
+
+
+async def test_existing_r1_dead_letter_stream_is_raised_to_the_origin_replicas(
+        cnc: Client, cjs: JetStreamContext) -> None:
+    stream = "DlqR1"
+    api = JetStreamAPI(cnc, timeout=5)
+    await checks.create_r3_group(cjs, stream, 2)
+    name = await ensure_dlq_stream(api, stream, "g", replicas=1)  # as earlier versions made it
+    assert (await api.stream_info(name))["config"]["num_replicas"] == 1
+    await ensure_dlq_stream(api, stream, "g")
+    assert (await api.stream_info(name))["config"]["num_replicas"] == 3
+    await api.close()
