@@ -8,13 +8,19 @@
 - How a tick reads the backlog: :func:`use_subject_counts` (list the work-queue stream's subject
   counts first, or not) and :func:`pending_by_partition` (those counts summed per partition).
 - :func:`summary_lines`: a tick's log lines, capped.
+- :func:`plan_backlog_runs`: the backlog rule plus retries — a partition whose last run failed
+  is requested again after a bounded exponential backoff (:class:`RetryPolicy`) under a new
+  run key (Dagster de-duplicates a sensor's run keys forever), and is reported instead of
+  retried once it failed :attr:`RetryPolicy.max_failures` times in a row under the same code.
+- :func:`lag_breaches`: partitions whose oldest pending message is older than the lag
+  objective.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cg_pipelines.core.assignment import moved_partitions, owners
 
@@ -156,3 +162,167 @@ def decode_membership_cursor(cursor: str | None) -> tuple[int, dict[str, list[in
                                  for m, ps in obj["assignment"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"corrupt membership cursor {cursor[:80]!r}: {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How the backlog sensor and the drain schedule retry a partition whose runs fail.
+
+    After the ``k``-th consecutive failed run (``k >= 1``) the partition is requested again
+    once ``min(backoff_s * 2 ** (k - 1), max_backoff_s)`` seconds have passed since that run
+    ended. After ``max_failures`` consecutive failures under the same code it is not retried:
+    it is reported (a failing asset check and the tick's reason) until a run of it succeeds
+    (launched by hand) or a new code version is loaded (failures under older code do not
+    count), then it resumes by itself. Durations are seconds.
+
+    Raises:
+        ValueError: ``max_failures < 1`` or ``0 < backoff_s <= max_backoff_s`` does not hold.
+    """
+
+    max_failures: int = 5
+    backoff_s: float = 15.0
+    max_backoff_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.max_failures < 1:
+            raise ValueError(f"max_failures must be >= 1, got {self.max_failures}")
+        if not 0 < self.backoff_s <= self.max_backoff_s:
+            raise ValueError(f"need 0 < backoff_s <= max_backoff_s seconds, got "
+                             f"{self.backoff_s:g} and {self.max_backoff_s:g}")
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th consecutive failure (0 for none)."""
+        if failures <= 0:
+            return 0.0
+        return min(self.backoff_s * 2.0 ** min(failures - 1, 60), self.max_backoff_s)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRuns:
+    """What the orchestrator knows of a partition's recent runs under the current code.
+
+    Attributes:
+        failures: consecutive failed runs, newest first, since the last successful one (runs
+            of older code versions end the count).
+        last_failed_at: when the newest failed run ended (Unix seconds), ``None`` without one.
+        last_error: the newest failed run's error, one line (``""`` if unknown).
+        in_progress: a run of the partition is queued or in progress.
+        failed_before: some run failed since the last successful one, under any code
+            (``failures > 0`` implies it).
+    """
+
+    failures: int = 0
+    last_failed_at: float | None = None
+    last_error: str = ""
+    in_progress: bool = False
+    failed_before: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RetryWait:
+    """A failed partition waiting out its backoff: retried in ``in_s`` seconds."""
+
+    partition: int
+    failures: int
+    in_s: float
+    last_error: str
+
+
+@dataclass(frozen=True, slots=True)
+class TickPlan:
+    """A tick's decisions: runs to request, partitions waiting out a backoff, partitions
+    given up on (``exhausted``: failed ``max_failures`` times in a row), partitions with
+    backlog whose run is already ``in_progress``."""
+
+    requests: list[BacklogRequest] = field(default_factory=list)
+    waiting: list[RetryWait] = field(default_factory=list)
+    exhausted: list[RetryWait] = field(default_factory=list)
+    in_progress: list[int] = field(default_factory=list)
+
+    def reason_lines(self, policy: RetryPolicy) -> list[str]:
+        """One line per partition not requested for a reason an operator should see."""
+        lines = [f"partition {w.partition}: failed {w.failures} time(s) in a row, the limit "
+                 f"({policy.max_failures}); not retried until a run succeeds or new code is "
+                 f"loaded; last error: {w.last_error or 'unknown'}" for w in self.exhausted]
+        lines += [f"partition {w.partition}: failed {w.failures} time(s) in a row; retry in "
+                  f"{w.in_s:.0f} s; last error: {w.last_error or 'unknown'}"
+                  for w in self.waiting]
+        lines += [f"partition {p}: a run is already queued or in progress"
+                  for p in self.in_progress]
+        return lines
+
+
+def retry_run_key(group: str, partition: int, first_seq: int, runs: PartitionRuns,
+                  code: str) -> str:
+    """``<group>:<p>:<first pending seq>`` while no run failed since the last success (a
+    retried tick for the same backlog is one run), else ``...:<code>:<failures>``: a new key
+    for each retry and for each code version, so Dagster never de-duplicates a retry away."""
+    base = f"{group}:{partition}:{first_seq}"
+    if not (runs.failed_before or runs.failures):
+        return base
+    return f"{base}:{code}:{runs.failures}"
+
+
+def plan_backlog_runs(
+    group: str,
+    backlog: Sequence[PartitionBacklog],
+    runs: Mapping[int, PartitionRuns],
+    policy: RetryPolicy,
+    now: float,
+    *,
+    code: str = "",
+    min_pending: int = 1,
+    max_age_s: float | None = None,
+    partitions: Iterable[int] | None = None,
+) -> TickPlan:
+    """The backlog rule (:func:`backlog_requests`) with retries.
+
+    Args:
+        group: the group's name (run keys start with it).
+        backlog: the partitions' backlog.
+        runs: the partitions' run history (missing: no runs).
+        policy: the retry backoff and limit.
+        now: the current time (Unix seconds).
+        code: the current code version (part of a retry's run key).
+        min_pending, max_age_s, partitions: as :func:`backlog_requests`.
+
+    Returns:
+        A :class:`TickPlan`: a partition with backlog and no failed run is requested as
+        before; after ``k`` failures it is requested once the backoff has passed (reason
+        ``"retry k/max ..."``), else listed as waiting; at ``max_failures`` it is listed as
+        exhausted; with a run queued or in progress it is not requested.
+    """
+    plan = TickPlan()
+    for req in backlog_requests(group, backlog, min_pending=min_pending, max_age_s=max_age_s,
+                                partitions=partitions):
+        h = runs.get(req.partition, PartitionRuns())
+        first_seq = int(req.run_key.rsplit(":", 1)[1])
+        if h.in_progress:
+            plan.in_progress.append(req.partition)
+            continue
+        if h.failures >= policy.max_failures:
+            plan.exhausted.append(RetryWait(req.partition, h.failures, 0.0, h.last_error))
+            continue
+        wait = 0.0
+        if h.failures and h.last_failed_at is not None:
+            wait = h.last_failed_at + policy.backoff(h.failures) - now
+        if wait > 0:
+            plan.waiting.append(RetryWait(req.partition, h.failures, wait, h.last_error))
+            continue
+        reason = req.reason if not h.failures else (
+            f"retry {h.failures}/{policy.max_failures - 1} after {h.failures} failed run(s) "
+            f"(backoff {policy.backoff(h.failures):g} s; last error: "
+            f"{h.last_error or 'unknown'}); {req.reason}")
+        plan.requests.append(BacklogRequest(
+            req.partition, retry_run_key(group, req.partition, first_seq, h, code),
+            reason))
+    return plan
+
+
+def lag_breaches(backlog: Sequence[PartitionBacklog], objective_s: float
+                 ) -> list[PartitionBacklog]:
+    """Partitions whose oldest pending message is older than ``objective_s`` seconds, in the
+    order given. Raises ``ValueError`` if ``objective_s <= 0``."""
+    if objective_s <= 0:
+        raise ValueError(f"lag objective must be > 0 seconds, got {objective_s:g}")
+    return [b for b in backlog if b.pending > 0 and b.age_s > objective_s]

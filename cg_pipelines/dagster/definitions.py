@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster import (
+    AssetChecksDefinition,
     AssetsDefinition,
     Definitions,
     ExecutorDefinition,
@@ -18,6 +19,7 @@ from dagster import (
 
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.dagster.assets import MODE_TAG, build_group_asset
+from cg_pipelines.dagster.checks import build_group_checks
 from cg_pipelines.dagster.io_manager import DeltaTableIOManager
 from cg_pipelines.dagster.resources import PartitionRunsResource
 from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
@@ -38,6 +40,7 @@ class GroupDefinitions:
     rebuild_job: Any
     sensors: list[SensorDefinition]
     schedule: ScheduleDefinition | None
+    checks: list[AssetChecksDefinition]
 
     @property
     def jobs(self) -> list[Any]:
@@ -50,7 +53,8 @@ class GroupDefinitions:
 
 def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
     """The asset, its jobs (``<name>_job`` drains, ``<name>_rebuild`` rebuilds), sensors
-    (``<name>_membership``, ``<name>_backlog``) and schedule (``<name>_drain``) of one group;
+    (``<name>_membership``, ``<name>_backlog``), schedule (``<name>_drain``) and operational
+    checks (:mod:`cg_pipelines.dagster.checks`) of one group;
     use these parts to compose your own ``Definitions``, or :func:`build_definitions` for all
     of it."""
     asset = build_group_asset(spec)
@@ -64,7 +68,7 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
         description=f"Rebuild one partition of {spec.stream}.{spec.group} per run from the "
         "origin stream's history, replacing its rows atomically (backfill it to recompute).")
     return GroupDefinitions(asset, job, rebuild, build_sensors(spec, job),
-                            build_drain_schedule(spec, job))
+                            build_drain_schedule(spec, job), build_group_checks(spec))
 
 
 def _check_resources(groups: Sequence[ConsumerGroupAsset], resources: Mapping[str, Any]) -> None:
@@ -140,6 +144,8 @@ def build_definitions(
                 warehouse=res[g.warehouse_resource_key],
                 spark=res.get(g.spark_resource_key))
     parts = [build_group_definitions(g) for g in groups]
+    kwargs["asset_checks"] = [*(c for p in parts for c in p.checks),
+                              *kwargs.get("asset_checks", ())]
     return Definitions(
         assets=[*(p.asset for p in parts), *assets],
         jobs=[*(j for p in parts for j in p.jobs), *jobs],

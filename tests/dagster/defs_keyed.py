@@ -49,10 +49,12 @@ def group_definitions(stream: str) -> GroupDefinitions:
 
 def partition_runs(members: Sequence[str] | None = None, *, min_pending: int = 1,
                    max_age_s: float | None = None) -> PartitionRunsResource:
-    """Fast engine timings (lease ack wait, pin timeout, hold wait) for tests."""
+    """Fast engine timings (lease ack wait, pin timeout, hold wait) and retry backoff
+    (1 s, doubling up to 4 s) for tests."""
     return PartitionRunsResource(members=list(members or []), ack_wait_s=1.5,
                                  priority_timeout_s=1.5, hold_wait_s=3,
-                                 min_pending=min_pending, max_age_s=max_age_s)
+                                 min_pending=min_pending, max_age_s=max_age_s,
+                                 retry_backoff_s=1.0, retry_max_backoff_s=4.0)
 
 
 def make_resources(url: str, warehouse_root: str, members: Sequence[str] | None = None, *,

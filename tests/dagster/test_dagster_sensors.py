@@ -308,9 +308,16 @@ async def test_broken_config_skips_with_reason(
         assert await h.work_queue_messages(js, stream) == queued
         assert await api.list_consumer_names(wq) == []  # no lease consumer was created
 
-    # Repaired: the next ticks work again (no crash loop, nothing remembered of the failure).
+    # Repaired: the next ticks work again (no crash loop). The failed run of g-1 is
+    # remembered: once its backoff (1 s in these tests) has passed it is requested again,
+    # under a run key of its own (the first attempt's key is used up forever).
     await fix()
     await h.wait_sourced(js, stream, len(h.events_on({1, 3})))
+    await asyncio.sleep(1.2)
+    retry = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    keys = {r.partition_key: r.run_key for r in retry.run_requests or []}
+    assert keys["g-1"].endswith(":1") and keys["g-1"].startswith(f"{GROUP}:1:"), keys
+    assert keys["g-3"].count(":") == 2, keys  # never failed: the plain backlog key
     for name, skip, requested in await asyncio.to_thread(evaluate_all):
         if name == MEMBERSHIP_SENSOR:
             assert (skip, requested) == (None, ["g-0", "g-1", "g-2", "g-3"]), (name, skip)
