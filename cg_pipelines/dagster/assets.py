@@ -57,10 +57,13 @@ from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
 from cg_pipelines.core.write import Merge
+from cg_pipelines.dagster.history import CODE_TAG, run_worker_tags
 from cg_pipelines.dagster.resources import (
     DeltaWarehouseResource,
     NatsResource,
     PartitionRunsResource,
+    run_spark_session,
+    stopping_foreign_spark,
 )
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
 from cg_pipelines.engine.model import RunResult
@@ -73,6 +76,8 @@ from cg_pipelines.sinks.delta import DeltaSink, TableStats
 
 __all__ = [
     "PartitionRunConfig",
+    "RunProgress",
+    "asset_key_of",
     "build_group_asset",
     "check_partitions",
     "load_group_config",
@@ -111,6 +116,50 @@ def run_mode(tags: Mapping[str, str], config: PartitionRunConfig) -> str:
 TICK_ERRORS = (GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError,
                nats.errors.Error, ValueError)
 """What a sensor tick reports as a skip reason, and a run as a ``Failure``, instead of crashing."""
+
+
+def asset_key_of(spec: ConsumerGroupAsset) -> AssetKey:
+    """The asset key of ``spec`` (its ``key_prefix`` components, then its name)."""
+    prefix = [spec.key_prefix] if isinstance(spec.key_prefix, str) else list(spec.key_prefix or [])
+    return AssetKey([*prefix, spec.name])
+
+
+PROGRESS_EVERY_S = 10.0
+"""A run logs its progress at most once per this many seconds (and once at the end)."""
+
+
+class RunProgress:
+    """The engine hook of a Dagster run: after a committed batch, at most every
+    :data:`PROGRESS_EVERY_S` seconds, one line: messages committed, sequence, backlog left,
+    dead letters, rate."""
+
+    def __init__(self, log: Any, partition: int, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.log, self.partition, self.every_s = log, partition, every_s
+        self._last = time.monotonic()
+
+    def __call__(self, step: str, info: dict[str, Any]) -> None:
+        if step != "committed" or "processed" not in info:
+            return
+        now = time.monotonic()
+        if now - self._last < self.every_s:
+            return
+        self._last = now
+        seconds = float(info.get("seconds") or 0.0)
+        rate = info["processed"] / seconds if seconds > 0 else 0.0
+        self.log.info(
+            f"partition {self.partition}: {info['processed']:,} messages committed through "
+            f"sequence {info['last_seq']}, {info.get('left', 0):,} left, "
+            f"{info.get('dead_lettered', 0):,} dead-lettered, {rate:,.0f} msg/s")
+
+
+def summary_line(p: int, result: RunResult) -> str:
+    """The run's last log line: status, rows, every message counted, time, rate, detail."""
+    handled = result.processed + result.dead_lettered + result.duplicates_skipped
+    line = (f"partition {p}: {result.status}, {result.processed:,} messages committed of "
+            f"{handled:,} handled ({result.dead_lettered:,} dead-lettered, "
+            f"{result.duplicates_skipped:,} already committed and skipped) in "
+            f"{result.seconds:.1f} s ({result.messages_per_second:,.0f}/s)")
+    return f"{line}; {result.detail}" if result.detail else line
 
 
 def check_partitions(config: ElasticConfig, spec: ConsumerGroupAsset) -> None:
@@ -211,7 +260,10 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
     )
     def _group_asset(context: AssetExecutionContext,
                      config: PartitionRunConfig) -> MaterializeResult:
-        return _materialize(context, spec, config)
+        if not spec.uses_spark:
+            return _materialize(context, spec, config)
+        with stopping_foreign_spark(context, spec.spark_resource_key):
+            return _materialize(context, spec, config)
 
     return _group_asset
 
@@ -267,6 +319,10 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
     warehouse: DeltaWarehouseResource = getattr(res, spec.warehouse_resource_key)
     runs: PartitionRunsResource = getattr(res, spec.runs_resource_key)
     p = spec.partition_of(context.partition_key)
+    # The code version (retry rule) and this run's worker process (lost-run detection), for
+    # the backlog sensor (cg_pipelines.dagster.history).
+    context.instance.add_run_tags(context.run.run_id, {
+        CODE_TAG: spec.current_code_version(), **run_worker_tags()})
     waited = wait_for_earlier_runs(context, runs.run_timeout_s)
     try:
         v = load_group_config(nats_res, spec)
@@ -284,21 +340,28 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
                           commit_metadata={"dagster_run_id": context.run.run_id})
     processor = spec.processor
     if spec.uses_spark:
-        processor = processor.bind(getattr(res, spec.spark_resource_key).spark_session)
-    if mode == "rebuild":
-        result = nats_res.run(
-            lambda nc: rebuild_partition(nc, spec.stream, spec.group, p, processor, sink,
-                                         runs.engine_options(),
-                                         allow_partial=config.allow_partial),
-            timeout_s=runs.run_timeout_s)
-    else:
-        result = nats_res.run(
-            lambda nc: run_partition(nc, spec.stream, spec.group, p, processor, sink,
-                                     runs.engine_options()),
-            timeout_s=runs.run_timeout_s)
-    context.log.info(f"partition {p}: {result.status}, {result.processed} messages in "
-                     f"{result.seconds:.1f} s ({result.messages_per_second:,.0f}/s); "
-                     f"{result.detail}")
+        processor = processor.bind(run_spark_session(getattr(res, spec.spark_resource_key)))
+    progress = RunProgress(context.log, p)
+    try:
+        if mode == "rebuild":
+            result = nats_res.run(
+                lambda nc: rebuild_partition(nc, spec.stream, spec.group, p, processor, sink,
+                                             runs.engine_options(),
+                                             allow_partial=config.allow_partial,
+                                             hook=progress),
+                timeout_s=runs.run_timeout_s)
+        else:
+            result = nats_res.run(
+                lambda nc: run_partition(nc, spec.stream, spec.group, p, processor, sink,
+                                         runs.engine_options(), hook=progress),
+                timeout_s=runs.run_timeout_s)
+    except Exception as e:
+        notes = [n for n in getattr(e, "__notes__", []) if n.startswith("partition ")]
+        where = notes[-1] if notes else (f"partition {p} of {spec.stream}.{spec.group}: run "
+                                         f"failed ({type(e).__name__})")
+        raise Failure(f"{where}. Error: {' '.join(str(e).split()) or type(e).__name__}",
+                      metadata={"partition": p, "error_type": type(e).__name__}) from e
+    context.log.info(summary_line(p, result))
     md = _run_metadata(result, owner, v.revision)
     md["mode"] = mode
     md["write_mode"] = spec.write.name
@@ -313,6 +376,11 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
                    "rows_written": result.rows_written})
     if result.status == "halted":
         raise Failure(f"partition {p} halted: {result.detail}", metadata=md)
+    if result.status == "held":
+        # Not a materialization: nothing was processed. Failing makes the sensor retry it
+        # after its backoff (the holder's lease returns within the ack wait).
+        raise Failure(f"partition {p} was not processed: {result.detail}; it is retried "
+                      "when the holder lets go", metadata=md)
     md.update(_table_metadata(_stats(sink, p), sink.uri, spec.table_name))
     drained = result.status in ("drained", "empty", "rebuilt")
     return MaterializeResult(

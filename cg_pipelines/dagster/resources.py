@@ -4,7 +4,9 @@
   TLS); bounded calls for sensors and runs.
 - :class:`SparkResource`: the SparkSession of a run: ``master`` (``local[*]``,
   ``spark://host:port``), or ``remote`` (Spark Connect, ``sc://host:port``), and
-  ``spark_config``, all honoured; stopped on teardown.
+  ``spark_config``, all honoured; stopped on teardown. A ``dagster_pyspark.PySparkResource``
+  serves as well (:func:`run_spark_session`; its session is stopped after the run by
+  :func:`stopping_foreign_spark`).
 - :class:`DeltaWarehouseResource`: where the Delta tables live (local directory or ``s3://``).
 - :class:`PartitionRunsResource`: which members this deployment serves, and engine options.
 
@@ -19,6 +21,7 @@ bounded by ``call_timeout_s``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
@@ -41,6 +44,8 @@ __all__ = [
     "PartitionRunsResource",
     "SparkResource",
 ]
+    "run_spark_session",
+    "stopping_foreign_spark",
 
 T = TypeVar("T")
 
@@ -158,6 +163,114 @@ class SparkResource(ConfigurableResource):
 
 
 class DeltaWarehouseResource(ConfigurableResource):
+def _flat_conf(conf: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"spark": {"sql": {"x": 1}}}`` -> ``{"spark.sql.x": "1"}`` (dagster-pyspark accepts
+    nested and dotted ``spark_config``)."""
+    out: dict[str, str] = {}
+    for k, v in conf.items():
+        if isinstance(v, Mapping):
+            out.update(_flat_conf(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = str(v)
+    return out
+
+
+def run_spark_session(resource: Any) -> SparkSession:
+    """The SparkSession a consumer-group run processes on, from the asset's Spark resource.
+
+    * :class:`SparkResource`: its :attr:`~SparkResource.spark_session` (the resource stops it
+      on teardown).
+    * Any other resource with a ``spark_session`` attribute — ``dagster_pyspark.PySparkResource``
+      (``pip install cg-pipelines[dagster-pyspark]``), its ``LazyPySparkResource`` or the
+      ``pyspark_resource`` function resource: that session, classic or Spark Connect (a
+      ``spark.remote`` setting), with the runtime settings of
+      :data:`cg_pipelines.spark.session.DEFAULT_CONF` (session time zone UTC, Arrow, 4 shuffle
+      partitions) applied where the resource's ``spark_config`` does not set them. Such a
+      resource never stops its session: :func:`stopping_foreign_spark` does, after the run.
+      Its Python workers (UDFs, the executor read's ``mapInArrow``) need ``PYSPARK_PYTHON``
+      (or ``spark.pyspark.python``) set to an interpreter with this package.
+
+    Raises:
+        TypeError: ``resource`` has no ``spark_session``.
+        RuntimeError: its session is missing or already stopped.
+    """
+    if isinstance(resource, SparkResource):
+        return resource.spark_session
+    if not hasattr(resource, "spark_session"):
+        raise TypeError(f"{type(resource).__name__} is not a Spark resource (no spark_session): "
+                        "use cg_pipelines.dagster.SparkResource or "
+                        "dagster_pyspark.PySparkResource")
+    session = resource.spark_session
+    if session is None:
+        raise RuntimeError(f"{type(resource).__name__} has no SparkSession (was it set up "
+                           "for this run?)")
+    from cg_pipelines.spark.session import DEFAULT_CONF
+
+    given = _flat_conf(getattr(resource, "spark_config", None) or {})
+    for k, v in DEFAULT_CONF.items():
+        if k in given or not k.startswith("spark.sql."):
+            continue
+        try:
+            if session.conf.isModifiable(k):
+                session.conf.set(k, v)
+        except Exception as e:  # a stopped classic session: py4j/AttributeError
+            raise RuntimeError(f"the SparkSession of {type(resource).__name__} is not usable "
+                               f"(stopped?): {e}") from e
+    return session
+
+
+def _later_steps_need(context: Any, resource_key: str) -> list[str]:
+    """Other steps of this run (nodes of the run's job, within the run's step selection) that
+    require ``resource_key``."""
+    op_ctx = getattr(context, "op_execution_context", context)
+    me = str(op_ctx.node_handle)
+    selected = op_ctx.run.step_keys_to_execute
+    names = []
+    for node in op_ctx.job_def.nodes:
+        if node.name == me or (selected is not None and node.name not in selected):
+            continue
+        if resource_key in (getattr(node.definition, "required_resource_keys", None) or ()):
+            names.append(node.name)
+    return names
+
+
+@contextlib.contextmanager
+def stopping_foreign_spark(context: Any, resource_key: str) -> Iterator[None]:
+    """Around a consumer-group run's work: afterwards (also when it raised), stop the session
+    of the Spark resource under ``resource_key`` if that resource does not stop its own —
+    anything but :class:`SparkResource`, e.g. ``dagster_pyspark.PySparkResource``, which
+    never stops the session it made. Left running (and logged) when another step of the same
+    run also requires the resource (the in-process executor shares one resource instance
+    across a run's steps); such a classic session ends with the run's process.
+
+    ``context``: the asset's execution context. Nothing happens when the run has no such
+    resource or it made no session.
+    """
+    try:
+        yield
+    finally:
+        resource = getattr(context.resources, resource_key, None)
+        session = None
+        if resource is not None and not isinstance(resource, SparkResource):
+            # dagster-pyspark's resources keep it in _spark_session: read that, so that a lazy
+            # resource does not start a session now just to stop it
+            if "_spark_session" in getattr(type(resource), "__private_attributes__", {}):
+                session = getattr(resource, "_spark_session", None)
+            else:
+                session = getattr(resource, "spark_session", None)
+        if session is not None:
+            others = _later_steps_need(context, resource_key)
+            if others:
+                context.log.info(f"Spark resource {resource_key!r}: session left running for "
+                                 f"step(s) {', '.join(others)} of this run")
+            else:
+                from cg_pipelines.spark.session import stop_session
+
+                stop_session(session)
+                context.log.info(f"Spark resource {resource_key!r} "
+                                 f"({type(resource).__name__}): session stopped")
+
+
     """Where a deployment's Delta tables live: ``<root>/<table>``.
 
     ``root`` is a local directory (made absolute) or ``s3://bucket/prefix``; for S3 give the

@@ -1,0 +1,122 @@
+"""A Dagster partition run and the sensors against a group on the 3-node cluster (R3), with a
+work-queue leader step-down, a meta-leader step-down and a kill -9 + restart of the work-queue
+leader while partition runs execute: every run succeeds, the table equals the pandas reference
+(lost 0, duplicates 0, order violations 0), the sensors request exactly the partitions with
+backlog and nothing once drained, and the work queue, dead-letter stream and KV bucket are R3."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from dagster import DagsterInstance
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.engine.deadletter import dlq_stream_name
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.sinks.delta import DeltaSink
+from cg_pipelines.testing.cluster import NatsCluster
+from tests.cluster import checks
+from tests.dagster import helpers as h
+from tests.dagster.defs_keyed import (
+    ASSET,
+    BACKLOG_SENSOR,
+    JOB,
+    MEMBERSHIP_SENSOR,
+    PARTITIONS,
+    make_defs,
+    pkey,
+)
+from tests.support import keyed
+
+
+async def test_dagster_runs_and_sensors_on_r3_with_faults(
+        cnc: Client, cjs: JetStreamContext, nats_cluster: NatsCluster, tmp_path: Path,
+        report: list[str]) -> None:
+    t0 = time.monotonic()
+    stream = "DagR3"
+    wq = work_queue_stream_name(stream, "g")
+    api = JetStreamAPI(cnc, timeout=5)
+    await checks.create_r3_group(cjs, stream, PARTITIONS)
+    evs = keyed.events(n_keys=40, n_events=3000)
+    first, second = evs[:2000], evs[2000:]
+    await keyed.publish(cjs, stream, first)
+    await checks.wait_sourced(api, stream, len(first))
+    warehouse = str(tmp_path / "wh")
+    defs = make_defs(stream, nats_cluster.url, warehouse)
+    job = defs.resolve_job_def(JOB)
+    faults: list[str] = []
+
+    async def stream_step_down() -> None:
+        new = await nats_cluster.step_down_stream(wq)
+        faults.append(f"work-queue leader step-down -> {nats_cluster.server_name(new)}")
+
+    async def meta_step_down() -> None:
+        new = await nats_cluster.step_down_meta()
+        faults.append(f"meta leader step-down -> {nats_cluster.server_name(new)}")
+
+    killed: list[int] = []
+
+    async def kill() -> None:  # before the run starts: the run begins with the leader gone
+        killed.append(await nats_cluster.kill_stream_leader(wq))
+
+    async def restart() -> None:  # while that run executes
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(nats_cluster.restart, killed[-1])
+        faults.append(f"kill -9 + restart of work-queue leader "
+                      f"{nats_cluster.server_name(killed[-1])}")
+
+    with DagsterInstance.ephemeral() as instance:
+        # The membership sensor sees m1 own every partition; the backlog sensor asks for all.
+        member = await asyncio.to_thread(h.tick, defs, MEMBERSHIP_SENSOR, instance)
+        assert h.partitions_of(list(member.run_requests or [])) == [
+            pkey(p) for p in range(PARTITIONS)]
+        backlog = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+        wanted = h.partitions_of(list(backlog.run_requests or []))
+        assert wanted == [pkey(p) for p in range(PARTITIONS)]
+
+        # (before the run, during the run) per partition
+        plan: list[tuple[Callable[[], Awaitable[None]] | None,
+                         Callable[[], Awaitable[None]] | None]] = [
+            (None, stream_step_down), (None, meta_step_down), (kill, restart), (None, None)]
+        for key, (before, during) in zip(wanted, plan, strict=True):
+            if before is not None:
+                await before()
+            run = asyncio.create_task(asyncio.to_thread(
+                job.execute_in_process, partition_key=key, instance=instance,
+                raise_on_error=False))
+            if during is not None:
+                await asyncio.sleep(0.2)  # the run is starting or draining
+                await during()
+            res = await run
+            assert res.success, [e.message for e in res.all_events if e.is_failure]
+            await nats_cluster.wait_healthy(60)
+
+        # New events after the faults: the backlog sensor asks again, runs drain them.
+        await keyed.publish(cjs, stream, second)
+        await checks.wait_sourced(api, stream, len(evs))
+        again = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+        keys = h.partitions_of(list(again.run_requests or []))
+        assert keys and set(keys) <= set(wanted)
+        for key in keys:
+            res = await asyncio.to_thread(job.execute_in_process, partition_key=key,
+                                          instance=instance)
+            assert res.success
+        idle = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+        assert not idle.run_requests and idle.skip_message
+
+    table = DeltaSink(f"{warehouse}/{ASSET}", schema=keyed.OUT_SCHEMA).read()
+    got = checks.effects(table, evs)
+    report.append(f"cluster dagster: faults: {'; '.join(faults)}; {got.line()}; "
+                  f"{time.monotonic() - t0:.1f} s")
+    assert len(faults) == 3, faults
+    assert (got.lost, got.duplicates, got.order_violations) == (0, 0, 0), got.line()
+    h.assert_table_equals_reference(warehouse, evs)
+    assert await checks.wq_messages(api, stream) == 0
+    assert await checks.replicas(api, stream) == {
+        stream: 3, wq: 3, dlq_stream_name(stream, "g"): 3, checks.KV_STREAM: 3}
+    await api.close()
