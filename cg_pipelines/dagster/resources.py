@@ -30,6 +30,7 @@ from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from nats.aio.client import Client
 from pydantic import Field, PrivateAttr
 
+from cg_pipelines.core.triggers import RetryPolicy
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.runner import EngineOptions
 from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly, redact_url
@@ -43,9 +44,9 @@ __all__ = [
     "NatsResource",
     "PartitionRunsResource",
     "SparkResource",
-]
     "run_spark_session",
     "stopping_foreign_spark",
+]
 
 T = TypeVar("T")
 
@@ -162,7 +163,6 @@ class SparkResource(ConfigurableResource):
             stop_session(session)
 
 
-class DeltaWarehouseResource(ConfigurableResource):
 def _flat_conf(conf: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """``{"spark": {"sql": {"x": 1}}}`` -> ``{"spark.sql.x": "1"}`` (dagster-pyspark accepts
     nested and dotted ``spark_config``)."""
@@ -271,6 +271,7 @@ def stopping_foreign_spark(context: Any, resource_key: str) -> Iterator[None]:
                                  f"({type(resource).__name__}): session stopped")
 
 
+class DeltaWarehouseResource(ConfigurableResource):
     """Where a deployment's Delta tables live: ``<root>/<table>``.
 
     ``root`` is a local directory (made absolute) or ``s3://bucket/prefix``; for S3 give the
@@ -340,6 +341,13 @@ class PartitionRunsResource(ConfigurableResource):
                              "pending messages ...")
     max_age_s: float | None = Field(None, description="... or when its oldest pending message "
                                     "is this old (seconds).")
+    retry_max_failures: int = Field(
+        5, description="Backlog sensor and drain schedule: a partition whose runs failed this "
+        "many times in a row (same code) is reported by a failing check and not retried until "
+        "a run succeeds or new code is loaded.")
+    retry_backoff_s: float = Field(15.0, description="Seconds to wait before retrying a "
+                                   "failed partition; doubles per consecutive failure ...")
+    retry_max_backoff_s: float = Field(300.0, description="... up to this many seconds.")
     executor_read_min_msgs: int | None = Field(
         None, description="Messages: a partition whose backlog is at least this many is read, "
         "decoded and transformed as one batch on the Spark executors (the jetstream data "
@@ -349,6 +357,15 @@ class PartitionRunsResource(ConfigurableResource):
     def served(self) -> list[str] | None:
         """Served member names, or ``None`` for every member."""
         return list(self.members) or None
+
+    def retry_policy(self) -> RetryPolicy:
+        """The retry settings as a :class:`~cg_pipelines.core.triggers.RetryPolicy`.
+
+        Raises:
+            ValueError: invalid settings (the reason is in the message).
+        """
+        return RetryPolicy(self.retry_max_failures, self.retry_backoff_s,
+                           self.retry_max_backoff_s)
 
     def engine_options(self) -> EngineOptions:
         """These settings as the engine's :class:`~cg_pipelines.engine.runner.EngineOptions`."""

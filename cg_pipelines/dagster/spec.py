@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import Processor
 
@@ -40,7 +41,15 @@ class ConsumerGroupAsset:
         kinds: Dagster kinds shown in the UI (default ``nats``, ``delta``, and ``spark`` when the
             processor uses Spark).
         pool: Dagster concurrency pool of the asset (``None``: none).
-        sensor_interval_s: minimum seconds between the sensors' ticks.
+        sensor_interval_s: minimum seconds between the sensors' ticks. Publish-to-commit
+            time under the backlog sensor is at most about this plus a run's start and drain
+            time (lower it for fresher tables; each tick is one bounded NATS session).
+        lag_objective_s: seconds; the ``lag_within_objective`` asset check fails while any
+            served partition's oldest pending message is older (``None``: no lag check).
+        code_version: the version of this asset's code, for the retry rule: a partition that
+            keeps failing is not retried until a run succeeds or a new code version is loaded.
+            ``None`` (default): derived from the processor's code and settings
+            (:func:`~cg_pipelines.core.fingerprint.code_version`).
         schedule_cron: cron of the drain-all schedule (``None``: no schedule).
         nats_resource_key, spark_resource_key, warehouse_resource_key, runs_resource_key:
             the resource keys this asset, its sensors and schedule use.
@@ -72,6 +81,8 @@ class ConsumerGroupAsset:
     kinds: frozenset[str] | None = None
     pool: str | None = None
     sensor_interval_s: int = 30
+    lag_objective_s: float | None = 300.0
+    code_version: str | None = None
     schedule_cron: str | None = "*/15 * * * *"
     nats_resource_key: str = "nats"
     spark_resource_key: str = "spark"
@@ -88,6 +99,20 @@ class ConsumerGroupAsset:
         if isinstance(self.partitions, bool) or not isinstance(self.partitions, int) or \
                 self.partitions < 1:
             raise ConfigError("partitions", f"must be an integer >= 1, got {self.partitions!r}")
+        if self.sensor_interval_s < 1:
+            raise ConfigError("sensor_interval_s", f"must be >= 1 second, got "
+                              f"{self.sensor_interval_s!r}")
+        if self.lag_objective_s is not None and not self.lag_objective_s > 0:
+            raise ConfigError("lag_objective_s", f"must be > 0 seconds (or None), got "
+                              f"{self.lag_objective_s!r}")
+
+    def current_code_version(self) -> str:
+        """``code_version`` when declared, else a digest of the processor (its code and
+        settings) and of this declaration's stream, group and partitions; the same in every
+        process that loads the same definitions."""
+        if self.code_version:
+            return self.code_version
+        return code_version(self.processor, self.stream, self.group, self.partitions)
         if not isinstance(self.write, (Append, Merge)):
             raise ConfigError("write", f"must be Append() or Merge(key=...), got {self.write!r}")
         state = getattr(self.processor, "state", None)
