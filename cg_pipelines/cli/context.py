@@ -98,8 +98,7 @@ class Ctx:
         except NatsConnectError as e:  # rejected credentials, TLS: names the problem, no secret
             fail(str(e), 1)
         except (nats.errors.NoServersError, OSError) as e:
-            fail(opts.scrub(f"cannot connect to {opts.display_servers}: "
-                            f"{e or type(e).__name__}"), 1)
+            fail(opts.unreachable_message(e), 1)
         except (TimeoutError, ConcurrentUpdateError, nats.errors.Error) as e:
             fail(opts.scrub(f"{type(e).__name__}: {e}"), 1)
 

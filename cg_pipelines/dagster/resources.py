@@ -26,6 +26,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
+import nats.errors
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from nats.aio.client import Client
 from pydantic import Field, PrivateAttr
@@ -33,7 +34,12 @@ from pydantic import Field, PrivateAttr
 from cg_pipelines.core.triggers import RetryPolicy
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.runner import EngineOptions
-from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly, redact_url
+from cg_pipelines.jetstream.connect import (
+    ConnectOptions,
+    NatsConnectError,
+    close_quietly,
+    redact_url,
+)
 from cg_pipelines.sinks.delta import PARTITION_COLUMN, DeltaSink
 
 if TYPE_CHECKING:
@@ -93,10 +99,17 @@ class NatsResource(ConfigurableResource):
         """Connect, run ``fn(nc)``, close — all within ``timeout_s`` (default
         ``call_timeout_s``) seconds. Raises ``TimeoutError`` past it, and connection errors
         unchanged: ``NatsAuthError`` (credentials rejected), ``NatsTLSError``,
-        ``NatsConnectError``, ``nats.errors.NoServersError`` (unreachable)."""
+        ``NatsConnectError`` (also for no server reachable: ``cannot connect to <servers>:
+        ...``, the line ``cg`` prints)."""
 
         async def main() -> T:
-            nc = await self.connect_options().connect()
+            opts = self.connect_options()
+            try:
+                nc = await opts.connect()
+            except (nats.errors.NoServersError, OSError) as e:
+                if isinstance(e, NatsConnectError):
+                    raise
+                raise opts.unreachable_error(e) from e
             try:
                 return await fn(nc)
             finally:

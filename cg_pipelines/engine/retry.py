@@ -14,6 +14,7 @@ committed, and the next run resumes from the committed watermark.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -105,6 +106,8 @@ class Retrier:
         first_backoff_s, max_backoff_s: the exponential backoff between attempts, in seconds.
         context: text naming the run, for error messages (e.g. ``"partition 3 of s-g"``).
         on_retry: ``on_retry(step, attempt, exc)`` after each failed attempt (metrics, logs).
+        stream: the stream the calls are about, named in the give-up message when the failed
+            request's subject does not name one.
     """
 
     nc: Client
@@ -113,6 +116,7 @@ class Retrier:
     max_backoff_s: float
     context: str
     on_retry: Callable[[str, int, BaseException], None] | None = None
+    stream: str | None = None
 
     async def call(self, step: str, op: Callable[[], Awaitable[T]]) -> T:
         """``await op()``, retried while it fails with a transient error, for at most
@@ -144,11 +148,88 @@ class Retrier:
     def _give_up(
         self, step: str, attempts: int, spent: float, exc: BaseException, closed: bool
     ) -> NatsUnavailableError:
+        return NatsUnavailableError(step, attempts, spent, give_up_message(
+            self.nc, f"{self.context}: {step}", attempts, spent, exc, closed=closed,
+            stream=self.stream))
+
+
+def servers_tried(nc: Client) -> str:
+    """Every server the client knows (its configured and discovered pool), as ``host:port``
+    joined by ``", "`` (never credentials); the one it is connected to first."""
+    out: list[str] = []
+    urls = [nc.connected_url] if nc.connected_url is not None else []
+    for srv in getattr(nc, "_server_pool", None) or []:
+        urls.append(getattr(srv, "uri", None))
+    urls.extend(nc.servers or [])
+    for url in urls:
+        if url is None:
+            continue
+        parts = urlsplit(url.geturl() if hasattr(url, "geturl") else str(url))
+        if parts.hostname:
+            hp = f"{parts.hostname}:{parts.port}"
+            if hp not in out:
+                out.append(hp)
+    return ", ".join(out) or "the configured NATS servers"
+
+
+_API_SUBJECT = re.compile(
+    r"\$JS\.(?:[^.\s]+\.)?API\.(?:STREAM\.(?:INFO|PURGE|MSG\.GET|MSG\.DELETE|CREATE|UPDATE"
+    r"|DELETE|LEADER\.STEPDOWN)|DIRECT\.GET|CONSUMER\.(?:INFO|CREATE|DURABLE\.CREATE|DELETE"
+    r"|MSG\.NEXT|UNPIN|LIST|NAMES))\.([^.\s'\"]+)")
+
+
+def stream_of(exc: BaseException) -> str | None:
+    """The stream a failed JetStream API request was about, read from the request subject in
+    the error's text (``$JS.API.STREAM.INFO.<stream>``, ``$JS.API.DIRECT.GET.<stream>``,
+    ``$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`` ...), or None."""
+    m = _API_SUBJECT.search(str(exc))
+    return m.group(1) if m else None
+
+
+def status_of(exc: BaseException) -> str:
+    """The server's answer in words, to follow "answered": ``"status 503: no responders
+    ..."``, ``"nothing (status 408: request to ... timed out after 2 s)"``, ``"status 503,
+    err_code 10008: ..."``, or the error's type and text."""
+    if isinstance(exc, RequestTimeoutError):
+        return f"nothing (status 408: {exc.description})"
+    if isinstance(exc, JetStreamError):
+        code = f", err_code {exc.err_code}" if exc.err_code else ""
+        return f"status {exc.status}{code}: {exc.description}"
+    if isinstance(exc, nats.js.errors.APIError):
+        return f"status {exc.code}, err_code {exc.err_code}: {exc.description}"
+    if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
+        return "status 503: no responders (no stream leader answered)"
+    if isinstance(exc, TimeoutError):
+        return "nothing (timeout)"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def give_up_message(
+    nc: Client, what: str, attempts: int, spent: float, exc: BaseException, *,
+    closed: bool = False, stream: str | None = None,
+) -> str:
+    """One line saying why ``what`` (e.g. ``"partition 3 of S-g: read"``) gave up after
+    ``attempts`` attempts over ``spent`` seconds: the servers tried, the stream and the
+    server's status, what to check, and that nothing past the committed watermark was
+    acknowledged. Three cases: the connection is closed; no server answers (lost
+    connection); or NATS answers but the stream does not (a 503 / timeout for a stream without
+    a leader: its replicas' servers down or without quorum)."""
+    servers = servers_tried(nc)
+    about = stream_of(exc) or stream
+    status = status_of(exc)
+    tail = ("Nothing past the committed watermark was acknowledged: rerun the partition to "
+            "resume.")
+    if closed or not nc.is_connected:
         why = ("the NATS connection is closed (the client gave up reconnecting)" if closed
-               else f"NATS did not answer for {spent:.1f} s")
-        return NatsUnavailableError(step, attempts, spent, (
-            f"{self.context}: {step} failed after {attempts} attempt(s): {why}; last error: "
-            f"{type(exc).__name__}: {exc}. Check that nats-server is running and reachable at "
-            f"{server_hint(self.nc)}, that JetStream is enabled and has a leader, and the "
-            f"client's credentials. Nothing past the committed watermark was acknowledged: "
-            f"rerun the partition to resume."))
+               else f"NATS did not answer for {spent:.1f} s (no server reachable)")
+        return (f"{what} failed after {attempts} attempt(s): {why}; servers tried: {servers}; "
+                f"last error: {status}. Check that nats-server is running and reachable at "
+                f"{servers}, that JetStream is enabled and has a leader, and the client's "
+                f"credentials. {tail}")
+    target = f"stream {about}" if about else "JetStream"
+    hint = (f"the stream has no leader: check that the servers holding its replicas are up "
+            f"and have quorum (`nats stream info {about}`)" if about else
+            "check that JetStream is enabled and has a meta leader (`nats server report "
+            "jetstream`)")
+    return (f"{what} failed after {attempts} attempt(s) over {spent:.1f} s: NATS is reachable "
+            f"(servers tried: {servers}) but {target} answered {status}; {hint}. {tail}")

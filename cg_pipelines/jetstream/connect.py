@@ -267,6 +267,19 @@ class ConnectOptions:
             text = _replace_whole(text, s)
         return text
 
+    def unreachable_message(self, exc: BaseException) -> str:
+        """One line for a connection that failed because no server could be reached
+        (``nats.errors.NoServersError``, ``OSError``): ``cannot connect to <servers>: <error>``
+        with the servers named (credentials removed) and the error's text scrubbed. What ``cg``
+        prints and what :meth:`unreachable_error` carries."""
+        return self.scrub(f"cannot connect to {self.display_servers}: "
+                          f"{exc or type(exc).__name__}")
+
+    def unreachable_error(self, exc: BaseException) -> NatsConnectError:
+        """:class:`NatsConnectError` with :meth:`unreachable_message` (for callers that raise
+        rather than print, e.g. the Dagster ``NatsResource``)."""
+        return self._error(NatsConnectError, self.unreachable_message(exc))
+
     def _error(self, cls: type[NatsConnectError], message: str) -> NatsConnectError:
         """The typed error. ``message`` must be built only from parts that hold no secret
         (display servers, auth mode, file paths, fixed words) and :meth:`scrub`-bed foreign
