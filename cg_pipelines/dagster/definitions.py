@@ -9,6 +9,7 @@ from typing import Any
 from dagster import (
     AssetChecksDefinition,
     AssetsDefinition,
+    AssetSelection,
     Definitions,
     ExecutorDefinition,
     ScheduleDefinition,
@@ -58,17 +59,20 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
     use these parts to compose your own ``Definitions``, or :func:`build_definitions` for all
     of it."""
     asset = build_group_asset(spec)
-    job = define_asset_job(f"{spec.name}_job", selection=[asset],
+    checks = build_group_checks(spec)
+    # The operational checks are evaluated by the backlog sensor (or by hand), not by each run.
+    selection = AssetSelection.assets(asset) - AssetSelection.checks(*checks)
+    job = define_asset_job(f"{spec.name}_job", selection=selection,
                            description=f"Drain one partition of {spec.stream}.{spec.group} "
                            "per run.")
     rebuild = define_asset_job(
-        f"{spec.name}_rebuild", selection=[asset],
+        f"{spec.name}_rebuild", selection=selection,
         config={"ops": {asset.op.name: {"config": {"mode": "rebuild"}}}},
         tags={MODE_TAG: "rebuild"},
         description=f"Rebuild one partition of {spec.stream}.{spec.group} per run from the "
         "origin stream's history, replacing its rows atomically (backfill it to recompute).")
     return GroupDefinitions(asset, job, rebuild, build_sensors(spec, job),
-                            build_drain_schedule(spec, job), build_group_checks(spec))
+                            build_drain_schedule(spec, job), checks)
 
 
 def _check_resources(groups: Sequence[ConsumerGroupAsset], resources: Mapping[str, Any]) -> None:

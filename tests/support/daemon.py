@@ -1,0 +1,111 @@
+"""A real Dagster daemon (``dagster-daemon run``) on a temp Dagster home, for automation tests
+and the soak benchmark: queued runs (one per partition at a time), each in its own process
+(the default run launcher), sensors ticking as in production."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from dagster import DagsterInstance, DagsterRun, RunsFilter
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def instance_yaml(max_concurrent_runs: int = 2) -> str:
+    """The queued run coordinator with the per-partition limit (as the README recommends),
+    dequeuing every second."""
+    return f"""\
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    max_concurrent_runs: {max_concurrent_runs}
+    dequeue_interval_seconds: 1
+    tag_concurrency_limits:
+      - key: "dagster/partition"
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
+telemetry:
+  enabled: false
+"""
+
+
+def make_home(path: Path, max_concurrent_runs: int = 2) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "dagster.yaml").write_text(instance_yaml(max_concurrent_runs))
+    with DagsterInstance.from_config(str(path)):
+        pass  # create the SQLite storages before the daemon and the CLI race to
+    return path
+
+
+def _reset_signals() -> None:  # pragma: no cover - runs in the forked child
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL it (processes here may ignore SIGTERM)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=timeout_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # run workers outlive the daemon's group: kill what is left of this home's runs
+    proc.wait(timeout=timeout_s)
+
+
+@contextmanager
+def daemon(home: Path, location: Path, env: Mapping[str, str]) -> Iterator[subprocess.Popen]:
+    """``dagster-daemon run -f <location> -d <repo root>`` with ``DAGSTER_HOME=home``; stopped
+    (process group, SIGKILL fallback) on exit. Its output goes to ``home/daemon.log``."""
+    full = {**os.environ, **env, "DAGSTER_HOME": str(home)}
+    with (home / "daemon.log").open("ab") as log:
+        proc = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-f", str(location),
+                                 "-d", str(ROOT)], cwd=ROOT, env=full, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_reset_signals)
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+
+
+def start_sensor(home: Path, location: Path, env: Mapping[str, str], name: str) -> None:
+    """``dagster sensor start <name>`` (sensors of consumer groups start stopped)."""
+    full = {**os.environ, **env, "DAGSTER_HOME": str(home)}
+    out = subprocess.run([str(BIN / "dagster"), "sensor", "start", name, "-f", str(location),
+                          "-d", str(ROOT)], cwd=ROOT, env=full, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def partition_runs(instance: DagsterInstance, key: str) -> list[DagsterRun]:
+    """The runs of Dagster partition ``key``, oldest first."""
+    return list(reversed(instance.get_runs(RunsFilter(tags={"dagster/partition": key}))))
+
+
+def wait_until(what: str, cond, timeout_s: float, home: Path, poll_s: float = 1.0):  # noqa: ANN001, ANN201
+    """Poll ``cond()`` until it returns something truthy; fail with the daemon log's tail."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            log = (home / "daemon.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{what}: not after {timeout_s:g} s; daemon log tail:\n{log}")
+        time.sleep(poll_s)
