@@ -36,6 +36,8 @@ run_coordinator:
         limit: 1
 telemetry:
   enabled: false
+nux:
+  enabled: false
 """
 
 

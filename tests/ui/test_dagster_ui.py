@@ -29,7 +29,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,8 +49,6 @@ PARTITION_KEYS = [f"legs-{p}" for p in range(8)]
 LIMIT = 3000
 MAIN_JOB_TIMEOUT_S = 420.0
 BATCH = 120
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 SCREENSHOT_COPY = PROJECT_ROOT / ".state" / "ui" / "aircraft_legs.png"
 # What the child interpreter prints last: the main job's return value (mismatches, -1 = failed run)
 RESULT_PREFIX = "CG_UI_MAIN_JOB_RESULT "
@@ -107,33 +104,6 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-@pytest.fixture
-def chrome(tmp_path: Path) -> Iterator[object]:
-    """A headless Chromium driven by Selenium through the system chromedriver."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    for binary in (CHROMIUM, CHROMEDRIVER):
-        assert os.access(binary, os.X_OK), (
-            f"{binary} missing: apt-get install -y chromium chromium-driver")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    profile = tmp_path / "chromium-profile"
-    profile.mkdir()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update",
-                "--no-first-run", f"--user-data-dir={profile}", "--window-size=1600,1000"):
-        opts.add_argument(arg)
-    # An explicit driver path: Selenium Manager (which would download drivers) is not used.
-    service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(service=service, options=opts)
-    driver.set_page_load_timeout(60)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def test_asset_page_shows_eight_materialized_partitions(tmp_path: Path, chrome: object) -> None:
