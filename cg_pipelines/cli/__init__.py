@@ -17,6 +17,7 @@ import click
 from cg_pipelines.cli.admin import elastic, static, stream
 from cg_pipelines.cli.context import Ctx, add_command_connection_options, group_connection_options
 from cg_pipelines.cli.dev import demo, dev
+from cg_pipelines.cli.spark import spark_connect
 from cg_pipelines.jetstream.connect import drop_ssl_eof_notice
 
 __all__ = ["main"]
@@ -36,6 +37,7 @@ for _group in (static, elastic, stream):
     main.add_command(_group)
 main.add_command(dev)
 main.add_command(demo)
+main.add_command(spark_connect)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["SparkConnectServer", "SparkStandaloneCluster", "spark_home"]
+__all__ = ["SparkConnectServer", "SparkStandaloneCluster", "spark_home", "stop_pid"]
 
 
 def spark_home() -> Path:
@@ -54,6 +54,42 @@ def _env(log_dir: Path) -> dict[str, str]:
     return {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOG_DIR": str(log_dir), "SPARK_NO_DAEMONIZE": "1",
             "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
+def stop_pid(pid: int, timeout_s: float = 10.0) -> bool:
+    """Stop the process group led by ``pid`` (SIGTERM, then SIGKILL after ``timeout_s``
+    seconds; processes started in the background here may ignore SIGTERM) and wait until it is
+    gone. For a process that is not this one's child (e.g. a server started by an earlier
+    ``cg spark-connect start``). Returns False if it was not running."""
+    def alive() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:  # a zombie child of ours counts as gone
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            return done == 0
+        except ChildProcessError:
+            return True
+
+    if not alive():
+        return False
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return True
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not alive():
+                return True
+            time.sleep(0.1)
+    return True
 
 
 class _Proc:
@@ -204,12 +240,19 @@ class SparkConnectServer:
     """
 
     def __init__(self, master: str = "local[2]", *, log_dir: Path | None = None,
-                 start_timeout_s: float = 90.0) -> None:
+                 start_timeout_s: float = 90.0, port: int | None = None,
+                 conf: dict[str, str] | None = None, driver_memory: str | None = None) -> None:
+        """Args: ``master`` the server's Spark master; ``log_dir`` where its log goes (a
+        temporary directory by default); ``start_timeout_s`` seconds to wait for it to listen;
+        ``port`` its gRPC port (a free one by default); ``conf`` extra ``--conf`` settings of
+        the server's Spark; ``driver_memory`` e.g. ``"2g"`` (Spark's default 1g otherwise)."""
         self.master = master
         self._tmp = tempfile.TemporaryDirectory(prefix="cg-connect-") if log_dir is None else None
         self.log_dir = Path(self._tmp.name) if self._tmp else Path(log_dir)  # type: ignore[arg-type]
         self.start_timeout_s = start_timeout_s
-        self.port = _free_port()
+        self.port = port or _free_port()
+        self.conf = dict(conf or {})
+        self.driver_memory = driver_memory
         self._proc: _Proc | None = None
 
     @property
@@ -221,14 +264,25 @@ class SparkConnectServer:
     def pid(self) -> int | None:
         return self._proc.popen.pid if self._proc else None
 
+    @property
+    def log(self) -> Path:
+        """The server's log file."""
+        return self.log_dir / "connect.log"
+
     def start(self) -> SparkConnectServer:
-        self._proc = _Proc("connect", [
-            "org.apache.spark.deploy.SparkSubmit", "--master", self.master,
-            "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-            "--conf", f"spark.connect.grpc.binding.port={self.port}",
-            "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-            "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
-            "spark-internal"], self.log_dir)
+        """Start the server and wait until it listens (see the class docstring for errors)."""
+        conf = {"spark.connect.grpc.binding.port": str(self.port),
+                "spark.connect.grpc.binding.address": "127.0.0.1",
+                "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.ui.showConsoleProgress": "false", **self.conf}
+        args = ["org.apache.spark.deploy.SparkSubmit", "--master", self.master,
+                "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+        if self.driver_memory:
+            args += ["--driver-memory", self.driver_memory]
+        for k, v in conf.items():
+            args += ["--conf", f"{k}={v}"]
+        self._proc = _Proc("connect", [*args, "spark-internal"], self.log_dir)
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if not self._proc.alive():
@@ -248,6 +302,23 @@ class SparkConnectServer:
         if self._proc is not None:
             self._proc.stop()
             self._proc = None
+
+    def detach(self) -> int:
+        """Forget the running server without stopping it (it keeps running after this process
+        exits, in its own session; stop it later with :func:`stop_pid`). Returns its pid.
+
+        Raises:
+            RuntimeError: not started, or started without a ``log_dir`` of its own (its
+                temporary log directory would go with this object).
+        """
+        if self._proc is None:
+            raise RuntimeError("the Spark Connect server is not running")
+        if self._tmp is not None:
+            raise RuntimeError("give SparkConnectServer a log_dir to detach it")
+        pid = self._proc.popen.pid
+        self._proc.popen.returncode = 0  # no "still running" warning when the Popen is freed
+        self._proc = None
+        return pid
 
     def __enter__(self) -> SparkConnectServer:
         return self.start()
