@@ -11,19 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.reconcile import ORIGIN_SEQ_HEADER, REPLAY_OF_HEADER
 from cg_pipelines.engine.model import DeadLetter
-from cg_pipelines.jetstream.api import JetStreamAPI, seconds_to_ns
-from cg_pipelines.jetstream.errors import JetStreamError
+from cg_pipelines.jetstream.api import JetStreamAPI, StoredMessage, seconds_to_ns
+from cg_pipelines.jetstream.errors import (
+    ERR_NO_MESSAGE_FOUND,
+    JetStreamError,
+    NoMessageFoundError,
+)
 
 DLQ_DUPLICATE_WINDOW_S = 7 * 24 * 3600.0
+
+
+def source_seq(headers: dict[str, str] | None) -> int | None:
+    """The origin sequence in a sourced message's ``Nats-Stream-Source`` header
+    (``<origin stream> <origin seq> ...``), or None."""
+    parts = (headers or {}).get("Nats-Stream-Source", "").split(" ")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 
 def dlq_stream_name(stream: str, group: str) -> str:
@@ -81,6 +95,32 @@ async def group_replicas(api: JetStreamAPI, stream: str, group: str) -> int:
     return 1
 
 
+def dead_letter_headers(
+    user_headers: dict[str, str] | None, *, origin_stream: str, read_stream: str, seq: int,
+    subject: str, partition: int, reason: str, origin_seq: int | None = None,
+) -> dict[str, str]:
+    """The headers a dead letter is stored with: the message's own headers (``Nats-*`` ones
+    dropped), then ``Nats-Msg-Id = <read_stream>:<seq>`` (each message dead-lettered once,
+    whoever does it: a run or ``cg halt``), ``Cg-Origin-Stream``, ``Cg-Stream``,
+    ``Cg-Sequence``, ``Cg-Subject`` (partition token stripped), ``Cg-Partition``,
+    ``Cg-Error`` (``reason`` on one line, at most 1,000 characters) and, when known,
+    ``Cg-Origin-Sequence`` (the origin stream sequence: reconciliation counts the message as
+    having reached the work queue)."""
+    headers = {k: v for k, v in (user_headers or {}).items() if not k.startswith("Nats-")}
+    headers.update({
+        "Nats-Msg-Id": f"{read_stream}:{seq}",
+        "Cg-Origin-Stream": origin_stream,
+        "Cg-Stream": read_stream,
+        "Cg-Sequence": str(seq),
+        "Cg-Subject": subject,
+        "Cg-Partition": str(partition),
+        "Cg-Error": " ".join(reason.split())[:1000],
+    })
+    if origin_seq is not None:
+        headers[ORIGIN_SEQ_HEADER] = str(origin_seq)
+    return headers
+
+
 async def publish_dead_letters(
     js: JetStreamContext,
     *,
@@ -109,18 +149,236 @@ async def publish_dead_letters(
         if i is None:
             raise ValueError(f"dead letter for sequence {d.seq} which is not in the batch")
         raw = batch["headers"][i].as_py()
-        headers = dict(json.loads(raw)) if raw else {}
-        headers.update({
-            "Nats-Msg-Id": f"{read_stream}:{d.seq}",
-            "Cg-Origin-Stream": origin_stream,
-            "Cg-Stream": read_stream,
-            "Cg-Sequence": str(d.seq),
-            "Cg-Subject": batch["subject"][i].as_py(),
-            "Cg-Partition": str(partition),
-            "Cg-Error": " ".join(d.reason.split())[:1000],
-        })
+        headers = dead_letter_headers(
+            dict(json.loads(raw)) if raw else None, origin_stream=origin_stream,
+            read_stream=read_stream, seq=d.seq, subject=batch["subject"][i].as_py(),
+            partition=partition, reason=d.reason, origin_seq=batch["origin_seq"][i].as_py())
         acks.append(await js.publish_async(f"{name}.{partition}", batch["data"][i].as_py(),
                                            headers=headers))
     if acks:
         await asyncio.wait_for(asyncio.gather(*acks), timeout)
     return len(acks)
+
+
+# --------------------------------------------------------------------------------------------
+# Operator tools (``cg dlq ...``, ``cg halt``): list, show, replay, purge, skip a message
+# --------------------------------------------------------------------------------------------
+
+REPLAY_HEADER = "Cg-Replayed-From"
+"""Header of a replayed message in the origin stream: ``<dead-letter stream>:<sequence>``."""
+
+
+
+@dataclass(frozen=True)
+class StoredDeadLetter:
+    """A message stored in the dead-letter stream.
+
+    Attributes:
+        seq: its sequence in the dead-letter stream.
+        subject: its subject there (``<stream>-<group>-dlq.<partition>``).
+        partition: ``Cg-Partition`` (None when missing).
+        source_stream, source_seq: where it was read (``Cg-Stream``, ``Cg-Sequence``: the
+            work-queue stream and sequence for an elastic group).
+        origin_subject: ``Cg-Subject``, the subject it was published on.
+        reason: ``Cg-Error``.
+        time_ns: when it was dead-lettered, ns since the epoch.
+        headers: all its headers (server ``Nats-*`` ones included when read from the leader).
+        data: the payload, as published.
+    """
+
+    seq: int
+    subject: str
+    partition: int | None
+    source_stream: str | None
+    source_seq: int | None
+    origin_subject: str | None
+    reason: str | None
+    time_ns: int
+    headers: dict[str, str]
+    data: bytes
+
+    @classmethod
+    def of(cls, msg: StoredMessage) -> StoredDeadLetter:
+        h = dict(msg.headers or {})
+        part, src_seq = h.get("Cg-Partition"), h.get("Cg-Sequence")
+        return cls(msg.seq, msg.subject, int(part) if part and part.isdigit() else None,
+                   h.get("Cg-Stream"), int(src_seq) if src_seq and src_seq.isdigit() else None,
+                   h.get("Cg-Subject"), h.get("Cg-Error"), msg.time_ns, h, msg.data)
+
+    def preview(self, limit: int = 120) -> str:
+        """The payload's first ``limit`` bytes as text (invalid UTF-8 and control characters
+        escaped, ``…`` when cut)."""
+        head = self.data[:limit].decode("utf-8", "backslashreplace")
+        head = "".join(c if c.isprintable() else repr(c)[1:-1] for c in head)
+        return head + ("…" if len(self.data) > limit else "")
+
+    def as_dict(self, preview_bytes: int = 120) -> dict[str, Any]:
+        """JSON-ready fields (``payload_preview`` instead of the payload, ``size`` in bytes,
+        ``time`` as RFC 3339)."""
+        return {
+            "seq": self.seq, "subject": self.subject, "partition": self.partition,
+            "source_stream": self.source_stream, "source_seq": self.source_seq,
+            "origin_subject": self.origin_subject, "reason": self.reason,
+            "time": _rfc3339(self.time_ns), "headers": self.headers, "size": len(self.data),
+            "payload_preview": self.preview(preview_bytes),
+        }
+
+
+def _rfc3339(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC).isoformat().replace(
+        "+00:00", "Z")
+
+
+async def list_dead_letters(
+    api: JetStreamAPI, stream: str, group: str, *, partition: int | None = None,
+    start_seq: int = 1, limit: int = 100,
+) -> list[StoredDeadLetter]:
+    """Dead letters of a group in stream order from ``start_seq`` (at most ``limit``), all
+    partitions or one. Batched direct gets (a replica may answer a little behind the leader).
+
+    Raises:
+        StreamNotFoundError: the group has no dead-letter stream (nothing was ever
+            dead-lettered, or the group does not exist).
+        JetStreamError: another API error.
+    """
+    name = dlq_stream_name(stream, group)
+    await api.stream_info(name)  # a clear StreamNotFoundError rather than no responders
+    subject = f"{name}.{partition}" if partition is not None else f"{name}.>"
+    out: list[StoredDeadLetter] = []
+    seq = max(1, start_seq)
+    while len(out) < limit:
+        got = await api.direct_get_batch(name, seq, subject, min(256, limit - len(out)))
+        if not got:
+            break
+        out.extend(StoredDeadLetter.of(m) for m in got)
+        seq = got[-1].seq + 1
+    return out
+
+
+async def get_dead_letter(api: JetStreamAPI, stream: str, group: str,
+                          seq: int) -> StoredDeadLetter:
+    """One dead letter, read from the stream's leader (all headers).
+
+    Raises:
+        NoMessageFoundError: no message at ``seq`` (err_code 10037).
+        StreamNotFoundError: no dead-letter stream.
+    """
+    name = dlq_stream_name(stream, group)
+    got = await api.msg_get(name, seq=seq)
+    if got is None:
+        raise NoMessageFoundError(404, ERR_NO_MESSAGE_FOUND,
+                                  f"no dead letter at sequence {seq} in {name}")
+    return StoredDeadLetter.of(got)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A dead letter published again into the origin stream: its dead-letter sequence, the
+    subject, and the new origin stream sequence (None when the origin's duplicate window
+    recognised an earlier replay of it)."""
+
+    dlq_seq: int
+    subject: str
+    origin_seq: int | None
+
+
+async def replay_dead_letter(js: JetStreamContext, api: JetStreamAPI, stream: str, group: str,
+                             seq: int, *, timeout: float = 5.0) -> Replayed:
+    """Publish dead letter ``seq`` again on its original subject into the origin ``stream``
+    (payload and the message's own headers; ``Cg-*`` dropped, ``Cg-Replayed-From`` added,
+    ``Nats-Msg-Id = replay:<dlq>:<seq>`` so a repeated replay within the origin's duplicate
+    window stores it once), then delete it from the dead-letter stream.
+
+    Ordering: the replayed message gets a new, later origin sequence, so it is processed after
+    every message of its partition already in the stream — after later events of its own key.
+
+    Raises:
+        NoMessageFoundError: no dead letter at ``seq``.
+        ValueError: the dead letter has no ``Cg-Subject`` (not made by this library).
+        JetStreamError: the publish or delete failed (a failed delete leaves the dead letter
+            in place; replaying it again is de-duplicated by the origin).
+    """
+    dead = await get_dead_letter(api, stream, group, seq)
+    if not dead.origin_subject:
+        raise ValueError(f"dead letter {seq} of {dlq_stream_name(stream, group)} has no "
+                         "Cg-Subject header: cannot tell where to replay it")
+    headers = {k: v for k, v in dead.headers.items()
+               if not k.startswith(("Cg-", "Nats-"))}
+    name = dlq_stream_name(stream, group)
+    headers[REPLAY_HEADER] = f"{name}:{seq}"
+    if dead.headers.get(ORIGIN_SEQ_HEADER, "").isdigit():
+        headers[REPLAY_OF_HEADER] = dead.headers[ORIGIN_SEQ_HEADER]
+    headers["Nats-Msg-Id"] = f"replay:{name}:{seq}"
+    ack = await js.publish(dead.origin_subject, dead.data, timeout=timeout, stream=stream,
+                           headers=headers)
+    await api.delete_msg(name, seq)
+    return Replayed(seq, dead.origin_subject, None if ack.duplicate else ack.seq)
+
+
+async def purge_dead_letters(api: JetStreamAPI, stream: str, group: str, *,
+                             partition: int | None = None, seq: int | None = None) -> int:
+    """Remove dead letters: one (``seq``), one partition's, or all. Returns how many.
+
+    Raises:
+        StreamNotFoundError: no dead-letter stream.
+    """
+    name = dlq_stream_name(stream, group)
+    if seq is not None:
+        return 1 if await api.delete_msg(name, seq) else 0
+    return await api.purge(name, filter=f"{name}.{partition}" if partition is not None else None)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A message moved from a partition's work queue to the dead-letter stream by an operator
+    (``cg halt``): its work-queue sequence, subject (partition token stripped) and its
+    sequence in the dead-letter stream (None when an earlier attempt stored it already)."""
+
+    partition: int
+    seq: int
+    subject: str
+    dlq_seq: int | None
+
+
+async def skip_message(
+    js: JetStreamContext, api: JetStreamAPI, stream: str, group: str, partition: int,
+    reason: str, *, seq: int | None = None, timeout: float = 5.0,
+) -> Skipped:
+    """Move the message a partition halted at into the dead-letter stream, so the partition's
+    next run goes on after it.
+
+    ``seq`` is the work-queue sequence (a halted run's ``halted_at``); ``None`` takes the
+    partition's first pending message. The message is read from the stream's leader, checked
+    to belong to ``partition``, stored as a dead letter with ``Cg-Error = reason`` (the same
+    ``Nats-Msg-Id`` a run would use: never twice), and deleted from the work queue. It stays
+    in the origin stream.
+
+    Raises:
+        NoMessageFoundError: the partition has no pending message, or none at ``seq``.
+        ValueError: the message at ``seq`` belongs to another partition; empty ``reason``.
+        JetStreamError: an API failure (nothing deleted unless the dead letter was stored).
+    """
+    if not reason.strip():
+        raise ValueError("a reason is required (it is stored as the dead letter's Cg-Error)")
+    wq = work_queue_stream_name(stream, group)
+    if seq is None:
+        got = await api.msg_get(wq, seq=1, next_by_subj=f"{partition}.>")
+        if got is None:
+            raise NoMessageFoundError(404, ERR_NO_MESSAGE_FOUND,
+                                      f"partition {partition} of {wq} has no pending message")
+    else:
+        got = await api.msg_get(wq, seq=seq)
+        if got is None:
+            raise NoMessageFoundError(404, ERR_NO_MESSAGE_FOUND,
+                                      f"no message at sequence {seq} in {wq} (already removed?)")
+    token, _, rest = got.subject.partition(".")
+    if token != str(partition):
+        raise ValueError(f"sequence {got.seq} of {wq} is in partition {token}, not {partition}")
+    await ensure_dlq_stream(api, stream, group)
+    headers = dead_letter_headers(got.headers, origin_stream=stream, read_stream=wq,
+                                  seq=got.seq, subject=rest, partition=partition,
+                                  reason=reason, origin_seq=source_seq(got.headers))
+    ack = await js.publish(f"{dlq_stream_name(stream, group)}.{partition}", got.data,
+                           timeout=timeout, headers=headers)
+    await api.delete_msg(wq, got.seq)
+    return Skipped(partition, got.seq, rest, None if ack.duplicate else ack.seq)

@@ -29,6 +29,8 @@ import asyncio
 import json
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -43,7 +45,8 @@ from cg_pipelines.jetstream.errors import (
     error_from_status,
 )
 
-__all__ = ["DEFAULT_WINDOW", "first_pending", "partition_backlog"]
+__all__ = ["DEFAULT_WINDOW", "PartitionHolder", "first_pending", "partition_backlog",
+           "partition_holders"]
 
 DEFAULT_WINDOW = 256
 """Direct gets in flight at once (one reply subscription for all of them)."""
@@ -175,3 +178,59 @@ async def first_pending(
             except nats.errors.Error:  # best effort: the connection may be going away
                 pass
     return found
+
+
+@dataclass(frozen=True)
+class PartitionHolder:
+    """Who holds a partition of a work-queue stream: a consumer whose filter is the
+    partition's (``<p>.>`` or ``<p>.<filter>``; a partition run's lease consumer is
+    ``partition-<p>``, a streaming member's is named after the member).
+
+    Attributes:
+        consumer: the consumer's name.
+        pinned_id: the ``PCG`` group's pinned client id (None: nobody pinned now).
+        pinned_since: when it was pinned (RFC 3339, as the server reports it), or None.
+        ack_pending: messages delivered and not acknowledged (1 while a run holds its lease).
+    """
+
+    consumer: str
+    pinned_id: str | None
+    pinned_since: str | None
+    ack_pending: int
+
+
+def _filters(cfg: dict[str, Any]) -> list[str]:
+    subjects = list(cfg.get("filter_subjects") or [])
+    if cfg.get("filter_subject"):
+        subjects.append(str(cfg["filter_subject"]))
+    return subjects
+
+
+async def partition_holders(api: JetStreamAPI, wq: str, partitions: Iterable[int]
+                            ) -> dict[int, list[PartitionHolder]]:
+    """The consumers of each partition of work-queue stream ``wq`` (one consumer list
+    request), pinned ones first. Partitions without a consumer are absent.
+
+    Raises:
+        StreamNotFoundError: no such stream.
+    """
+    wanted = set(partitions)
+    out: dict[int, list[PartitionHolder]] = {}
+    for info in await api.list_consumers(wq):
+        cfg = info.get("config") or {}
+        pin = None
+        since = None
+        for g in info.get("priority_groups") or []:
+            if g.get("pinned_client_id"):
+                pin, since = str(g["pinned_client_id"]), g.get("pinned_ts")
+        holder = PartitionHolder(str(cfg.get("name") or cfg.get("durable_name") or info.get(
+            "name")), pin, since, int(info.get("num_ack_pending") or 0))
+        for flt in _filters(cfg):
+            token = flt.split(".", 1)[0]
+            if token.isdigit() and int(token) in wanted:
+                lst = out.setdefault(int(token), [])
+                if holder not in lst:
+                    lst.append(holder)
+    for lst in out.values():
+        lst.sort(key=lambda h: (h.pinned_id is None, h.consumer))
+    return out

@@ -1,0 +1,336 @@
+"""Operator commands: ``cg backlog``, ``cg dlq ls|show|replay|purge``, ``cg halt show|skip`` and
+``cg reconcile`` (elastic groups). Each takes the connection options and ``--json``.
+
+- ``cg backlog S G``: per partition, pending messages, first pending sequence, age of the
+  oldest, and the consumer holding it (pinned client id, messages awaiting ack).
+- ``cg dlq ls S G [-p P]``: the dead letters (sequence, partition, source sequence, subject,
+  reason); ``cg dlq show S G SEQ``: one of them with every header and a payload preview;
+  ``cg dlq replay S G SEQ... | --all --reorder-ok``: publish them again on their subject into
+  the origin stream (they are processed after everything already in their partition: later
+  than newer events of the same key), then remove them from the dead-letter stream;
+  ``cg dlq purge S G [-p P | --seq N] --force``.
+- ``cg halt show S G P``: the message a partition stops at (its first pending one);
+  ``cg halt skip S G P --seq N --reason TEXT``: move it to the dead-letter stream with that
+  reason, so the partition's next run goes on after it.
+- ``cg reconcile S G``: origin messages the group's filters match that never reached the work
+  queue (exit 1 with the origin ranges and partitions when there are any).
+
+Exit codes as every ``cg`` command: 0 ok; 2 invalid input or missing group/stream/message;
+1 server or connection failure (and, for ``reconcile``, a gap found).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+from nats.js import JetStreamContext
+
+from cg_pipelines.cli.context import Ctx, fail
+from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.engine import deadletter as dl
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.backlog import partition_backlog, partition_holders
+
+__all__ = ["OPS_COMMANDS", "backlog", "dlq", "halt", "reconcile"]
+
+T = TypeVar("T")
+
+REORDER_NOTE = (
+    "a replayed message is published again into the origin stream, so it is processed after "
+    "every message already in its partition, including later events of its own key: per-key "
+    "order is NOT kept for it")
+
+
+def _run(c: Ctx, fn: Callable[[JetStreamContext, JetStreamAPI], Awaitable[T]]) -> T:
+    """``c.run`` with a raw API on the same connection; ``ValueError`` is invalid input
+    (exit 2)."""
+    async def go(js: JetStreamContext) -> T:
+        api = JetStreamAPI.from_js(js, c.timeout)
+        try:
+            return await fn(js, api)
+        finally:
+            await api.close()
+    try:
+        return c.run(go)
+    except ValueError as e:
+        fail(str(e), 2)
+        raise
+
+
+# ------------------------------------------------------------------------------------- backlog
+
+
+@click.command("backlog")
+@click.argument("stream")
+@click.argument("group")
+@click.option("--partition", "-p", "partitions", type=int, multiple=True,
+              help="Only these partitions (repeat); default all.")
+@click.pass_obj
+def backlog(c: Ctx, stream: str, group: str, partitions: tuple[int, ...]) -> None:
+    """Per-partition backlog of elastic GROUP: pending, oldest age, holder."""
+    async def go(js: JetStreamContext, api: JetStreamAPI) -> list[dict[str, Any]]:
+        v = await admin.get_elastic(js, stream, group, timeout=c.timeout)
+        n = v.config.max_members
+        bad = [p for p in partitions if not 0 <= p < n]
+        if bad:
+            raise ValueError(f"partition {bad[0]} out of range: {stream}.{group} has "
+                             f"partitions 0..{n - 1}")
+        parts = list(partitions) or list(range(n))
+        rows = await partition_backlog(api, stream, group, parts)
+        holders = await partition_holders(api, work_queue_stream_name(stream, group), parts)
+        out = []
+        for r in rows:
+            hs = holders.get(r.partition, [])
+            out.append({
+                "partition": r.partition, "pending": r.pending, "first_seq": r.first_seq,
+                "oldest_age_s": round(r.age_s, 3),
+                "holders": [{"consumer": h.consumer, "pinned_id": h.pinned_id,
+                             "pinned_since": h.pinned_since, "ack_pending": h.ack_pending}
+                            for h in hs],
+            })
+        return out
+
+    rows = _run(c, go)
+    lines = [f"{'partition':>9}  {'pending':>8}  {'first seq':>9}  {'oldest':>9}  holder"]
+    for r in rows:
+        hs = r["holders"]
+        if not hs:
+            who = "-"
+        else:
+            h = hs[0]
+            who = h["consumer"] + (f" (pinned {h['pinned_id']}" if h["pinned_id"]
+                                   else " (not pinned")
+            who += f", {h['ack_pending']} awaiting ack)" + (
+                f" +{len(hs) - 1} more" if len(hs) > 1 else "")
+        age = f"{r['oldest_age_s']:.1f} s" if r["pending"] else "-"
+        lines.append(f"{r['partition']:>9}  {r['pending']:>8}  "
+                     f"{r['first_seq'] if r['first_seq'] is not None else '-':>9}  "
+                     f"{age:>9}  {who}")
+    c.out(rows, "\n".join(lines))
+
+
+# ------------------------------------------------------------------------------------------ dlq
+
+
+@click.group("dlq")
+def dlq() -> None:
+    """Dead letters of an elastic group (stream <stream>-<group>-dlq)."""
+
+
+@dlq.command("ls")
+@click.argument("stream")
+@click.argument("group")
+@click.option("--partition", "-p", type=int, default=None, help="Only this partition.")
+@click.option("--start", "start_seq", type=int, default=1, show_default=True,
+              help="First dead-letter sequence to list.")
+@click.option("--limit", type=int, default=100, show_default=True, help="Most to list.")
+@click.pass_obj
+def dlq_ls(c: Ctx, stream: str, group: str, partition: int | None, start_seq: int,
+           limit: int) -> None:
+    """List dead letters: sequence, partition, source sequence, subject, reason."""
+    if limit < 1:
+        fail("--limit must be >= 1", 2)
+    rows = _run(c, lambda js, api: dl.list_dead_letters(
+        api, stream, group, partition=partition, start_seq=start_seq, limit=limit))
+    name = dl.dlq_stream_name(stream, group)
+    text = [f"{'seq':>6}  {'part':>4}  {'source seq':>10}  subject  reason"]
+    text += [f"{d.seq:>6}  {d.partition if d.partition is not None else '-':>4}  "
+             f"{d.source_seq if d.source_seq is not None else '-':>10}  "
+             f"{d.origin_subject or d.subject}  {d.reason or ''}" for d in rows]
+    c.out([d.as_dict() for d in rows],
+          "\n".join(text) if rows else f"no dead letters in {name}")
+
+
+@dlq.command("show")
+@click.argument("stream")
+@click.argument("group")
+@click.argument("seq", type=int)
+@click.option("--preview", "preview_bytes", type=int, default=512, show_default=True,
+              help="Payload bytes to show.")
+@click.pass_obj
+def dlq_show(c: Ctx, stream: str, group: str, seq: int, preview_bytes: int) -> None:
+    """Show dead letter SEQ: subject, reason, headers, payload preview."""
+    d = _run(c, lambda js, api: dl.get_dead_letter(api, stream, group, seq))
+    lines = [f"dead letter {d.seq} of {dl.dlq_stream_name(stream, group)}",
+             f"  partition:  {d.partition}",
+             f"  source:     {d.source_stream} sequence {d.source_seq}",
+             f"  subject:    {d.origin_subject}",
+             f"  reason:     {d.reason}",
+             f"  stored:     {d.as_dict()['time']}",
+             "  headers:"]
+    lines += [f"    {k}: {v}" for k, v in sorted(d.headers.items())]
+    lines += [f"  payload ({len(d.data)} bytes): {d.preview(preview_bytes)}"]
+    c.out(d.as_dict(preview_bytes), "\n".join(lines))
+
+
+@dlq.command("replay")
+@click.argument("stream")
+@click.argument("group")
+@click.argument("seqs", type=int, nargs=-1)
+@click.option("--all", "replay_all", is_flag=True, help="Every dead letter (of --partition).")
+@click.option("--partition", "-p", type=int, default=None, help="With --all: only this one.")
+@click.option("--reorder-ok", is_flag=True,
+              help="Required: accept that replayed messages lose their per-key order.")
+@click.pass_obj
+def dlq_replay(c: Ctx, stream: str, group: str, seqs: tuple[int, ...], replay_all: bool,
+               partition: int | None, reorder_ok: bool) -> None:
+    """Publish dead letters again into the origin stream (then remove them here).
+
+    They are processed after everything already in their partition: after newer events of
+    the same key. Pass --reorder-ok to accept that.
+    """
+    if not seqs and not replay_all:
+        fail("name dead-letter sequences or give --all", 2)
+    if seqs and replay_all:
+        fail("give sequences or --all, not both", 2)
+    if not reorder_ok:
+        fail(f"{REORDER_NOTE}; pass --reorder-ok to replay anyway", 2)
+
+    async def go(js: JetStreamContext, api: JetStreamAPI) -> list[dl.Replayed]:
+        todo = list(seqs)
+        if replay_all:
+            start = 1
+            while True:
+                batch = await dl.list_dead_letters(api, stream, group, partition=partition,
+                                                   start_seq=start, limit=1000)
+                todo += [d.seq for d in batch]
+                if len(batch) < 1000:
+                    break
+                start = batch[-1].seq + 1
+        return [await dl.replay_dead_letter(js, api, stream, group, s, timeout=c.timeout)
+                for s in todo]
+
+    done = _run(c, go)
+    text = [f"replayed dead letter {r.dlq_seq} on {r.subject} as origin sequence "
+            f"{r.origin_seq if r.origin_seq is not None else '(duplicate of an earlier replay)'}"
+            for r in done] or ["no dead letters to replay"]
+    c.out({"replayed": [{"dlq_seq": r.dlq_seq, "subject": r.subject,
+                         "origin_seq": r.origin_seq} for r in done],
+           "ordering": REORDER_NOTE}, "\n".join(text))
+
+
+@dlq.command("purge")
+@click.argument("stream")
+@click.argument("group")
+@click.option("--partition", "-p", type=int, default=None, help="Only this partition's.")
+@click.option("--seq", type=int, default=None, help="Only this dead letter.")
+@click.option("--force", "-f", is_flag=True, help="Required: really remove them.")
+@click.pass_obj
+def dlq_purge(c: Ctx, stream: str, group: str, partition: int | None, seq: int | None,
+              force: bool) -> None:
+    """Remove dead letters (all, one partition's, or one) for good."""
+    if partition is not None and seq is not None:
+        fail("give --partition or --seq, not both", 2)
+    if not force:
+        what = (f"dead letter {seq}" if seq is not None else
+                f"partition {partition}'s dead letters" if partition is not None
+                else "every dead letter")
+        fail(f"this removes {what} of {dl.dlq_stream_name(stream, group)} for good; pass "
+             "--force", 2)
+    n = _run(c, lambda js, api: dl.purge_dead_letters(api, stream, group, partition=partition,
+                                                      seq=seq))
+    c.out({"purged": n}, f"purged {n} dead letter(s) from {dl.dlq_stream_name(stream, group)}")
+
+
+# ----------------------------------------------------------------------------------------- halt
+
+
+@click.group("halt")
+def halt() -> None:
+    """A partition halted at a bad message (dead_letter_policy="halt"): show it, skip it."""
+
+
+@halt.command("show")
+@click.argument("stream")
+@click.argument("group")
+@click.argument("partition", type=int)
+@click.pass_obj
+def halt_show(c: Ctx, stream: str, group: str, partition: int) -> None:
+    """The message PARTITION stops at: its first pending message in the work queue."""
+    async def go(js: JetStreamContext, api: JetStreamAPI) -> dict[str, Any]:
+        wq = work_queue_stream_name(stream, group)
+        got = await api.msg_get(wq, seq=1, next_by_subj=f"{partition}.>")
+        if got is None:
+            return {"partition": partition, "seq": None}
+        d = dl.StoredDeadLetter.of(got)
+        return {"partition": partition, "seq": got.seq, "subject": got.subject.partition(".")[2],
+                "size": len(got.data), "payload_preview": d.preview(512),
+                "headers": {k: v for k, v in (got.headers or {}).items()}}
+
+    r = _run(c, go)
+    if r["seq"] is None:
+        c.out(r, f"partition {partition} has no pending message")
+        return
+    c.out(r, f"partition {partition} stops at work-queue sequence {r['seq']} on "
+             f"{r['subject']} ({r['size']} bytes): {r['payload_preview']}")
+
+
+@halt.command("skip")
+@click.argument("stream")
+@click.argument("group")
+@click.argument("partition", type=int)
+@click.option("--seq", type=int, default=None,
+              help="Work-queue sequence the run halted at (its 'halted at sequence N'); "
+                   "default: the partition's first pending message.")
+@click.option("--reason", required=True, help="Why (stored as the dead letter's Cg-Error).")
+@click.pass_obj
+def halt_skip(c: Ctx, stream: str, group: str, partition: int, seq: int | None,
+              reason: str) -> None:
+    """Move the message PARTITION halted at to the dead-letter stream; the next run goes on."""
+    s = _run(c, lambda js, api: dl.skip_message(js, api, stream, group, partition, reason,
+                                                seq=seq, timeout=c.timeout))
+    c.out({"partition": s.partition, "seq": s.seq, "subject": s.subject, "dlq_seq": s.dlq_seq,
+           "dlq": dl.dlq_stream_name(stream, group)},
+          f"moved work-queue sequence {s.seq} ({s.subject}) of partition {s.partition} to "
+          f"{dl.dlq_stream_name(stream, group)}"
+          + (f" as sequence {s.dlq_seq}" if s.dlq_seq is not None else " (already there)")
+          + "; the partition's next run goes on after it")
+
+
+# ------------------------------------------------------------------------------------ reconcile
+
+
+@click.command("reconcile")
+@click.argument("stream")
+@click.argument("group")
+@click.option("--table", default=None,
+              help="The group's Delta table (directory or s3://...): its _seq column proves "
+                   "which messages were processed. Without it, only valid before any run.")
+@click.option("--storage-option", "storage_options", multiple=True,
+              help="key=value for the table's object store (e.g. AWS_ENDPOINT_URL=...); "
+                   "repeat.")
+@click.option("--seq-column", default="_seq", show_default=True,
+              help="The table's column holding each row's origin sequence.")
+@click.option("--from-seq", type=int, default=None,
+              help="First origin sequence to check (default: the last --max-messages).")
+@click.option("--max-messages", type=int, default=500_000, show_default=True,
+              help="Most origin messages to read.")
+@click.pass_obj
+def reconcile(c: Ctx, stream: str, group: str, table: str | None,
+              storage_options: tuple[str, ...], seq_column: str, from_seq: int | None,
+              max_messages: int) -> None:
+    """Origin messages of GROUP's filters that never reached its work queue (exit 1 if any)."""
+    from cg_pipelines.jetstream.reconcile import reconcile_group, sink_table_seqs
+    from cg_pipelines.sinks.delta import DeltaSink
+
+    opts: dict[str, str] = {}
+    for item in storage_options:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--storage-option takes key=value, got {item!r}", 2)
+        opts[key] = value
+    seqs = (sink_table_seqs(DeltaSink(table, storage_options=opts or None), seq_column)
+            if table is not None else None)
+    rep = _run(c, lambda js, api: reconcile_group(js, api, stream, group, table_seqs=seqs,
+                                                  from_seq=from_seq,
+                                                  max_messages=max_messages))
+    c.out(rep.as_dict(), rep.text())
+    if not rep.ok:
+        raise SystemExit(1)
+
+
+OPS_COMMANDS: tuple[click.Command, ...] = (backlog, dlq, halt, reconcile)
+"""The commands this module adds to ``cg`` (registered in :mod:`cg_pipelines.cli`)."""

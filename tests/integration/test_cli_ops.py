@@ -1,0 +1,130 @@
+"""The operator commands against a real server: ``cg backlog``, ``cg halt show|skip`` (the
+halt -> skip -> resume workflow), ``cg dlq ls|show|replay|purge`` and ``cg reconcile`` (ok case;
+the gap case is tests/integration/test_reconcile.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
+
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.subjects import partition_for
+from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.sinks.delta import DeltaSink
+from cg_pipelines.testing.nats_server import NatsServer
+from tests.support import keyed
+
+CG = [sys.executable, "-m", "cg_pipelines.cli"]
+FAST = dict(ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=3.0)
+
+
+def cg(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CG, "--server", url, *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def cg_json(url: str, *args: str) -> object:
+    r = cg(url, "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+async def test_backlog_halt_skip_resume_dead_letters_and_reconcile(
+        nats_server: NatsServer, nc: Client, js: JetStreamContext, unique_name: str,
+        tmp_path: Path) -> None:
+    url, s = nats_server.url, unique_name
+    await js.add_stream(StreamConfig(name=s, subjects=[f"{s}.>"], allow_direct=True))
+    await admin.create_elastic(js, s, "g", ElasticConfig(
+        2, (PartitioningFilter(f"{s}.*", (1,)),), members=("m1",)))
+    evs = keyed.events(6, 60)
+    key = evs[0][0]
+    p = partition_for([key], 2)
+    await keyed.publish(js, s, evs[:30])
+    bad = (await js.publish(f"{s}.{key}", b'{"key": "' + key.encode() + b'", "n": oops}')).seq
+    await keyed.publish(js, s, evs[30:])
+    api = JetStreamAPI.from_js(js)
+    for _ in range(200):
+        if (await api.stream_info(f"{s}-g"))["state"]["messages"] >= len(evs) + 1:
+            break
+        await asyncio.sleep(0.05)
+
+    # backlog: every message pending, the oldest's age, nobody holding a partition yet
+    rows = cg_json(url, "backlog", s, "g")
+    assert [r["partition"] for r in rows] == [0, 1]
+    assert sum(r["pending"] for r in rows) == len(evs) + 1
+    assert all(r["first_seq"] >= 1 and r["oldest_age_s"] >= 0 for r in rows)
+    assert all(r["holders"] == [] for r in rows)
+    text = cg(url, "backlog", s, "g").stdout
+    assert text.splitlines()[0].split() == ["partition", "pending", "first", "seq", "oldest",
+                                           "holder"]
+
+    # halt: the run stops at the bad message (work-queue sequence == origin sequence here)
+    sink = DeltaSink(str(tmp_path / "t"))
+    halt = EngineOptions(dead_letter_policy="halt", **FAST)
+    r = await run_partition(nc, s, "g", p, keyed.processor(), sink, halt)
+    assert r.status == "halted" and r.halted_at == bad, r
+    holders = cg_json(url, "backlog", s, "g", "-p", str(p))[0]["holders"]
+    assert [h["consumer"] for h in holders] == [f"partition-{p}"]
+    shown = cg_json(url, "halt", "show", s, "g", str(p))
+    assert shown["seq"] == bad and "oops" in shown["payload_preview"]
+    # skip: wrong partition refused, then moved with the reason; the rerun goes on
+    r2 = cg(url, "halt", "skip", s, "g", str(1 - p), "--seq", str(bad), "--reason", "x")
+    assert r2.returncode == 2 and f"is in partition {p}, not {1 - p}" in r2.stderr, r2.stderr
+    r2 = cg(url, "halt", "skip", s, "g", str(p), "--seq", str(bad), "--reason", "malformed n")
+    assert r2.returncode == 0, r2.stderr
+    assert f"moved work-queue sequence {bad}" in r2.stdout and "next run goes on" in r2.stdout
+    again = cg(url, "halt", "skip", s, "g", str(p), "--seq", str(bad), "--reason", "again")
+    assert again.returncode == 2 and f"no message at sequence {bad}" in again.stderr
+    for q in (0, 1):
+        r = await run_partition(nc, s, "g", q, keyed.processor(), sink, halt)
+        assert r.status == "drained", r
+    assert keyed.mismatches(sink.read(), evs) is None
+
+    # dead letters: listed and shown with the reason, headers and payload
+    (d,) = cg_json(url, "dlq", "ls", s, "g")
+    assert (d["partition"], d["source_seq"], d["reason"]) == (p, bad, "malformed n")
+    assert d["headers"]["Cg-Origin-Sequence"] == str(bad)
+    shown = cg(url, "dlq", "show", s, "g", str(d["seq"]))
+    assert shown.returncode == 0, shown.stderr
+    assert "reason:     malformed n" in shown.stdout and "oops" in shown.stdout
+    assert "Cg-Subject: " + f"{s}.{key}" in shown.stdout
+    assert cg(url, "dlq", "show", s, "g", "99").returncode == 2
+
+    # every origin message reached the work queue: reconcile is ok (exit 0)
+    rec = cg(url, "--json", "reconcile", s, "g", "--table", str(tmp_path / "t"),
+             "--seq-column", "seq")  # the keyed test transform names it seq
+    assert rec.returncode == 0, rec.stdout + rec.stderr
+    rep = json.loads(rec.stdout)
+    assert rep["ok"] and rep["expected"] == len(evs) + 1 and rep["in_dlq"] == 1, rep
+    r5 = cg(url, "reconcile", s, "g", "--table", str(tmp_path / "t"))
+    assert r5.returncode == 2 and "the table has no usable '_seq' column" in r5.stderr
+
+    # replay: refused without the flag (the ordering consequence stated), then published again
+    r3 = cg(url, "dlq", "replay", s, "g", str(d["seq"]))
+    assert r3.returncode == 2 and "per-key order is NOT kept" in r3.stderr, r3.stderr
+    out = cg_json(url, "dlq", "replay", s, "g", "--all", "--reorder-ok")
+    (rp,) = out["replayed"]
+    assert rp["subject"] == f"{s}.{key}" and rp["origin_seq"] == len(evs) + 2
+    assert cg_json(url, "dlq", "ls", s, "g") == []
+    msg = await api.msg_get(s, seq=rp["origin_seq"])
+    assert msg is not None and msg.headers["Cg-Replay-Of"] == str(bad)
+    # still bad: the next run (dlq policy) dead-letters it again; the table is unchanged
+    await asyncio.sleep(0.3)
+    r = await run_partition(nc, s, "g", p, keyed.processor(), sink, EngineOptions(**FAST))
+    assert r.dead_lettered == 1, r
+    assert keyed.mismatches(sink.read(), evs) is None
+
+    # purge: refused without --force, then done
+    r4 = cg(url, "dlq", "purge", s, "g")
+    assert r4.returncode == 2 and "--force" in r4.stderr
+    assert cg_json(url, "dlq", "purge", s, "g", "--force") == {"purged": 1}
+    assert cg_json(url, "dlq", "ls", s, "g") == []
