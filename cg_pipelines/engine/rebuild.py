@@ -242,6 +242,7 @@ class _Rebuild(_PartitionRun):
         # merge mode: the rows left in the table (each key's last), not the replay's output
         table_rows = getattr(self.sink, "last_rows_written", None)
         res.rows_written = written["rows"] if table_rows is None else int(table_rows)
+        res.commits += 1  # the replacement is one Delta version
         res.status = "rebuilt"
         res.detail = (f"origin sequences {first}..{origin_last}: {res.messages_read} messages "
                       f"read, {res.processed} of partition {self.partition}, "
