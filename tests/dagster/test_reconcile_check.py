@@ -1,0 +1,101 @@
+"""The ``origin_reconciled`` asset check (cg_pipelines.dagster.reconcile) against a real group:
+passes when every origin message reached the work queue, fails naming the origin range, the
+partitions and the rebuild job when messages were removed from the work queue unprocessed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dagster import (
+    AssetCheckSeverity,
+    AssetSelection,
+    DagsterInstance,
+    Definitions,
+    define_asset_job,
+)
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
+
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.dagster import DeltaWarehouseResource, NatsResource
+from cg_pipelines.dagster.reconcile import (
+    RECONCILE_CHECK,
+    build_reconcile_check,
+    reconcile_evaluation,
+    reconcile_skip_reason,
+)
+from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.testing.nats_server import NatsServer
+from tests.dagster import helpers as h
+from tests.dagster.defs_keyed import (
+    GROUP,
+    PARTITIONS,
+    group_definitions,
+    make_resources,
+    spec,
+)
+from tests.support import keyed
+
+FAST = EngineOptions(ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=3.0)
+
+
+async def test_reconcile_check_fails_on_a_gap_then_passes(
+        nc: Client, js: JetStreamContext, nats_server: NatsServer, unique_name: str,
+        warehouse: str, instance: DagsterInstance) -> None:
+    stream = unique_name
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"], allow_direct=True))
+    await admin.create_elastic(js, stream, GROUP, ElasticConfig(
+        PARTITIONS, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
+    evs = keyed.events(n_keys=20, n_events=200)
+    await h.publish(js, stream, evs, len(evs))
+    nats = NatsResource(servers=nats_server.url)
+    wh = DeltaWarehouseResource(root=warehouse)
+    group = spec(stream)
+    sink = wh.sink(group.table_name)
+
+    async def drain() -> None:
+        for p in range(PARTITIONS):
+            r = await run_partition(nc, stream, GROUP, p, keyed.processor(), sink, FAST)
+            assert r.status in ("drained", "empty"), r
+
+    check = build_reconcile_check(group, seq_column="seq")
+    defs = Definitions(assets=[group_definitions(stream).asset], asset_checks=[check],
+                       jobs=[define_asset_job("reconcile", AssetSelection.checks(check))],
+                       resources={**make_resources(nats_server.url, warehouse), "nats": nats,
+                                  "warehouse": wh})
+    job = defs.resolve_job_def("reconcile")
+
+    def evaluate() -> object:
+        res = job.execute_in_process(instance=instance)
+        assert res.success
+        (ev,) = res.get_asset_check_evaluations()
+        assert ev.check_name == RECONCILE_CHECK
+        return ev
+
+    await drain()
+    ok = await asyncio.to_thread(evaluate)
+    assert ok.passed, ok.description
+    assert ok.metadata["in_table"].value == len(evs)
+
+    # messages removed from the work queue unprocessed: origin sequences 201..205
+    more = [(f"new{i}", i) for i in range(10)]
+    await h.publish(js, stream, more, len(evs) + len(more))
+    api = JetStreamAPI.from_js(js)
+    for seq in range(201, 206):
+        assert await api.delete_msg(f"{stream}-{GROUP}", seq)
+    await drain()
+    parts = sorted({h.partition_of(k) for k, _ in more[:5]})
+    bad = await asyncio.to_thread(evaluate)
+    assert not bad.passed and bad.severity == AssetCheckSeverity.ERROR
+    assert "origin sequences 201..205 (5 messages, partition" in bad.description, bad.description
+    assert f"run the keyed_events_rebuild job for partition(s) " \
+           f"{', '.join(f'{GROUP}-{p}' for p in parts)}" in bad.description
+    assert bad.metadata["missing"].value == 5
+    # the same for a sensor: an evaluation to emit, a skip reason
+    ev = await asyncio.to_thread(reconcile_evaluation, group, nats, wh, seq_column="seq")
+    assert not ev.passed and ev.description == bad.description
+    reason = await asyncio.to_thread(reconcile_skip_reason, group, nats, wh, seq_column="seq")
+    assert reason == bad.description
