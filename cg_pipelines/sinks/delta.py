@@ -413,8 +413,9 @@ class DeltaSink:
             # write_deltalake and merge advance dt in place to the version they wrote,
             # create_write_transaction does not.
             if _txn(dt, app_id) != version:
+                before = dt.version()
                 dt.update_incremental()
-                written = self._find_version(dt, app_id, version)
+                written = self._find_version(dt, before, app_id, version)
             else:
                 written = dt.version()
             with self._lock:
@@ -479,14 +480,19 @@ class DeltaSink:
             separators=(",", ":"))
         return md
 
-    @staticmethod
-    def _find_version(dt: DeltaTable, app_id: str, watermark: int) -> int | None:
-        """The version whose commit info says ``app_id`` reached ``watermark`` (searched in
-        the latest 50 versions of snapshot ``dt``), or None."""
-        for entry in dt.history(limit=50):
-            if entry.get("cg.app_id") == app_id and entry.get("cg.watermark") == str(watermark):
-                v = entry.get("version")
-                return int(v) if v is not None else None
+    def _find_version(self, dt: DeltaTable, before: int, app_id: str, watermark: int
+                      ) -> int | None:
+        """The version (after ``before``, up to snapshot ``dt``'s) whose commit first records
+        ``app_id`` at ``watermark``: ``before + 1`` when no one else committed meanwhile,
+        else found by loading the versions in between (rare; never ``history()``, which hangs
+        on moto's S3 listing). None if not found."""
+        latest = dt.version()
+        if latest == before + 1:
+            return latest
+        for v in range(before + 1, latest + 1):
+            snap = DeltaTable(self._uri, version=v, storage_options=self._options or None)
+            if _txn(snap, app_id) == watermark:
+                return v
         return None
 
     # ---------------------------------------------------------------- table management / reads
@@ -565,7 +571,18 @@ class DeltaSink:
                     empty = self._schema.empty_table()
                     return empty.select(columns) if columns is not None else empty
                 return pa.table({c: pa.nulls(0) for c in columns or []})
-            return ds.to_table(columns=columns, filter=filter)
+            try:
+                return ds.to_table(columns=columns, filter=filter)
+            except pa.ArrowNotImplementedError:
+                if filter is None:
+                    raise
+                # Files written by delta-rs' MERGE (DataFusion) store strings as string_view;
+                # pyarrow 2x cannot compare their statistics with a string literal while
+                # pruning. Scan unpruned, filter in memory (the result is the same).
+                names = list(dict.fromkeys([*(columns or ds.schema.names)]))
+                whole = ds.to_table(columns=None if columns is None else
+                                    list(dict.fromkeys([*names, *ds.schema.names])))
+                return whole.filter(filter).select(names)
 
     def last_rows(
         self,
@@ -600,8 +617,19 @@ class DeltaSink:
             return self.read(columns=cols).slice(0, 0) if self.exists() else pa.table(
                 {c: pa.nulls(0) for c in cols})
         flt = pc.field(key).isin(list(keys))
+        part = None
         if partition is not None and PARTITION_COLUMN in self._column_names():
-            flt = flt & (pc.field(PARTITION_COLUMN) == partition)
+            part = pc.field(PARTITION_COLUMN) == partition
+        if isinstance(self._write, Merge):
+            # The current table: one row per key, the partition's files read whole (pruned
+            # by partition only: MERGE-written statistics are string_view, see read()).
+            rows = self.read(columns=list(dict.fromkeys([*cols, PARTITION_COLUMN]))
+                             if part is not None else cols, filter=part)
+            if rows.num_rows == 0:
+                return rows.select(cols)
+            return last_per_key(rows.filter(flt).select(cols), key, order_by)
+        if part is not None:
+            flt = flt & part
         return last_per_key(self.read(columns=cols, filter=flt), key, order_by)
 
     def replace_partition(

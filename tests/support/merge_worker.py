@@ -1,0 +1,47 @@
+"""Runs one partition of the devices pipeline (merge mode) in its own process, for crash
+(SIGKILL) and zombie (SIGSTOP) tests; the merge twin of ``engine_worker.py``.
+
+Usage: python tests/support/merge_worker.py URL STREAM GROUP PARTITION TABLE_URI
+       BATCH ACK_WAIT_S SIGNAL_STEP SIGNAL_AT SIGNAL   (SIGNAL: KILL or STOP; step "-" = none)
+Prints the run result as one JSON line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import nats  # noqa: E402
+
+from cg_pipelines.engine.runner import EngineOptions, run_partition  # noqa: E402
+from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
+from tests.support import devices  # noqa: E402
+
+
+async def main() -> None:
+    url, stream, group, part, uri, batch, ack_wait, step, at, sig = sys.argv[1:11]
+    seen = {"n": 0}
+
+    def hook(name: str, info: dict) -> None:
+        if name == step:
+            seen["n"] += 1
+            if seen["n"] == int(at):
+                os.kill(os.getpid(), signal.SIGKILL if sig == "KILL" else signal.SIGSTOP)
+
+    nc = await nats.connect(url)
+    opts = EngineOptions(batch_max_msgs=int(batch), ack_wait_s=float(ack_wait),
+                         priority_timeout_s=float(ack_wait), hold_wait_s=4 * float(ack_wait))
+    res = await run_partition(nc, stream, group, int(part), devices.processor(),
+                              DeltaSink(uri, write=devices.MERGE), opts, hook=hook)
+    await nc.close()
+    print(json.dumps(res.as_dict()), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
