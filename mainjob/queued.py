@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -28,19 +29,70 @@ DAEMON_BIN = Path(sys.executable).with_name("dagster-daemon")
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 
 
+WORK_TIMINGS = ("read", "process", "commit", "dead_letter", "read_executors")
+"""The engine's timings that are the run's work on its messages: waiting for a range read,
+processing, committing (``read_overlapped`` is left out: it overlaps ``process``; so is
+``settle``, the purge and ack, which overlaps the next batch; ``watermark`` is part of taking
+the lease)."""
+
+
 @dataclass(frozen=True)
 class RunTiming:
-    """One partition run: key, status, start and end (epoch seconds), messages."""
+    """One partition run: key, status, start and end (epoch seconds), messages.
+
+    ``start``/``end`` are the run record's (the run worker's RUN_START to its end). The
+    breakdown fields are epoch seconds from the run's event log (0.0 when absent):
+    ``launched`` (RUN_STARTING: the daemon handed it to the run launcher), ``step_start``
+    (the asset step started), ``session`` (seconds the Spark session took, from the resource's
+    log line), ``engine_s`` (the engine's run, from its connect to its last ack: the
+    materialization's ``seconds``), ``work_s`` (the engine's work on the messages: read,
+    process, commit; see :data:`WORK_TIMINGS`), ``engine_end`` (its summary log line),
+    ``batches`` (commits).
+    """
 
     partition: str
     status: str
     start: float
     end: float
     messages: int
+    launched: float = 0.0
+    step_start: float = 0.0
+    session: float = 0.0
+    engine_s: float = 0.0
+    work_s: float = 0.0
+    engine_end: float = 0.0
+    batches: int = 0
 
     @property
     def seconds(self) -> float:
         return self.end - self.start
+
+    @property
+    def run_s(self) -> float:
+        """Seconds from the launch (RUN_STARTING) to the run's end."""
+        return self.end - (self.launched or self.start)
+
+    @property
+    def fixed_s(self) -> float:
+        """Run time less the work on its messages: everything a run costs whatever its
+        backlog (process start and imports, code location, Dagster run and step start, Spark
+        session, group config, lease, table stats, checks, run end)."""
+        return self.run_s - self.work_s
+
+    def breakdown(self) -> dict[str, float]:
+        """The fixed cost in parts (seconds; needs the event-log fields)."""
+        launched = self.launched or self.start
+        engine_start = self.engine_end - self.engine_s
+        return {
+            "launch->run start (process, imports, code location)": self.start - launched,
+            "run start->step start (Dagster, resources)": self.step_start - self.start,
+            "step start->engine (run checks, group config, Spark session)":
+                engine_start - self.step_start,
+            "  of which Spark session": self.session,
+            "engine less work (NATS connect, lease, watermark, last ack, release)":
+                self.engine_s - self.work_s,
+            "engine end->run end (table stats, checks, run end)": self.end - self.engine_end,
+        }
 
 
 @dataclass(frozen=True)
@@ -53,17 +105,29 @@ class QueuedResult:
 
     @property
     def window_s(self) -> float:
-        return max(r.end for r in self.runs) - min(r.start for r in self.runs)
+        """Seconds from the first run's launch (RUN_STARTING; its start when unknown) to the
+        last run's end."""
+        return max(r.end for r in self.runs) - min(r.launched or r.start for r in self.runs)
 
     @property
     def aggregate(self) -> float:
-        """Messages per second over the runs' window (first start to last end)."""
+        """Messages per second over the runs' window (first launch to last end)."""
         return self.messages / self.window_s if self.window_s > 0 else 0.0
 
     @property
     def failed(self) -> int:
         """Runs that did not succeed."""
         return sum(r.status != "SUCCESS" for r in self.runs)
+
+    @property
+    def fixed_median(self) -> float:
+        """Median over the runs of :attr:`RunTiming.fixed_s` (seconds)."""
+        return statistics.median(r.fixed_s for r in self.runs)
+
+    def breakdown_median(self) -> dict[str, float]:
+        """Median over the runs of each part of :meth:`RunTiming.breakdown` (seconds)."""
+        parts = [r.breakdown() for r in self.runs]
+        return {k: statistics.median(p[k] for p in parts) for k in parts[0]}
 
 
 def write_instance_config(home: Path, concurrency: int) -> None:
@@ -73,7 +137,10 @@ def write_instance_config(home: Path, concurrency: int) -> None:
     config = {
         "run_coordinator": {"module": "dagster._core.run_coordinator",
                             "class": "QueuedRunCoordinator",
-                            "config": {"dequeue_interval_seconds": 1}},
+                            "config": {"dequeue_interval_seconds": 1,
+                                       # launch a tick's runs at once, not one after another
+                                       "dequeue_use_threads": True,
+                                       "dequeue_num_workers": max(1, concurrency)}},
         "concurrency": {"runs": {
             "max_concurrent_runs": concurrency,
             "tag_concurrency_limits": [{"key": "dagster/partition",
@@ -146,12 +213,42 @@ def run_queued(root: Path, home: Path, env: dict[str, str], partitions: list[str
             runs = []
             for r in records:
                 md = _run_metadata(instance, r.dagster_run.run_id)
-                runs.append(RunTiming(r.dagster_run.tags.get("dagster/partition", "?"),
-                                      r.dagster_run.status.value, r.start_time or 0.0,
-                                      r.end_time or 0.0, int(md.get("messages", 0))))
+                ev = _run_events(instance, r.dagster_run.run_id)
+                timings = md.get("timings") or {}
+                runs.append(RunTiming(
+                    r.dagster_run.tags.get("dagster/partition", "?"),
+                    r.dagster_run.status.value, r.start_time or 0.0, r.end_time or 0.0,
+                    int(md.get("messages", 0)), launched=ev.get("launched", 0.0),
+                    step_start=ev.get("step_start", 0.0), session=ev.get("session", 0.0),
+                    engine_s=float(md.get("seconds", 0.0) or 0.0),
+                    work_s=sum(float(timings.get(k, 0.0)) for k in WORK_TIMINGS),
+                    engine_end=ev.get("engine_end", 0.0), batches=int(md.get("commits", 0))))
         return QueuedResult(sorted(runs, key=lambda t: t.start))
     finally:
         _stop_group(daemon)
+
+
+_SESSION_RE = re.compile(r"Spark session \(.*\) ready in ([\d.]+) s")
+
+
+def _run_events(instance: object, run_id: str) -> dict[str, float]:
+    """Timestamps (epoch seconds) of one run's milestones: ``launched`` (RUN_STARTING),
+    ``step_start`` (the first STEP_START), ``engine_end`` (the engine's summary line:
+    ``partition <p>: <status>, ... messages committed of ...``), and ``session`` (seconds the
+    Spark resource's session took, from its log line)."""
+    out: dict[str, float] = {}
+    for e in instance.all_logs(run_id):  # type: ignore[attr-defined]
+        kind = e.dagster_event.event_type_value if e.dagster_event else None
+        msg = e.user_message or ""
+        if kind == "PIPELINE_STARTING":
+            out.setdefault("launched", e.timestamp)
+        elif kind == "STEP_START":
+            out.setdefault("step_start", e.timestamp)
+        elif kind is None and "messages committed of" in msg:
+            out["engine_end"] = e.timestamp
+        elif kind is None and (m := _SESSION_RE.search(msg)):
+            out["session"] = float(m.group(1))
+    return out
 
 
 def _run_metadata(instance: object, run_id: str) -> dict[str, object]:

@@ -10,8 +10,9 @@ credential files ``NATS_NKEY`` (NKey seed), ``NATS_CREDS`` and ``NATS_KEY`` (TLS
 separated; empty = all); the Spark master from ``CG_SPARK_MASTER`` (default ``local[2]``) or
 Spark Connect from ``CG_SPARK_REMOTE``, extra Spark settings from ``CG_SPARK_CONF``
 (``k=v,k=v``); ``CG_SPARK_KEEP=1`` keeps the SparkSession between
-in-process runs (the main job); ``CG_BATCH_MAX_MSGS`` sets the first messages per batch and
-``CG_ADAPTIVE_MAX_MSGS`` the most a batch grows to (``0``: no growing).
+in-process runs (the main job); ``CG_BATCH_MAX_MSGS`` sets the first messages per batch
+(default 20,000; 50,000 with ``CG_SPARK_REMOTE``) and ``CG_ADAPTIVE_MAX_MSGS`` the most a
+batch grows to (``0``: no growing).
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def build_resources() -> dict[str, object]:
         ),
         "partition_runs": PartitionRunsResource(
             members=[m.strip() for m in os.environ.get("CG_MEMBERS", "").split(",") if m.strip()],
-            batch_max_msgs=int(os.environ.get("CG_BATCH_MAX_MSGS", "20000")),
+            batch_max_msgs=int(os.environ.get("CG_BATCH_MAX_MSGS") or (
+                # a thin client pays a few Spark jobs' overhead per batch on the shared
+                # server: a whole ~40k-message backlog in one batch (docs/SCALE.md)
+                "50000" if os.environ.get("CG_SPARK_REMOTE") else "20000")),
             adaptive_max_msgs=int(os.environ.get("CG_ADAPTIVE_MAX_MSGS", "200000")) or None,
         ),
     }

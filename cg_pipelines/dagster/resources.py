@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -164,9 +165,22 @@ class SparkResource(ConfigurableResource):
             from cg_pipelines.spark.session import get_spark
 
             conf = {k: str(v) for k, v in self.spark_config.items()}
+            t0 = time.monotonic()
             self._session = get_spark(self.master, app_name=self.app_name, conf=conf,
                                       remote=self.remote)
+            self._log_session(time.monotonic() - t0)
         return self._session
+
+    def _log_session(self, seconds: float) -> None:
+        """One run log line: which session, and the seconds it took here (a reused classic
+        session takes ~0; a new JVM several seconds; a Spark Connect session well under 1)."""
+        try:
+            log = self.get_resource_context().log
+        except Exception:  # noqa: BLE001 - used outside a run (no resource context)
+            return
+        if log is not None:
+            kind = f"Spark Connect {self.remote}" if self.remote else f"master {self.master}"
+            log.info(f"Spark session ({kind}) ready in {seconds:.2f} s")
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         session, self._session = self._session, None
