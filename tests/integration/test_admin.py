@@ -102,28 +102,34 @@ async def test_sticky_membership_is_written_as_mappings(js, unique_name) -> None
     assert got == {"b": (0, 3, 4), "c": (1, 2, 5)}  # survivors keep theirs; a's are shared
 
 
-INVALID = [
-    ElasticConfig(0),
-    ElasticConfig(2, members=("a",), member_mappings=(MM("a", (0, 1)),)),
-    ElasticConfig(2, member_mappings=(MM("a", (0,)),)),
-    ElasticConfig(2, member_mappings=(MM("a", (0, 0)), MM("b", (1,)))),
-    ElasticConfig(2, member_mappings=(MM("a", (0,)), MM("a", (1,)))),
-    ElasticConfig(2, member_mappings=(MM("a", (0, 5)), MM("b", (1,)))),
-    ElasticConfig(2, (PF(""),)),
-    ElasticConfig(2, (PF("foo.bar"),)),
-    ElasticConfig(2, (PF("foo.*", (1, 2)),)),
-    ElasticConfig(2, (PF("foo.*.*", (1, 1)),)),
-    ElasticConfig(2, (PF("foo.*", (2,)),)),
-    ElasticConfig(2, members=("bad.name",)),
+INVALID = [  # (config, the field it breaks, words of the rule it breaks, as the reference)
+    (ElasticConfig(0), "max_members", ">= 1"),
+    (ElasticConfig(2, members=("a",), member_mappings=(MM("a", (0, 1)),)), "members",
+     "not both"),
+    (ElasticConfig(2, member_mappings=(MM("a", (0,)),)), "member_mappings", "missing [1]"),
+    (ElasticConfig(2, member_mappings=(MM("a", (0, 0)), MM("b", (1,)))), "member_mappings",
+     "partition 0 is mapped more than once"),
+    (ElasticConfig(2, member_mappings=(MM("a", (0,)), MM("a", (1,)))), "member_mappings",
+     "member 'a' is mapped twice"),
+    (ElasticConfig(2, member_mappings=(MM("a", (0, 5)), MM("b", (1,)))), "member_mappings",
+     "partition 5 of 'a' is outside [0, 2)"),
+    (ElasticConfig(2, (PF(""),)), "partitioning_filters", "must not be empty"),
+    (ElasticConfig(2, (PF("foo.bar"),)), "partitioning_filters", "or end with '>'"),
+    (ElasticConfig(2, (PF("foo.*", (1, 2)),)), "partitioning_filters",
+     "1 '*' wildcards but 2 partitioning wildcards"),
+    (ElasticConfig(2, (PF("foo.*.*", (1, 1)),)), "partitioning_filters", "must be unique"),
+    (ElasticConfig(2, (PF("foo.*", (2,)),)), "partitioning_filters",
+     "index 2 of 'foo.*' must be between 1 and 1"),
+    (ElasticConfig(2, members=("bad.name",)), "members", "must not contain '.'"),
 ]
 
 
-@pytest.mark.parametrize("cfg", INVALID)
-async def test_invalid_elastic_create_writes_nothing(js, unique_name, cfg) -> None:
+@pytest.mark.parametrize(("cfg", "field", "rule"), INVALID)
+async def test_invalid_elastic_create_writes_nothing(js, unique_name, cfg, field, rule) -> None:
     stream = await _stream(js, unique_name)
     with pytest.raises(ConfigError) as ei:
         await admin.create_elastic(js, stream, "g", cfg)
-    assert ei.value.field and ei.value.rule
+    assert ei.value.field == field and rule in ei.value.rule, (ei.value.field, ei.value.rule)
     assert await admin.list_elastic(js, stream) == []
     with pytest.raises(StreamNotFoundError):
         await JetStreamAPI.from_js(js).stream_info(f"{stream}-g")

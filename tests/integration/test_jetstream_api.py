@@ -161,7 +161,8 @@ async def test_pinned_group_unpin_and_423(js, api, nc2, unique_name) -> None:
         t0 = time.monotonic()
         await a.unpin(s, "m1", PCG)
         rb = await waiting
-        assert time.monotonic() - t0 < 1.5
+        # served while still waiting: before its 3 s expiry (a liveness bound, not a timing)
+        assert time.monotonic() - t0 < 3.0
         assert [m.data for m in rb.messages] == [b"2"]
         pin_b = rb.pin_id
         assert pin_b and pin_b != pin_a
@@ -207,7 +208,8 @@ async def test_pull_batches_statuses_and_concurrency(js, api, unique_name) -> No
     # Fewer available than asked: the rest, then 408 at expiry.
     t0 = time.monotonic()
     r = await api.pull(s, "c", batch=50, expires_s=0.5, group=None)
-    assert len(r.messages) == 6 and r.status == 408 and 0.4 < time.monotonic() - t0 < 2.0
+    # the rest at once, then the server's 408 at expiry (not before it; bounded for liveness)
+    assert len(r.messages) == 6 and r.status == 408 and 0.4 < time.monotonic() - t0 < 10.0
     assert r.error is None
     for m in r.messages:
         await m.ack()
@@ -259,7 +261,7 @@ async def test_cancelled_pull_does_not_strand_a_message(js, api, unique_name) ->
     t0 = time.monotonic()
     r = await api.pull(s, "m", batch=1, expires_s=3.0)
     assert [m.data for m in r.messages] == [b"late"], r
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 3.0  # delivered while the pull waited (expiry 3 s)
     assert r.messages[0].metadata.num_delivered == 1
     await r.messages[0].ack()
 

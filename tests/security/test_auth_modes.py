@@ -62,14 +62,16 @@ def test_cli_reads_connection_from_environment(mode: AuthMode, unique_name: str)
     assert r.returncode == 0 and r.stdout.split() == ["g"], r.stderr
 
 
-def test_dagster_resource_connects(mode: AuthMode) -> None:
+def test_dagster_resource_connects(mode: AuthMode, unique_name: str) -> None:
     secret_fields = {k: v for k, v in mode.resource.__dict__.items() if isinstance(v, EnvVar)}
     assert set(mode.env) == {v.env_var_name for v in secret_fields.values()}  # secrets are EnvVars
+    _create_stream(mode, unique_name)  # so the account has at least one stream to count
     with DagsterInstance.ephemeral() as instance:
         res = materialize([nats_probe], resources={"nats": mode.resource}, instance=instance)
     assert res.success
     (mat,) = res.asset_materializations_for_node("nats_probe")
-    assert mat.metadata["streams"].value >= 0
+    # the resource read the same account the library sees (an independent connection)
+    assert mat.metadata["streams"].value == _stream_count(mode) >= 1
     assert mat.metadata["auth_mode"].value == mode.options.auth_mode
 
 
@@ -83,3 +85,14 @@ def _create_stream(mode: AuthMode, name: str) -> None:
             await nc.close()
 
     asyncio.run(create())
+
+
+def _stream_count(mode: AuthMode) -> int:
+    async def count() -> int:
+        nc = await mode.options.connect()
+        try:
+            return int((await nc.jetstream(timeout=5).account_info()).streams)
+        finally:
+            await nc.close()
+
+    return asyncio.run(count())
