@@ -105,14 +105,6 @@ class ConsumerGroupAsset:
         if self.lag_objective_s is not None and not self.lag_objective_s > 0:
             raise ConfigError("lag_objective_s", f"must be > 0 seconds (or None), got "
                               f"{self.lag_objective_s!r}")
-
-    def current_code_version(self) -> str:
-        """``code_version`` when declared, else a digest of the processor (its code and
-        settings) and of this declaration's stream, group and partitions; the same in every
-        process that loads the same definitions."""
-        if self.code_version:
-            return self.code_version
-        return code_version(self.processor, self.stream, self.group, self.partitions)
         if not isinstance(self.write, (Append, Merge)):
             raise ConfigError("write", f"must be Append() or Merge(key=...), got {self.write!r}")
         state = getattr(self.processor, "state", None)
@@ -121,6 +113,14 @@ class ConsumerGroupAsset:
             raise ConfigError("write", f"the processor's KeyedState key {state.key!r} must be "
                               f"the merge key {self.write.key!r}: in merge mode a key's state "
                               "is its current row")
+
+    def current_code_version(self) -> str:
+        """``code_version`` when declared, else a digest of the processor (its code and
+        settings) and of this declaration's stream, group and partitions; the same in every
+        process that loads the same definitions."""
+        if self.code_version:
+            return self.code_version
+        return code_version(self.processor, self.stream, self.group, self.partitions)
 
     @property
     def uses_spark(self) -> bool:
