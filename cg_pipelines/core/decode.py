@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
+from cg_pipelines.core.errors import CgError
+
 FieldType = Literal["string", "int", "float", "bool"]
 
 _ARROW: dict[str, pa.DataType] = {
@@ -43,7 +45,7 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 """Default payload size limit: 1 MiB, nats-server's default ``max_payload``."""
 
 
-class BadMessage(ValueError):
+class BadMessage(CgError, ValueError):
     """A payload the decoder rejects; ``str(err)`` is the one-line reason."""
 
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 
-class ConfigError(ValueError):
+class CgError(Exception):
+    """The base of every exception this library raises on purpose: ``except CgError`` catches
+    them all (each also keeps its standard base, e.g. ``ValueError`` for bad input)."""
+
+
+class ConfigError(CgError, ValueError):
     """An invalid consumer-group configuration.
 
     Attributes:
@@ -20,7 +25,7 @@ class ConfigError(ValueError):
         self.rule = rule
 
 
-class GroupNotFoundError(LookupError):
+class GroupNotFoundError(CgError, LookupError):
     """No config for ``<stream>.<group>`` in the kind's KV bucket (or no bucket at all)."""
 
     def __init__(self, kind: str, stream: str, group: str, why: str = "not found") -> None:
@@ -28,14 +33,14 @@ class GroupNotFoundError(LookupError):
         self.kind, self.stream, self.group = kind, stream, group
 
 
-class GroupExistsError(ValueError):
+class GroupExistsError(CgError, ValueError):
     """A create found an existing group whose config differs from the requested one."""
 
 
-class MembershipError(ValueError):
+class MembershipError(CgError, ValueError):
     """A membership change that the group's config does not allow (e.g. adding members to a
     group that uses member mappings)."""
 
 
-class ConcurrentUpdateError(RuntimeError):
+class ConcurrentUpdateError(CgError, RuntimeError):
     """A compare-and-set config update kept losing to concurrent writers and gave up."""

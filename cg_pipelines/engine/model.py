@@ -13,6 +13,8 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from cg_pipelines.core.errors import CgError
+
 RECORD_SCHEMA = pa.schema(
     [
         pa.field("seq", pa.int64(), nullable=False),
@@ -131,7 +133,7 @@ class Processor(Protocol):
     def process(self, batch: pa.Table, ctx: BatchContext) -> Processed: ...
 
 
-class FenceConflictError(Exception):
+class FenceConflictError(CgError):
     """A commit was refused because the partition's watermark moved since it was read
     (another holder committed first: this run is a zombie for that range)."""
 
@@ -189,7 +191,7 @@ class StateSink(Sink, Protocol):
     ) -> pa.Table: ...
 
 
-class PartitionHaltedError(Exception):
+class PartitionHaltedError(CgError):
     """The ``halt`` policy stopped a partition at a message it could not process."""
 
     def __init__(self, seq: int, reason: str) -> None:

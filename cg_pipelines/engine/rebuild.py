@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cg_pipelines.core.config import ElasticConfig
-from cg_pipelines.core.errors import GroupNotFoundError
+from cg_pipelines.core.errors import CgError, GroupNotFoundError
 from cg_pipelines.core.partitioning import SubjectPartitioner
 from cg_pipelines.engine.model import (
     RECORD_SCHEMA,
@@ -82,7 +82,7 @@ def _payload_bytes(table: pa.Table) -> int:
     return int(pc.sum(pc.binary_length(table["data"])).as_py() or 0) if table.num_rows else 0
 
 
-class RebuildError(RuntimeError):
+class RebuildError(CgError, RuntimeError):
     """A rebuild cannot be done as asked (nothing is written): e.g. the origin stream no longer
     holds the partition's whole history, no origin sequence was recorded, or the processor's
     output does not fit the table."""

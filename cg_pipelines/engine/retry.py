@@ -25,6 +25,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
+from cg_pipelines.core.errors import CgError
 from cg_pipelines.jetstream.errors import (
     JetStreamError,
     JetStreamUnavailableError,
@@ -50,7 +51,7 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 )
 
 
-class NatsUnavailableError(RuntimeError):
+class NatsUnavailableError(CgError, RuntimeError):
     """NATS stayed unreachable (or JetStream unavailable) for longer than the retry budget.
 
     Attributes:

@@ -50,6 +50,7 @@ from nats.aio.msg import Msg
 from cg_pipelines.core.batching import CostModel, next_batch_size
 from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.core.contract import check_output
+from cg_pipelines.core.errors import CgError
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.deadletter import ensure_dlq_stream, publish_dead_letters
 from cg_pipelines.engine.model import (
@@ -89,7 +90,7 @@ retried; used by fault-injection tests and progress reporting. It runs on the ev
 it short."""
 
 
-class EngineConfigError(RuntimeError):
+class EngineConfigError(CgError, RuntimeError):
     """The partition cannot be run as configured (e.g. the lease consumer exists with another
     config, or streaming member consumers already hold the partition's subjects)."""
 

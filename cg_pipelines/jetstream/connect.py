@@ -40,6 +40,8 @@ from urllib.parse import urlsplit, urlunsplit
 import nats.errors
 from nats.aio.client import Client, ErrorCallback
 
+from cg_pipelines.core.errors import CgError
+
 __all__ = [
     "ConnectOptions",
     "NatsAuthError",
@@ -87,7 +89,7 @@ def drop_ssl_eof_notice() -> None:
         asyncio_log.addFilter(_DropSslEofNotice())
 
 
-class NatsConnectError(ConnectionError):
+class NatsConnectError(CgError, ConnectionError):
     """The first connection to NATS failed for a reason retrying will not fix (bad
     credentials, TLS, an unreadable credentials file).
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cg_pipelines.core.errors import CgError
+
 __all__ = [
     "ConsumerAlreadyExistsError",
     "ConsumerNotFoundError",
@@ -57,7 +59,7 @@ ERR_WQ_MULTIPLE_UNFILTERED = 10099
 ERR_NO_MESSAGE_FOUND = 10037
 
 
-class JetStreamError(Exception):
+class JetStreamError(CgError):
     """A JetStream API call failed.
 
     Attributes:

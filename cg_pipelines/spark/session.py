@@ -30,6 +30,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from cg_pipelines.core.errors import CgError
+
 __all__ = [
     "DEFAULT_CONF",
     "LOOPBACK_CONF",
@@ -75,7 +77,7 @@ _START_SECONDS: float | None = None
 _VERSION_RE = re.compile(r'version "(\d+)(?:\.(\d+))?[^"]*"')
 
 
-class JavaNotFoundError(RuntimeError):
+class JavaNotFoundError(CgError, RuntimeError):
     """No Java runtime usable by Spark 4: missing, not runnable, or older than 17."""
 
 

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from cg_pipelines.core.errors import CgError
+
 __all__ = [
     "MIN_NATS_SERVER_VERSION",
     "NatsServer",
@@ -62,7 +64,7 @@ _CLIENT_LISTEN_RE = re.compile(r"Listening for client connections on (\S+):(\d+)
 _HTTP_LISTEN_RE = re.compile(r"Starting http monitor on (\S+):(\d+)")
 
 
-class NatsServerError(RuntimeError):
+class NatsServerError(CgError, RuntimeError):
     """Base class of the errors raised by this module."""
 
 
