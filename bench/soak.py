@@ -69,15 +69,16 @@ import time
 
 import pyarrow as pa
 
-from cg_pipelines import Field, JsonDecoder
+from cg_pipelines import JsonDecoder, JsonField
 from cg_pipelines.dagster import (ConsumerGroupAsset, DeltaWarehouseResource, NatsResource,
                                   PartitionRunsResource, build_definitions)
 from cg_pipelines.engine.processing import ArrowProcessor
 from tests.support import keyed
 
 FAIL_RATE = float(os.environ["SOAK_FAIL_RATE"])
-DECODER = JsonDecoder([Field("key", "string", nullable=False), Field("n", "int", nullable=False),
-                       Field("ts", "float", nullable=False)])
+DECODER = JsonDecoder([JsonField("key", "string", nullable=False),
+                       JsonField("n", "int", nullable=False),
+                       JsonField("ts", "float", nullable=False)])
 
 
 def transform(table, ctx):

@@ -1,13 +1,18 @@
 """cg_pipelines: NATS JetStream partitioned consumer groups as ordered, exactly-once batch runs.
 
-The names most programs need are importable from here (loaded on first use, so importing a
-submodule stays light):
+The names most programs need are importable from here:
 
-- decoding and state: :class:`Field`, :class:`JsonDecoder`, :class:`BadMessage`,
+- decoding and state: :class:`JsonField`, :class:`JsonDecoder`, :class:`BadMessage`,
   :class:`KeyedState`;
 - the engine: :func:`run_partition`, :func:`run_static_partition`, :class:`EngineOptions`,
   :class:`ArrowProcessor`, :class:`RunResult`;
-- the sink: :class:`DeltaSink`; connections: :class:`ConnectOptions`.
+- the sink: :class:`DeltaSink`; connections: :class:`ConnectOptions`; errors: :class:`CgError`
+  (the base of every exception the library raises).
+
+They are loaded on first use (importing ``cg_pipelines`` or a light submodule such as the
+``cg`` CLI's does not import pyarrow or deltalake); the ``TYPE_CHECKING`` imports below are the
+same names for readers, IDEs and type checkers. ``Field`` is a deprecated alias of
+:class:`JsonField` (it collided with ``pydantic.Field``).
 
 Subpackages: ``core`` (pure logic), ``jetstream`` (NATS adapters, admin, streaming members),
 ``engine``, ``sinks``, ``spark`` (extra ``spark``), ``dagster`` (extra ``dagster``), ``cli``
@@ -17,14 +22,27 @@ Subpackages: ``core`` (pure logic), ``jetstream`` (NATS adapters, admin, streami
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cg_pipelines.core.decode import BadMessage, JsonDecoder, JsonField
+    from cg_pipelines.core.errors import CgError
+    from cg_pipelines.core.state import KeyedState
+    from cg_pipelines.engine.model import RunResult
+    from cg_pipelines.engine.processing import ArrowProcessor
+    from cg_pipelines.engine.runner import EngineOptions, run_partition
+    from cg_pipelines.engine.static import run_static_partition
+    from cg_pipelines.jetstream.connect import ConnectOptions
+    from cg_pipelines.sinks.delta import DeltaSink
 
 __version__ = "0.2.0"
 
 _EXPORTS = {
-    "Field": "cg_pipelines.core.decode",
+    "JsonField": "cg_pipelines.core.decode",
     "JsonDecoder": "cg_pipelines.core.decode",
     "BadMessage": "cg_pipelines.core.decode",
+    "CgError": "cg_pipelines.core.errors",
     "KeyedState": "cg_pipelines.core.state",
     "run_partition": "cg_pipelines.engine.runner",
     "run_static_partition": "cg_pipelines.engine.static",
@@ -35,10 +53,28 @@ _EXPORTS = {
     "ConnectOptions": "cg_pipelines.jetstream.connect",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "ArrowProcessor",
+    "BadMessage",
+    "CgError",
+    "ConnectOptions",
+    "DeltaSink",
+    "EngineOptions",
+    "JsonDecoder",
+    "JsonField",
+    "KeyedState",
+    "RunResult",
+    "__version__",
+    "run_partition",
+    "run_static_partition",
+]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "Field":
+        warnings.warn("cg_pipelines.Field is deprecated: use cg_pipelines.JsonField (the old "
+                      "name collides with pydantic.Field)", DeprecationWarning, stacklevel=2)
+        name = "JsonField"
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'cg_pipelines' has no attribute {name!r}")

@@ -50,7 +50,7 @@ class BadMessage(CgError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Field:
+class JsonField:
     """An expected JSON field: ``required`` fields must be present; ``nullable`` ones may be
     ``null``. ``int`` accepts integers only (not booleans), within 64 bits; ``float`` accepts
     integers too; ``string`` values must be valid Unicode."""
@@ -61,7 +61,7 @@ class Field:
     nullable: bool = True
 
 
-def _type_error(v: Any, f: Field) -> str | None:
+def _type_error(v: Any, f: JsonField) -> str | None:
     """Why ``v`` is not a valid value of ``f`` (None when it is)."""
     t = f.type
     if t == "string":
@@ -131,7 +131,7 @@ class JsonDecoder:
         ValueError: duplicate field names, or a non-positive ``max_payload_bytes``.
     """
 
-    def __init__(self, fields: Sequence[Field], *,
+    def __init__(self, fields: Sequence[JsonField], *,
                  max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
         names = [f.name for f in fields]
         if len(set(names)) != len(names):
@@ -319,3 +319,8 @@ def subject_tokens(subject: str, pattern: str) -> list[str]:
         raise BadMessage(f"subject {subject!r} has too {much} tokens ({len(tokens)}, expected "
                          f"{want}: {pattern})")
     return tokens
+
+
+Field = JsonField
+"""Deprecated alias of :class:`JsonField` (the old name collides with ``pydantic.Field``);
+kept for one release."""

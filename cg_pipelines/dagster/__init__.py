@@ -4,15 +4,15 @@ Requires the ``dagster`` extra (``pip install cg-pipelines[dagster]``; add ``spa
 processors). A user project needs a few lines::
 
     from dagster import EnvVar
-    from cg_pipelines import Field, JsonDecoder, KeyedState
+    from cg_pipelines import JsonDecoder, JsonField, KeyedState
     from cg_pipelines.dagster import (ConsumerGroupAsset, DeltaWarehouseResource,
                                       NatsResource, SparkResource, build_definitions)
     from cg_pipelines.spark import SparkProcessor
 
     totals = ConsumerGroupAsset(
         name="customer_totals", stream="orders", group="totals", partitions=4,
-        processor=SparkProcessor(JsonDecoder([Field("customer", "string"),
-                                              Field("amount", "float")]),
+        processor=SparkProcessor(JsonDecoder([JsonField("customer", "string"),
+                                              JsonField("amount", "float")]),
                                  running_totals,  # (spark, df, ctx) -> DataFrame
                                  state=KeyedState("customer", ("total", "orders"))))
     defs = build_definitions([totals], resources={
@@ -27,7 +27,6 @@ of one partition exclusive however they are launched with the instance setting i
 :mod:`cg_pipelines.dagster.assets` (a ``dagster/partition`` tag limit).
 """
 
-from cg_pipelines.dagster.assets import TICK_ERRORS, PartitionRunConfig, build_group_asset
 from cg_pipelines.dagster.definitions import (
     GroupDefinitions,
     build_definitions,
@@ -40,23 +39,19 @@ from cg_pipelines.dagster.resources import (
     PartitionRunsResource,
     SparkResource,
 )
-from cg_pipelines.dagster.sensors import backlog_tick, build_drain_schedule, build_sensors
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
 
+# What a user project needs. The building blocks (the asset, sensors, schedule and checks
+# factories, the backlog tick, run config) stay importable from their submodules:
+# cg_pipelines.dagster.{assets,sensors,checks,history,spec,resources,io_manager,definitions}.
 __all__ = [
-    "TICK_ERRORS",
     "ConsumerGroupAsset",
     "DeltaTableIOManager",
     "DeltaWarehouseResource",
     "GroupDefinitions",
     "NatsResource",
-    "PartitionRunConfig",
     "PartitionRunsResource",
     "SparkResource",
-    "backlog_tick",
     "build_definitions",
-    "build_drain_schedule",
-    "build_group_asset",
     "build_group_definitions",
-    "build_sensors",
 ]

@@ -9,6 +9,7 @@ from cg_pipelines.engine.model import (
     Processor,
     Record,
     RunResult,
+    RunStatus,
     Sink,
     StateSink,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "RebuildError",
     "Record",
     "RunResult",
+    "RunStatus",
     "Sink",
     "StateSink",
     "rebuild_partition",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -199,6 +199,11 @@ class PartitionHaltedError(CgError):
         self.seq, self.reason = seq, reason
 
 
+RunStatus = Literal["drained", "limit", "held", "empty", "fenced", "halted", "handed_over",
+                    "rebuilt"]
+"""How a partition run ended (see :class:`RunResult`)."""
+
+
 @dataclass(slots=True)
 class RunResult:
     """Outcome of one partition run.
@@ -218,7 +223,7 @@ class RunResult:
     stream: str
     group: str
     partition: int
-    status: str = "empty"
+    status: RunStatus = "empty"
     first_seq: int | None = None
     last_seq: int | None = None
     processed: int = 0
