@@ -8,6 +8,11 @@ batch (through the sink, :meth:`cg_pipelines.sinks.delta.DeltaSink.last_rows`, a
 cache) and attaches its state columns to the batch's rows as ``<prefix><column>`` (default
 ``last_<column>``): null for a key with no committed row yet. So a running total is
 ``coalesce(last_total, 0) + running sum within the batch`` and needs no hand-written reads.
+
+With a :class:`~cg_pipelines.core.write.Merge` table the committed rows ARE the current state
+(one per key), so the state read is the key's current row; a key deleted by a marker has no
+state (its ``last_<column>`` values are null, as for a new key). Declare the merge key as
+:attr:`KeyedState.key`.
 """
 
 from __future__ import annotations
