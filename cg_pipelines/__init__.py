@@ -6,7 +6,9 @@ The names most programs need are importable from here:
   :class:`KeyedState`;
 - the engine: :func:`run_partition`, :func:`run_static_partition`, :class:`EngineOptions`,
   :class:`ArrowProcessor`, :class:`RunResult`;
-- the sink: :class:`DeltaSink`; connections: :class:`ConnectOptions`; errors: :class:`CgError`
+- the sink: :class:`DeltaSink` and its write modes :class:`Append` (the default: the table is
+  the history) and :class:`Merge` (a fenced MERGE by key: the table is each key's current
+  row); connections: :class:`ConnectOptions`; errors: :class:`CgError`
   (the base of every exception the library raises).
 
 They are loaded on first use (importing ``cg_pipelines`` or a light submodule such as the
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from cg_pipelines.core.decode import BadMessage, JsonDecoder, JsonField
     from cg_pipelines.core.errors import CgError
     from cg_pipelines.core.state import KeyedState
+    from cg_pipelines.core.write import Append, Merge
     from cg_pipelines.engine.model import RunResult
     from cg_pipelines.engine.processing import ArrowProcessor
     from cg_pipelines.engine.runner import EngineOptions, run_partition
@@ -44,6 +47,8 @@ _EXPORTS = {
     "BadMessage": "cg_pipelines.core.decode",
     "CgError": "cg_pipelines.core.errors",
     "KeyedState": "cg_pipelines.core.state",
+    "Append": "cg_pipelines.core.write",
+    "Merge": "cg_pipelines.core.write",
     "run_partition": "cg_pipelines.engine.runner",
     "run_static_partition": "cg_pipelines.engine.static",
     "EngineOptions": "cg_pipelines.engine.runner",
@@ -54,6 +59,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "Append",
     "ArrowProcessor",
     "BadMessage",
     "CgError",
@@ -63,6 +69,7 @@ __all__ = [
     "JsonDecoder",
     "JsonField",
     "KeyedState",
+    "Merge",
     "RunResult",
     "__version__",
     "run_partition",
