@@ -28,6 +28,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,12 @@ class SparkStarter:
 
     def _start(self) -> None:
         from cg_pipelines.spark.session import get_spark
+        from resources import _spark_conf
 
         t = time.monotonic()
-        try:
-            get_spark(self.master, app_name="cg_pipelines")
+        try:  # the settings the example's SparkResource asks for, so it reuses this session
+            get_spark(self.master, app_name="cg_pipelines",
+                      conf=_spark_conf(os.environ.get("CG_SPARK_CONF", "")))
         except Exception as e:  # noqa: BLE001 - reported when the runs need the session
             self.error = e
         self.seconds = time.monotonic() - t
@@ -237,6 +240,8 @@ def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
         })
         if batch is not None:
             os.environ["CG_BATCH_MAX_MSGS"] = str(batch)
+        elif not queued:  # one process, one warm session: a partition's backlog in one batch
+            os.environ.setdefault("CG_BATCH_MAX_MSGS", "50000")
         pub_s = asyncio.run(_prepare(server.url, df, progress=True))
         stages.add("publish", pub_s)
         click.echo(f"published {len(df):,} events in {pub_s:.1f} s "
@@ -254,17 +259,23 @@ def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
             warm.join()
             stages.add("spark warm-up (waited)", time.monotonic() - t)
         t = time.monotonic()
+        verifier = None
         if queued:
             failed, msgs = _run_queued(home, int(concurrency or 1))
         else:
-            failed, msgs = _run_partitions("aircraft_legs_job")
+            verifier = OverlappedVerifier(work / "warehouse" / "aircraft_legs", df)
+            failed, msgs = _run_partitions("aircraft_legs_job", verifier.partition_done)
         runs_s = time.monotonic() - t
         stages.add("runs", runs_s)
         click.echo(f"{PARTITIONS} partition runs: {msgs:,} messages in {runs_s:.1f} s "
                    f"({msgs / max(runs_s, 1e-9):,.0f} msg/s)")
         t = time.monotonic()
-        mismatches = _verify(work / "warehouse" / "aircraft_legs", df)
-        stages.add("verify", time.monotonic() - t)
+        if verifier is not None:
+            mismatches = verifier.finish()
+        else:
+            mismatches = _verify(work / "warehouse" / "aircraft_legs", df)
+        stages.add("verify (rest)" if verifier is not None else "verify",
+                   time.monotonic() - t)
         if rebuild is not None and not failed and not mismatches and not queued:
             t = time.monotonic()
             bad = _rebuild(rebuild)
@@ -278,14 +289,18 @@ def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
     return -1 if failed else mismatches
 
 
-def _execute(job_name: str, p: int) -> Any:
+def _execute(job_name: str, p: int, instance: Any = None) -> Any:
+    """One Dagster run of ``job_name`` for partition ``p``, in this process, on ``instance``
+    (default: the ``DAGSTER_HOME`` instance; concurrent callers must share one instance, whose
+    storages are created once)."""
     from dagster import DagsterInstance
 
     from assets.legs import AIRCRAFT_LEGS
     from definitions import defs
 
     return defs.resolve_job_def(job_name).execute_in_process(
-        partition_key=AIRCRAFT_LEGS.partition_key(p), instance=DagsterInstance.get(),
+        partition_key=AIRCRAFT_LEGS.partition_key(p),
+        instance=instance if instance is not None else DagsterInstance.get(),
         raise_on_error=False,
         run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
 
@@ -295,21 +310,32 @@ def _metadata(res: Any) -> dict[str, Any]:
     return {k: v.value for k, v in mats[0].metadata.items()} if mats else {}
 
 
-def _run_partitions(job_name: str) -> tuple[int, int]:
-    """Every partition in turn; returns (failed runs, messages processed)."""
+def _run_partitions(job_name: str,
+                    on_done: Callable[[int], None] | None = None) -> tuple[int, int]:
+    """Every partition as its own Dagster run, one after another in this process (Dagster
+    runs executed in one process cannot overlap: each swaps the process's stdout/stderr for
+    its compute logs and configures logging; measured: two at a time in threads deadlocked);
+    ``on_done(p)`` after each run. Returns (failed runs, messages processed)."""
+    from dagster import DagsterInstance
+
     failed = total = 0
+    instance = DagsterInstance.get()
+    t0 = time.monotonic()
     for p in range(PARTITIONS):
-        t = time.monotonic()
-        res = _execute(job_name, p)
+        start = time.monotonic() - t0
+        res = _execute(job_name, p, instance)
+        end = time.monotonic() - t0
         md = _metadata(res)
         msgs, status = md.get("messages", 0), md.get("status", "failed")
         timings = md.get("timings") or {}
         click.echo(f"  partition {p}: run {res.run_id[:8]} {status}, {msgs:,} messages, "
-                   f"{md.get('commits', 0)} commits in {time.monotonic() - t:.1f} s "
+                   f"{md.get('commits', 0)} commits, {start:4.1f} .. {end:4.1f} s "
                    f"(process {timings.get('process', 0):.1f} s, commit "
                    f"{timings.get('commit', 0):.1f} s)")
         total += msgs
         failed += status not in ("drained", "empty") or not res.success
+        if on_done is not None:
+            on_done(p)
     return failed, total
 
 
@@ -361,6 +387,76 @@ def _stop(in_process: bool) -> None:
     stop_spark()
     if in_process:
         DagsterInstance.get().dispose()
+
+
+class OverlappedVerifier:
+    """The full verification, overlapped with the runs: the pandas reference is built in a
+    thread while the first runs go, and each partition's committed rows (``_partition == p``)
+    are compared with the reference's rows of the aircraft that hash to ``p`` as soon as its
+    run has finished, while the next runs go. :meth:`finish` then checks that the table holds
+    no row outside those comparisons (its total row count from the Delta log) and returns the
+    mismatches: missing, extra, duplicate or changed rows, summed over the partitions (a row
+    committed under the wrong partition counts as extra there and missing in its own)."""
+
+    def __init__(self, table_uri: Path, df: Any) -> None:
+        import queue
+
+        self.table_uri, self.df = table_uri, df
+        self.todo: queue.Queue[int | None] = queue.Queue()
+        self.rows = self.mismatches = self.table_rows = 0
+        self.details: list[str] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, name="verify", daemon=True)
+        self.thread.start()
+
+    def _work(self) -> None:
+        try:
+            import pyarrow.compute as pc
+
+            from cg_pipelines.core.subjects import partition_for
+            from cg_pipelines.sinks.delta import DeltaSink
+            from flights.reference import compare_legs, reference_legs
+
+            ref = reference_legs(self.df)
+            parts = {t: partition_for([str(t)], PARTITIONS) for t in ref["tailnum"].unique()}
+            ref_p = ref["tailnum"].map(parts)
+            sink = DeltaSink(str(self.table_uri))
+            while (p := self.todo.get()) is not None:
+                got = sink.read(filter=pc.field("_partition") == p)
+                self.table_rows += got.num_rows
+                rows, bad, detail = compare_legs(got, ref[ref_p == p])
+                self.rows += rows
+                self.mismatches += bad
+                if bad:
+                    self.details.append(f"partition {p}: {detail}")
+        except BaseException as e:  # noqa: BLE001 - reported by finish()
+            self.error = e
+
+    def partition_done(self, p: int) -> None:
+        """Queue partition ``p`` for comparison (its run has finished)."""
+        self.todo.put(p)
+
+    def finish(self) -> int:
+        """Wait for the comparisons; print the verification line; return the mismatches.
+
+        Raises:
+            Whatever building the reference or reading the table raised.
+        """
+        from cg_pipelines.sinks.delta import DeltaSink
+
+        self.todo.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        total = DeltaSink(str(self.table_uri)).stats().rows
+        outside = total - self.table_rows  # rows of no compared partition
+        mismatches = self.mismatches + max(0, outside)
+        click.echo(f"verified {self.rows:,} rows against the reference: {mismatches} mismatches "
+                   f"(per partition as each run finished; table rows {total:,})")
+        for line in self.details + ([f"{outside} rows outside the partitions"]
+                                    if outside > 0 else []):
+            click.echo(line)
+        return mismatches
 
 
 def _verify(table_uri: Path, df: Any) -> int:
