@@ -925,7 +925,8 @@ class JetStreamAPI:
         """Delete one message (``$JS.API.STREAM.MSG.DELETE``; ``erase`` overwrites it too).
 
         Returns:
-            True when deleted, False when there was no such message (err_code 10057).
+            True when deleted, False when there was no such message (err_code 10043 on
+            nats-server 2.15.1).
 
         Raises:
             StreamNotFoundError: no such stream.
@@ -937,7 +938,9 @@ class JetStreamAPI:
         try:
             resp = await self.request(self._subject("STREAM", "MSG", "DELETE", stream), body)
         except JetStreamError as e:
-            if e.err_code == 10057 or (e.status == 404 and e.err_code != 10059):
+            # 10043 sequence not found (2.15.1), 10057 / 10037: no such message
+            if e.err_code in (10037, 10043, 10057) or (e.status == 404
+                                                       and e.err_code != 10059):
                 return False
             raise
         return bool(resp.get("success"))

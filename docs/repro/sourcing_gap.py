@@ -84,7 +84,7 @@ async def sourced_origin_seqs(nc: nats.NATS, stream: str, last: int) -> set[int]
 
 
 async def trial(n: int, messages: int) -> bool:
-    with NatsCluster(tempfile.mkdtemp(prefix=f"gap{n}-")) as cluster:
+    with NatsCluster(tempfile.mkdtemp(prefix=f"gap{n}-"), die_with_parent=True) as cluster:
         nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1,
                                 reconnect_time_wait=0.2)
         js = nc.jetstream(timeout=10)

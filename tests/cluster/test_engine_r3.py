@@ -2,7 +2,8 @@
 and KV bucket) while the work queue's leader steps down, the meta leader steps down, and the
 work queue's leader is killed with SIGKILL and restarted, all during partition runs: the table
 equals the pandas reference (lost 0, duplicates 0, order violations 0), the work queue ends
-empty, and the dead letters are stored once each, on R3."""
+empty, the dead letters are stored once each, on R3, and reconciliation finds every origin
+message accounted for."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from cg_pipelines.engine.deadletter import dlq_stream_name, ensure_dlq_stream
 from cg_pipelines.engine.model import RunResult
 from cg_pipelines.engine.runner import EngineOptions, run_partition
 from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.reconcile import reconcile_group, sink_table_seqs
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.testing.cluster import NatsCluster
 from tests.cluster import checks
@@ -116,6 +118,9 @@ async def test_engine_survives_step_downs_and_leader_kill(
     assert dlq["state"]["messages"] == len(BAD)
     assert await checks.replicas(api, stream) == {
         stream: 3, wq: 3, dlq_stream_name(stream, "g"): 3, checks.KV_STREAM: 3}
+    # Every origin message reached the work queue through the faults (dead letters included).
+    rep = await reconcile_group(cjs, api, stream, "g", table_seqs=sink_table_seqs(sink, "seq"))
+    assert rep.ok and rep.expected == len(evs) + len(BAD) and rep.in_dlq == len(BAD), rep.text()
     # Failed runs are allowed (a rerun resumes), but each must say what happened in one line.
     for e in errors:
         assert "\n" not in e.strip(), e
