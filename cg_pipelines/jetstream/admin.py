@@ -27,6 +27,8 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.core.assignment import as_mappings, assignment, sticky_assignment
 from cg_pipelines.core.config import (
+    ELASTIC_BUCKET,
+    STATIC_BUCKET,
     ElasticConfig,
     MemberMapping,
     StaticConfig,
@@ -37,7 +39,11 @@ from cg_pipelines.core.config import (
 from cg_pipelines.core.errors import ConfigError, GroupExistsError, MembershipError
 from cg_pipelines.core.subjects import name_error, transform_destination
 from cg_pipelines.jetstream.api import JetStreamAPI
-from cg_pipelines.jetstream.errors import ConsumerNotFoundError, StreamNotFoundError
+from cg_pipelines.jetstream.errors import (
+    ConsumerNotFoundError,
+    JetStreamError,
+    StreamNotFoundError,
+)
 from cg_pipelines.jetstream.kv import ConfigStore, Kind, Versioned
 
 PRIORITY_GROUP = "PCG"
@@ -99,9 +105,12 @@ async def create_static(
     """
     _check_names(stream=stream, group=group)
     config.validate()
-    info = await _stream_info(_api(js, timeout), stream)
+    api = _api(js, timeout)
+    info = await _stream_info(api, stream)
     replicas = int(info["config"].get("num_replicas") or 1)
-    return await ConfigStore(js, "static", timeout).create(stream, group, config, replicas=replicas)
+    ver = await ConfigStore(js, "static", timeout).create(stream, group, config, replicas=replicas)
+    await raise_replicas(api, f"KV_{STATIC_BUCKET}", replicas)
+    return ver
 
 
 async def get_static(
@@ -189,7 +198,8 @@ async def create_elastic(
 ) -> Versioned[ElasticConfig]:
     """Create an elastic group: the KV config and the work-queue stream ``<stream>-<group>``.
 
-    The origin stream must exist; its replicas and storage are used for both. Idempotent for an
+    The origin stream must exist; its replicas and storage are used for both (the KV bucket,
+    shared by every elastic group, is raised to its replicas when it has fewer). Idempotent for an
     equal config shape (membership may differ: the stored one is kept). Raises ``ConfigError``,
     ``StreamNotFoundError`` (naming the stream), ``GroupExistsError`` (a different shape
     exists); nothing is written when it raises.
@@ -207,9 +217,30 @@ async def create_elastic(
         ver = await store.get(stream, group)
         if not ver.config.same_shape(config):
             raise
+    await raise_replicas(api, f"KV_{ELASTIC_BUCKET}", replicas)
     wq = work_queue_stream_config(stream, group, ver.config, replicas=replicas, storage=storage)
     await api.create_stream(wq)
     return ver
+
+
+async def raise_replicas(api: JetStreamAPI, name: str, replicas: int) -> bool:
+    """Give stream ``name`` (e.g. a KV bucket's ``KV_<bucket>``, shared by every group of a
+    kind and created with the first group's origin replicas) at least ``replicas`` replicas.
+    Best effort: returns True when it was raised, False when it already had enough, is missing
+    or the server refused (e.g. not enough servers up; the next create tries again)."""
+    try:
+        info = await api.stream_info(name)
+    except JetStreamError:
+        return False
+    config = dict(info.get("config") or {})
+    if int(config.get("num_replicas") or 1) >= replicas:
+        return False
+    config["num_replicas"] = replicas
+    try:
+        await api.update_stream(config)
+    except JetStreamError:
+        return False
+    return True
 
 
 async def get_elastic(

@@ -137,3 +137,15 @@ async def test_existing_r1_dead_letter_stream_is_raised_to_the_origin_replicas(
     await ensure_dlq_stream(api, stream, "g")
     assert (await api.stream_info(name))["config"]["num_replicas"] == 3
     await api.close()
+
+
+async def test_kv_bucket_made_r1_is_raised_by_an_r3_group(cnc: Client,
+                                                           cjs: JetStreamContext) -> None:
+    api = JetStreamAPI(cnc, timeout=5)
+    await checks.create_r3_group(cjs, "KvR3a", 2)  # makes sure the bucket exists
+    cfg = (await api.stream_info(checks.KV_STREAM))["config"]
+    await api.update_stream({**cfg, "num_replicas": 1})  # as an R1 first group leaves it
+    assert (await api.stream_info(checks.KV_STREAM))["config"]["num_replicas"] == 1
+    await checks.create_r3_group(cjs, "KvR3b", 2)
+    assert (await api.stream_info(checks.KV_STREAM))["config"]["num_replicas"] == 3
+    await api.close()
