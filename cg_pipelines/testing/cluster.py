@@ -317,10 +317,26 @@ class NatsCluster:
                                    f"(status {resp['error'].get('code')})")
         return resp
 
-    async def stream_info(self, stream: str) -> dict[str, Any]:
+    async def stream_info(self, stream: str, timeout_s: float = 15.0) -> dict[str, Any]:
         """``$JS.API.STREAM.INFO.<stream>`` as a dict (``cluster.leader``, ``cluster.replicas``,
-        ``config.num_replicas`` ...)."""
-        return await self.request(f"$JS.API.STREAM.INFO.{stream}")
+        ``config.num_replicas`` ...). Unanswered requests (a stream electing a leader after a
+        restart) are retried for up to ``timeout_s`` seconds.
+
+        Raises:
+            NatsClusterError: an error answer (e.g. stream not found).
+            TimeoutError: no answer within ``timeout_s``.
+        """
+        import nats.errors
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await self.request(f"$JS.API.STREAM.INFO.{stream}",
+                                          timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+            except (TimeoutError, nats.errors.NoRespondersError, nats.errors.NoServersError):
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     async def stream_leader(self, stream: str, timeout_s: float = 15.0) -> int:
         """Index of the node leading ``stream``, waiting up to ``timeout_s`` seconds for one
@@ -333,7 +349,9 @@ class NatsCluster:
         last: Any = None
         while True:
             try:
-                leader = ((await self.stream_info(stream)).get("cluster") or {}).get("leader")
+                info = await self.stream_info(
+                    stream, timeout_s=max(0.5, deadline - time.monotonic()))
+                leader = (info.get("cluster") or {}).get("leader")
                 if leader:
                     return self.index_of(str(leader))
             except Exception as e:  # noqa: BLE001 - retried until the deadline
