@@ -22,6 +22,7 @@ from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.dagster.assets import MODE_TAG, build_group_asset
 from cg_pipelines.dagster.checks import build_group_checks
 from cg_pipelines.dagster.io_manager import DeltaTableIOManager
+from cg_pipelines.dagster.reconcile import build_reconcile_check
 from cg_pipelines.dagster.resources import PartitionRunsResource
 from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
@@ -59,7 +60,8 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
     use these parts to compose your own ``Definitions``, or :func:`build_definitions` for all
     of it."""
     asset = build_group_asset(spec)
-    checks = build_group_checks(spec)
+    checks = [*build_group_checks(spec),
+              build_reconcile_check(spec, seq_column=spec.origin_seq_column)]
     # The operational checks are evaluated by the backlog sensor (or by hand), not by each run.
     selection = AssetSelection.assets(asset) - AssetSelection.checks(*checks)
     job = define_asset_job(f"{spec.name}_job", selection=selection,

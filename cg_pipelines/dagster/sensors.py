@@ -65,6 +65,7 @@ from cg_pipelines.dagster.assets import (
     load_group_config,
 )
 from cg_pipelines.dagster.history import CODE_TAG, fail_lost_runs, partition_runs
+from cg_pipelines.dagster.reconcile import reconcile_evaluation
 from cg_pipelines.dagster.resources import (
     DeltaWarehouseResource,
     NatsResource,
@@ -96,6 +97,9 @@ BACKLOG_CHECK_NAMES = ("lag_within_objective", "partition_runs_succeeding")
 """The asset checks the backlog sensor evaluates (and that can be executed by hand)."""
 
 LAG_CHECK, RUNS_CHECK = BACKLOG_CHECK_NAMES
+
+RECONCILE_TIMEOUT_S = 30.0
+"""Seconds a tick gives the ``origin_reconciled`` evaluation (the tick limit is 60 s)."""
 
 
 @dataclass
@@ -283,8 +287,19 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     if checks.get(RUNS_CHECK) != failing:
         events.append(runs_evaluation(spec, plan.exhausted, policy))
         checks[RUNS_CHECK] = failing
+    reconciled_at = float(state.get("reconciled_at") or 0.0)
+    if (spec.reconcile_interval_s is not None and warehouse is not None
+            and time.time() - reconciled_at >= spec.reconcile_interval_s):
+        try:
+            events.append(reconcile_evaluation(spec, nats_res, warehouse,
+                                               seq_column=spec.origin_seq_column,
+                                               timeout_s=RECONCILE_TIMEOUT_S))
+            reconciled_at = time.time()
+        except Exception as e:  # noqa: BLE001 - reported, retried at the next tick
+            log.warning(f"origin_reconciled not evaluated: {type(e).__name__}: {e}")
     out.asset_events = events
-    out.cursor = json.dumps({"observed": seen, "checks": checks}, separators=(",", ":"))
+    out.cursor = json.dumps({"observed": seen, "checks": checks,
+                             "reconciled_at": reconciled_at}, separators=(",", ":"))
     return out
 
 

@@ -46,6 +46,13 @@ class ConsumerGroupAsset:
             time (lower it for fresher tables; each tick is one bounded NATS session).
         lag_objective_s: seconds; the ``lag_within_objective`` asset check fails while any
             served partition's oldest pending message is older (``None``: no lag check).
+        origin_seq_column: the output column that holds each row's origin stream sequence
+            (``_seq`` unless the transform renames it); the ``origin_reconciled`` check reads
+            it to prove every origin message reached the table, the queue or the dead letters.
+        reconcile_interval_s: seconds; when set, the backlog sensor evaluates the
+            ``origin_reconciled`` check at most this often (it reads up to 200,000 recent
+            origin messages and the table's ``origin_seq_column``). ``None`` (default): the
+            check runs only when executed (UI, a schedule).
         code_version: the version of this asset's code, for the retry rule: a partition that
             keeps failing is not retried until a run succeeds or a new code version is loaded.
             ``None`` (default): derived from the processor's code and settings
@@ -83,6 +90,8 @@ class ConsumerGroupAsset:
     sensor_interval_s: int = 30
     lag_objective_s: float | None = 300.0
     code_version: str | None = None
+    origin_seq_column: str = "_seq"
+    reconcile_interval_s: float | None = None
     schedule_cron: str | None = "*/15 * * * *"
     nats_resource_key: str = "nats"
     spark_resource_key: str = "spark"
@@ -102,6 +111,9 @@ class ConsumerGroupAsset:
         if self.sensor_interval_s < 1:
             raise ConfigError("sensor_interval_s", f"must be >= 1 second, got "
                               f"{self.sensor_interval_s!r}")
+        if self.reconcile_interval_s is not None and not self.reconcile_interval_s > 0:
+            raise ConfigError("reconcile_interval_s", f"must be > 0 seconds (or None), got "
+                              f"{self.reconcile_interval_s!r}")
         if self.lag_objective_s is not None and not self.lag_objective_s > 0:
             raise ConfigError("lag_objective_s", f"must be > 0 seconds (or None), got "
                               f"{self.lag_objective_s!r}")

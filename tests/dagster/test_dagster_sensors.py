@@ -24,6 +24,7 @@ from cg_pipelines.core.config import (
     work_queue_stream_name,
 )
 from cg_pipelines.core.triggers import decode_membership_cursor
+from cg_pipelines.dagster import build_definitions
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.errors import StreamNotFoundError
@@ -40,6 +41,7 @@ from tests.dagster.defs_keyed import (
     make_resources,
     pkey,
 )
+from tests.dagster.defs_keyed import spec as make_spec
 
 
 def _check_requests(reqs: list[RunRequest], stream: str, partitions: list[int],
@@ -323,3 +325,58 @@ async def test_broken_config_skips_with_reason(
             assert (skip, requested) == (None, ["g-0", "g-1", "g-2", "g-3"]), (name, skip)
         else:
             assert (skip, requested) == (None, ["g-1", "g-3"]), (name, skip)
+
+
+# ------------------------------------------------------------ lag, checks and reconcile events
+
+
+async def test_backlog_sensor_records_lag_checks_and_reconciles(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance) -> None:
+    """Each tick records an observation per partition whose backlog changed, evaluates the
+    lag and runs checks when their outcome changed (cursor), and the origin reconciliation at
+    most every ``reconcile_interval_s``."""
+    stream = unique_name
+    await h.create_group(js, stream)
+    info = await js.stream_info(stream)  # the reconciliation reads the origin by direct get
+    await js.update_stream(replace(info.config, allow_direct=True))
+    spec = replace(make_spec(stream), lag_objective_s=0.1, reconcile_interval_s=3600.0,
+                   origin_seq_column="seq")
+    defs = build_definitions([spec], resources=make_resources(nats_server.url, warehouse))
+    evs = h.events_on({1, 3})
+    await h.publish(js, stream, evs, len(evs))
+    await asyncio.sleep(0.3)  # older than the 0.1 s lag objective
+
+    d1 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    obs = {e.partition: e.metadata for e in d1.asset_events
+           if type(e).__name__ == "AssetObservation"}
+    assert sorted(obs) == ["g-0", "g-1", "g-2", "g-3"]
+    pending = {p: sum(1 for k, _ in evs if h.partition_of(k) == p) for p in range(4)}
+    assert {k: md["pending"].value for k, md in obs.items()} == {
+        f"g-{p}": n for p, n in pending.items()}
+    assert obs["g-1"]["oldest_pending_age_s"].value >= 0.1
+    checks = {e.check_name: e for e in d1.asset_events if hasattr(e, "check_name")}
+    assert not checks["lag_within_objective"].passed
+    assert checks["lag_within_objective"].metadata["partitions_late"].value == ["g-1", "g-3"]
+    assert checks["partition_runs_succeeding"].passed
+    # nothing processed yet: every origin message is still queued, so the group reconciles
+    assert checks["origin_reconciled"].passed
+
+    # Same backlog, same outcomes: no new events (the cursor remembers them).
+    d2 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance, cursor=d1.cursor)
+    assert d2.asset_events == []
+
+    # Partition 1 drained: its observation changes (pending 0); lag still late on 3 only.
+    job = defs.resolve_job_def(JOB)
+    assert (await asyncio.to_thread(job.execute_in_process, partition_key="g-1",
+                                    instance=instance)).success
+    d3 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance, cursor=d2.cursor)
+    obs3 = {e.partition: e.metadata for e in d3.asset_events
+            if type(e).__name__ == "AssetObservation"}
+    assert list(obs3) == ["g-1"] and obs3["g-1"]["pending"].value == 0
+    assert obs3["g-1"]["last_committed_seq"].value > 0
+    lag3 = [e for e in d3.asset_events if getattr(e, "check_name", "") ==
+            "lag_within_objective"]
+    assert len(lag3) == 1 and lag3[0].metadata["partitions_late"].value == ["g-3"]
+    assert not any(getattr(e, "check_name", "") == "origin_reconciled"
+                   for e in d3.asset_events)  # not again within the hour
