@@ -138,6 +138,7 @@ class Drain:
                     await self.lease.put_back(lease)
                     self.ctx.res.status = "drained" if lease.seq > start_last else "limit"
                     return
+                # 1. The watermark.
                 t = time.monotonic()
                 watermark = await asyncio.to_thread(self.ctx.sink.watermark, self.ctx.app_id)
                 self.ctx.timed("watermark", t)
@@ -153,7 +154,8 @@ class Drain:
                 from_seq = max(lease.seq, watermark + 1)
                 source = self._executor_source(from_seq, start_last)
                 if source is not None:
-                    # A large backlog: one batch read, decoded and transformed on the executors.
+                    # 2.-3. for a large backlog: one batch read, decoded and transformed on the
+                    # executors; 4.-7. as any batch.
                     if prefetch is not None:
                         prefetch[1].cancel()
                         with contextlib.suppress(BaseException):
@@ -163,6 +165,7 @@ class Drain:
                         dlq_ready = await self._ensure_dlq()
                     lease = await self._executor_batch(lease, watermark, source)
                     continue
+                # 2. Read (or take the range prefetched while the last batch committed).
                 if prefetch is not None and prefetch[0] == from_seq:
                     records = await prefetch[1]
                 else:
@@ -179,6 +182,7 @@ class Drain:
                     continue
                 if not dlq_ready:
                     dlq_ready = await self._ensure_dlq()
+                # 3.-7., pipelined.
                 lease, prefetch = await self._pipeline(lease, records, watermark, start_last,
                                                        prefetch)
         finally:
@@ -339,7 +343,7 @@ class Drain:
         facts = prep.facts()
         first, last = facts.first, facts.last
         t = time.monotonic()
-        try:
+        try:  # 5. Commit, fenced.
             origin = facts.last_origin
             markers = {origin_marker(self.ctx.app_id): origin} if origin is not None else None
             lineage = {"stream": self.ctx.stream, "group": self.ctx.group,
@@ -365,10 +369,11 @@ class Drain:
         res.last_seq = last
         handled = res.processed + res.dead_lettered + res.duplicates_skipped
         self.ctx.step("committed", first_seq=first, last_seq=last, processed=res.processed,
-                   dead_lettered=res.dead_lettered, left=max(0, self.ctx.pending - handled),
-                   seconds=time.monotonic() - self.ctx.t0)
+                      dead_lettered=res.dead_lettered, left=max(0, self.ctx.pending - handled),
+                      seconds=time.monotonic() - self.ctx.t0)
+        # 6. Settle (no keep-alive pull may be waiting when the lease is acked).
         t = time.monotonic()
-        await self.lease.release(lease)  # no keep-alive pull may be waiting when the lease is acked
+        await self.lease.release(lease)
         await self._settle(lease, last)
         self.ctx.settled_through = last
         if self.ctx.inflight is not None and self.ctx.inflight[1] <= last:
@@ -424,6 +429,7 @@ class Drain:
                 if prefetch is None and last < start_last:
                     prefetch = (last + 1, asyncio.create_task(
                         self._read(last + 1, start_last, timing="read_overlapped")))
+                # 3. Process (while the previous batch commits).
                 prep = await self._prepare_batch(records)
                 if pending is not None:
                     next_lease, pending = await pending, None
@@ -441,7 +447,9 @@ class Drain:
                     assert prep.halted is not None
                     self._halt(prep.halted.seq, prep.halted.reason)
                     return None, prefetch
+                # 4. Dead-letter.
                 await self._dead_letter(prep)
+                # 5.-7. off the critical path: commit (fenced), settle, next lease.
                 pending = asyncio.create_task(self._commit_and_next(lease, prep, watermark))
                 watermark = _bounds(prep.records)[1]
                 if prep.halted is not None or prefetch is None or prefetch[0] != last + 1:
