@@ -55,7 +55,7 @@ class EngineOptions:
         retry_backoff_s, retry_max_backoff_s: first and largest pause between retries
             (seconds; doubling).
         executor_read_min_msgs: messages. When set, and the processor implements
-            :class:`RangeProcessor` (``process_range``, e.g.
+            :class:`~cg_pipelines.engine.executor_read.RangeProcessor` (``process_range``, e.g.
             :class:`~cg_pipelines.spark.SparkProcessor`), a partition whose remaining backlog
             at a batch boundary is at least this many messages is processed as ONE batch:
             the rest of the range up to the run's start is read, decoded and transformed on

@@ -1,8 +1,11 @@
-"""Draining one partition of a **static** consumer group (the seed's static groups: the origin
-stream holds ``<p>.<...>`` subjects and is never purged).
+"""Draining one partition of a **static** consumer group (the origin stream holds
+``<p>.<...>`` subjects, partitioned by the publishers, and is never purged).
 
-Same lease, fence and results as :func:`~cg_pipelines.engine.runner.run_partition`; the
-partition's pinned consumer advances by acknowledging each delivered message after its commit.
+Same lease rules (:class:`~cg_pipelines.engine.lease.LeaseHolder`), batch pipeline and fence
+(:class:`~cg_pipelines.engine.drain.Drain`) and results as
+:func:`~cg_pipelines.engine.runner.run_partition`; only the consumer and step 6 differ: the
+partition's pinned consumer on the origin stream advances by acknowledging each delivered
+message after its commit (:meth:`~cg_pipelines.engine.lease.LeaseHolder.ack_each`).
 """
 
 from __future__ import annotations
