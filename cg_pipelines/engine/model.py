@@ -198,7 +198,8 @@ class _Defaulted(ProcessorBase):
         return with_defaults(self.inner.bind(spark)) if hasattr(self.inner, "bind") else self
 
     def process(self, batch: pa.Table, ctx: BatchContext) -> Processed:
-        return self.inner.process(batch, ctx)  # type: ignore[no-any-return]
+        out: Processed = self.inner.process(batch, ctx)
+        return out
 
 
 def with_defaults(processor: Any) -> Processor:
