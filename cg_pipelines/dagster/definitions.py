@@ -26,6 +26,7 @@ from cg_pipelines.dagster.reconcile import build_reconcile_check
 from cg_pipelines.dagster.resources import PartitionRunsResource
 from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.engine.model import with_defaults
 
 __all__ = ["GroupDefinitions", "build_definitions", "build_group_definitions"]
 
@@ -88,7 +89,7 @@ def _check_resources(groups: Sequence[ConsumerGroupAsset], resources: Mapping[st
         if missing:
             raise ConfigError("resources", f"{g.name} needs resource(s) {missing} "
                               f"(given: {sorted(resources)})")
-        state = getattr(g.processor, "state", None)
+        state = with_defaults(g.processor).state
         warehouse = resources[g.warehouse_resource_key]
         if state is not None and not getattr(warehouse, "supports_state", False):
             raise ConfigError("resources", f"{g.name} declares per-key state on "

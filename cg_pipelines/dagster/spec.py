@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.engine.model import Processor
+from cg_pipelines.engine.model import Processor, with_defaults
 
 __all__ = ["ConsumerGroupAsset"]
 
@@ -119,7 +119,7 @@ class ConsumerGroupAsset:
                               f"{self.lag_objective_s!r}")
         if not isinstance(self.write, (Append, Merge)):
             raise ConfigError("write", f"must be Append() or Merge(key=...), got {self.write!r}")
-        state = getattr(self.processor, "state", None)
+        state = with_defaults(self.processor).state
         if isinstance(self.write, Merge) and state is not None and \
                 (state.key,) != self.write.keys:
             raise ConfigError("write", f"the processor's KeyedState key {state.key!r} must be "
@@ -137,7 +137,7 @@ class ConsumerGroupAsset:
     @property
     def uses_spark(self) -> bool:
         """Whether the processor runs on Spark (then the asset requires the Spark resource)."""
-        return bool(getattr(self.processor, "uses_spark", False))
+        return with_defaults(self.processor).uses_spark
 
     @property
     def table_name(self) -> str:

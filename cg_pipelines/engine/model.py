@@ -7,13 +7,20 @@ publish time in nanoseconds since the Unix epoch; durations are seconds (``float
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import Any, Literal, Protocol, runtime_checkable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.errors import CgError
+from cg_pipelines.core.state import KeyedState
+from cg_pipelines.core.write import Append, Merge
 
 RECORD_SCHEMA = pa.schema(
     [
@@ -126,11 +133,81 @@ class Processor(Protocol):
     ``batch`` is an Arrow table with :data:`RECORD_SCHEMA` (:func:`records_to_arrow` builds one
     from :class:`Record` objects). It must be deterministic for the same batch and committed
     state, so that a batch re-processed after a crash or fence conflict gives the same effect.
-    Optional attributes the engine and the Dagster integration read: ``state`` (a
-    :class:`~cg_pipelines.core.state.KeyedState`), ``uses_spark`` and ``bind(spark)``.
+
+    Every hook the engine and the Dagster integration read is declared here; subclass
+    :class:`ProcessorBase` for their defaults (a processor that only has ``process`` is given
+    them by :func:`with_defaults`):
+
+    - ``state``: the per-key state the processor reads
+      (:class:`~cg_pipelines.core.state.KeyedState`), ``None`` for none. The engine serves it
+      from the sink (which must then be a :class:`StateSink`).
+    - ``uses_spark``: the processor runs on Spark (the Dagster asset then requires the Spark
+      resource and calls ``bind``).
+    - ``bind(spark)``: a copy of the processor that uses the given Spark session.
+    - ``cost_model``: a :class:`~cg_pipelines.core.batching.CostModel` the engine's adaptive
+      batch sizing learns into (``None``: a fresh one per run).
+    - ``read_options``: extra ``jetstream`` source options for an executor read (e.g. TLS
+      files, :class:`~cg_pipelines.engine.executor_read.RangeProcessor`).
     """
 
+    state: KeyedState | None
+    uses_spark: bool
+    cost_model: CostModel | None
+    read_options: Mapping[str, str | int | bool]
+
+    def bind(self, spark: Any) -> Processor: ...
+
     def process(self, batch: pa.Table, ctx: BatchContext) -> Processed: ...
+
+
+_NO_OPTIONS: Mapping[str, str | int | bool] = MappingProxyType({})
+
+
+class ProcessorBase(ABC):
+    """A :class:`Processor` with every optional hook at its default: no state, not on Spark,
+    ``bind`` returns the processor itself, no cost model of its own, no extra read options.
+    Subclasses implement :meth:`process` and override what they use."""
+
+    state: KeyedState | None = None
+    uses_spark: bool = False
+    cost_model: CostModel | None = None
+    read_options: Mapping[str, str | int | bool] = _NO_OPTIONS
+
+    def bind(self, spark: Any) -> Processor:
+        """This processor for ``spark``; by default the processor itself (it uses no Spark)."""
+        return self
+
+    @abstractmethod
+    def process(self, batch: pa.Table, ctx: BatchContext) -> Processed:
+        """The batch's rows to commit and its dead letters (see :class:`Processor`)."""
+
+
+class _Defaulted(ProcessorBase):
+    """A processor written without :class:`ProcessorBase`, with the hooks it lacks defaulted
+    (the hooks it has are read once, here)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        for hook in ("state", "uses_spark", "cost_model", "read_options"):
+            if hasattr(inner, hook):
+                setattr(self, hook, getattr(inner, hook))
+        if hasattr(inner, "process_range"):  # an executor-read processor stays one
+            self.process_range = inner.process_range
+
+    def bind(self, spark: Any) -> Processor:
+        return with_defaults(self.inner.bind(spark)) if hasattr(self.inner, "bind") else self
+
+    def process(self, batch: pa.Table, ctx: BatchContext) -> Processed:
+        out: Processed = self.inner.process(batch, ctx)
+        return out
+
+
+def with_defaults(processor: Any) -> Processor:
+    """``processor`` as a full :class:`Processor`: itself when it subclasses
+    :class:`ProcessorBase`, else a wrapper giving the hooks it lacks their defaults."""
+    if isinstance(processor, ProcessorBase):
+        return processor
+    return _Defaulted(processor)
 
 
 class FenceConflictError(CgError):
@@ -189,6 +266,82 @@ class StateSink(Sink, Protocol):
         self, key: str, keys: Sequence[object], columns: Sequence[str], order_by: str,
         partition: int | None = None,
     ) -> pa.Table: ...
+
+
+class TableShape(Protocol):
+    """What a sink's ``stats()`` tells a rebuild: the table's Arrow ``schema``."""
+
+    @property
+    def schema(self) -> pa.Schema: ...
+
+
+@runtime_checkable
+class ReplaceSink(StateSink, Protocol):
+    """A sink a rebuild can use (:func:`~cg_pipelines.engine.rebuild.rebuild_partition`):
+    it replaces a partition's rows in one fenced commit.
+
+    ``write``: the table's write mode (:class:`~cg_pipelines.core.write.Append` or
+    :class:`~cg_pipelines.core.write.Merge`); ``stats()``: the table's shape (its ``schema``);
+    ``replace_partition(data, partition, app_id, expected, markers, lineage=...)``: replace
+    ``partition``'s rows with ``data`` keeping ``app_id``'s watermark at ``expected``, fenced
+    like ``commit``; returns the rows replaced; ``last_rows_written``: the rows the last
+    replacement left (``None`` when the sink does not know). See
+    :class:`~cg_pipelines.sinks.delta.DeltaSink`.
+    """
+
+    last_rows_written: int | None
+
+    @property
+    def write(self) -> Append | Merge: ...
+
+    def stats(self, partition: int | None = None) -> TableShape: ...
+
+    def replace_partition(
+        self, data: pa.RecordBatchReader, partition: int, app_id: str, expected: int,
+        markers: Mapping[str, int] | None = None, *,
+        lineage: Mapping[str, object] | None = None,
+    ) -> int: ...
+
+
+def app_id_for(stream: str, group: str, partition: int) -> str:
+    """The partition's watermark key in the sink: ``<stream>/<group>/<partition>``."""
+    return f"{stream}/{group}/{partition}"
+
+
+def with_partition_column(table: pa.Table | None, partition: int) -> pa.Table | None:
+    """``table`` with :data:`PARTITION_COLUMN` (int64) set to ``partition`` on every row
+    (appended, or checked when the transform kept it).
+
+    Raises:
+        ValueError: the table has the column with another partition's number.
+    """
+    if table is None:
+        return None
+    if PARTITION_COLUMN in table.column_names:
+        col = table[PARTITION_COLUMN]
+        if table.num_rows and not pc.all(pc.equal(col, partition)).as_py():
+            raise ValueError(f"the transform's {PARTITION_COLUMN} column holds other "
+                             f"partitions than {partition}")
+        return table
+    return table.append_column(pa.field(PARTITION_COLUMN, pa.int64(), nullable=False),
+                               pa.array(np.full(table.num_rows, partition, np.int64)))
+
+
+def origin_seq_of(headers: dict[str, str] | None) -> int | None:
+    """The origin stream sequence of a sourced message, from its ``Nats-Stream-Source`` header
+    (``<origin stream> <origin seq> <filter> <transform> <origin subject> <id>``, as
+    nats-server 2.15 writes it), or None."""
+    src = (headers or {}).get("Nats-Stream-Source")
+    if not src:
+        return None
+    parts = src.split(" ")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
+def user_headers(headers: dict[str, str] | None) -> dict[str, str] | None:
+    """Headers without the server's ``Nats-*`` ones (stream source, pin id ...)."""
+    user = {k: v for k, v in (headers or {}).items() if not k.startswith("Nats-")}
+    return user or None
 
 
 class PartitionHaltedError(CgError):

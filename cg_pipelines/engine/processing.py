@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.decode import JsonDecoder
 from cg_pipelines.core.state import KeyedState, attach_state, keys_of
-from cg_pipelines.engine.model import BatchContext, DeadLetter, Processed
+from cg_pipelines.engine.model import BatchContext, DeadLetter, Processed, ProcessorBase
 
 __all__ = [
     "META_FIELDS",
@@ -93,7 +93,7 @@ def with_state(table: pa.Table, spec: KeyedState | None, ctx: BatchContext) -> p
     return attach_state(table, ctx.state.lookup(keys_of(table, spec.key)), spec)
 
 
-class ArrowProcessor:
+class ArrowProcessor(ProcessorBase):
     """Processing step on Arrow (or pandas): :func:`decode_batch`, then the declared per-key
     state attached (:func:`with_state`), then ``transform(table, ctx)`` on the good rows.
 

@@ -47,26 +47,23 @@ import pyarrow.compute as pc
 from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.errors import CgError, GroupNotFoundError
 from cg_pipelines.core.partitioning import SubjectPartitioner
+from cg_pipelines.engine.context import RunContext
+from cg_pipelines.engine.lease import Lease, LeaseHolder, lease_consumer_name
 from cg_pipelines.engine.model import (
     RECORD_SCHEMA,
     BatchContext,
     FenceConflictError,
     Processor,
     Record,
+    ReplaceSink,
     RunResult,
     Sink,
     origin_marker,
     records_to_arrow,
-)
-from cg_pipelines.engine.runner import (
-    EngineConfigError,
-    EngineOptions,
-    Hook,
-    _Lease,
-    _PartitionRun,
-    _user_headers,
+    user_headers,
     with_partition_column,
 )
+from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import consumer_config
@@ -88,13 +85,15 @@ class RebuildError(CgError, RuntimeError):
     output does not fit the table."""
 
 
-class _Rebuild(_PartitionRun):
-    def __init__(self, *args: Any, allow_partial: bool = False) -> None:
-        super().__init__(*args)
-        self.allow_partial = allow_partial
-        self.state = None  # a rebuild starts from empty state (set per run below)
+class _Rebuild:
+    """A rebuild over the run's context ``ctx`` and the partition's elastic lease (the same
+    consumer a drain leases on: see the module docstring, step 1)."""
+
+    def __init__(self, ctx: RunContext, sink: ReplaceSink, allow_partial: bool = False) -> None:
+        self.ctx, self.sink, self.allow_partial = ctx, sink, allow_partial
+        self.lease = LeaseHolder(ctx, lease_consumer_name(ctx.partition))
         self._guard: asyncio.Task[Any] | None = None
-        self._guard_lease: _Lease | None = None
+        self._guard_lease: Lease | None = None
         self.config: ElasticConfig = ElasticConfig(1)
 
     # ------------------------------------------------------------------------ the lease
@@ -102,21 +101,22 @@ class _Rebuild(_PartitionRun):
     async def _take_lease(self) -> bool:
         """Hold the partition (see module docstring, step 1); False when another instance
         holds it (status ``held``)."""
-        info = await self.retry.call("consumer info", lambda: self.api.consumer_info(
-            self.wq, self.cname))
+        info = await self.lease.info()
         if int(info.get("num_pending") or 0) + int(info.get("num_ack_pending") or 0):
-            got = await self._pull("pull the lease", batch=1, expires_s=self.opt.hold_wait_s)
+            got = await self.lease.pull("pull the lease", batch=1,
+                                        expires_s=self.ctx.opt.hold_wait_s)
             if not got.messages:
-                await self._why_nothing()
+                await self.lease.why_nothing()
                 return False
-            self._guard_lease = self._lease_of(got.messages[0], got.pin_id)
+            self._guard_lease = self.lease.hold(got.messages[0], got.pin_id)
             return True
-        wait_s = self.opt.max_seconds or 3600.0
+        wait_s = self.ctx.opt.max_seconds or 3600.0
 
         async def waiting() -> None:
-            got = await self.api.pull(self.wq, self.cname, batch=1, expires_s=wait_s)
+            got = await self.ctx.api.pull(self.ctx.wq, self.lease.cname, batch=1,
+                                          expires_s=wait_s)
             if got.messages:  # a message arrived during the rebuild: hold it too
-                self._guard_lease = self._lease_of(got.messages[0], got.pin_id)
+                self._guard_lease = self.lease.hold(got.messages[0], got.pin_id)
 
         self._guard = asyncio.create_task(waiting())
         await asyncio.sleep(0)
@@ -129,35 +129,37 @@ class _Rebuild(_PartitionRun):
                 await self._guard
         lease = self._guard_lease
         if lease is not None:
-            await self._release(lease)
+            await self.lease.release(lease)
             with contextlib.suppress(Exception):
                 await lease.msg.nak()  # for the drain that follows, at once
 
     # ------------------------------------------------------------------------ the rebuild
 
-    async def _ensure_consumer(self) -> None:
+    async def ensure(self) -> None:
+        """Read the group's config (a static group is refused), then ensure the lease."""
         self.config = await self._group_config()
-        await super()._ensure_consumer()
+        await self.lease.ensure()
 
     async def _group_config(self) -> ElasticConfig:
         """The elastic group's config. Raises RebuildError for a static group."""
         try:
-            v = await self.retry.call("group config", lambda: admin.get_elastic(
-                self.js, self.stream, self.group, timeout=self.opt.timeout_s))
+            v = await self.ctx.retry.call("group config", lambda: admin.get_elastic(
+                self.ctx.js, self.ctx.stream, self.ctx.group, timeout=self.ctx.opt.timeout_s))
         except GroupNotFoundError:
             try:
-                await admin.get_static(self.js, self.stream, self.group,
-                                       timeout=self.opt.timeout_s)
+                await admin.get_static(self.ctx.js, self.ctx.stream, self.ctx.group,
+                                       timeout=self.ctx.opt.timeout_s)
             except GroupNotFoundError:
                 raise
             raise RebuildError(
-                f"{self.stream}.{self.group} is a static group: its stream is partitioned by "
-                "the publishers (subjects <p>.<...>) and consumed in place, so there is no "
-                "work queue to lease against and no origin sequence to replay up to; to "
-                "recompute a static partition, drain it into a new table") from None
+                f"{self.ctx.stream}.{self.ctx.group} is a static group: its stream is "
+                "partitioned by the publishers (subjects <p>.<...>) and consumed in place, so "
+                "there is no work queue to lease against and no origin sequence to replay up "
+                "to; to recompute a static partition, drain it into a new table") from None
         return v.config
 
-    async def _loop(self) -> None:
+    async def run(self) -> None:
+        """Steps 1-5 of the module docstring."""
         config = self.config
         if not await self._take_lease():
             return
@@ -167,35 +169,36 @@ class _Rebuild(_PartitionRun):
             await self._release_lease()
 
     async def _rebuild(self, config: ElasticConfig) -> None:
-        res = self.res
-        watermark = await asyncio.to_thread(self.sink.watermark, self.app_id)
+        res = self.ctx.res
+        watermark = await asyncio.to_thread(self.sink.watermark, self.ctx.app_id)
         res.watermark = watermark
         if watermark == 0:
             res.status, res.detail = "empty", "nothing committed yet: nothing to rebuild"
             return
-        origin_last = await asyncio.to_thread(self.sink.watermark, origin_marker(self.app_id))
+        origin_last = await asyncio.to_thread(self.sink.watermark, origin_marker(self.ctx.app_id))
         if origin_last == 0:
             raise RebuildError(
-                f"partition {self.partition}: no origin sequence recorded with its commits "
+                f"partition {self.ctx.partition}: no origin sequence recorded with its commits "
                 "(committed before cg_pipelines 0.2): drain it once more before a rebuild")
         # the snapshot the final replace is fenced against
-        await asyncio.to_thread(self.sink.watermark, self.app_id)
-        info = await self.retry.call("stream info", lambda: self.api.stream_info(self.stream))
+        await asyncio.to_thread(self.sink.watermark, self.ctx.app_id)
+        c = self.ctx
+        info = await c.retry.call("stream info", lambda: c.api.stream_info(c.stream))
         state = info["state"]
         first = int(state.get("first_seq") or 1)
         deleted = int(state.get("num_deleted") or 0)
         if (first > 1 or deleted) and not self.allow_partial:
             raise RebuildError(
-                f"origin stream {self.stream!r} no longer holds the partition's whole history: "
+                f"origin stream {self.ctx.stream!r} no longer holds the partition's whole history: "
                 f"its first retained sequence is {first}"
                 + (f" and {deleted} messages were deleted" if deleted else "")
                 + "; nothing was changed (rebuild with allow_partial to use what is left)")
         res.first_seq, res.last_seq = first, origin_last
         schema = await asyncio.to_thread(self._table_schema)
         part = SubjectPartitioner(config)
-        cache = KeyStateCache(self.processor.state, None, getattr(self.sink, "write", None)) \
-            if getattr(self.processor, "state", None) is not None else None
-        self.state = cache
+        spec = self.ctx.processor.state
+        cache = KeyStateCache(spec, None, self.sink.write) if spec is not None else None
+        self.ctx.state = cache
         out: queue.Queue[pa.Table | BaseException | None] = queue.Queue(maxsize=2)
         written = {"rows": 0}
 
@@ -210,15 +213,15 @@ class _Rebuild(_PartitionRun):
                 yield from item.to_batches()
 
         reader = pa.RecordBatchReader.from_batches(schema, batches())
-        lineage = {"stream": self.stream, "group": self.group, "partition": self.partition,
+        lineage = {"stream": c.stream, "group": c.group, "partition": c.partition,
                    "origin_first_seq": first, "origin_last_seq": origin_last,
                    "last_seq": watermark}
         writer = asyncio.create_task(asyncio.to_thread(
-            self.sink.replace_partition, reader, self.partition, self.app_id, watermark,  # type: ignore[attr-defined]
-            {origin_marker(self.app_id): origin_last}, lineage=lineage))
+            self.sink.replace_partition, reader, self.ctx.partition, self.ctx.app_id, watermark,
+            {origin_marker(self.ctx.app_id): origin_last}, lineage=lineage))
         try:
             direct = bool((info.get("config") or {}).get("allow_direct")) and \
-                fast_path_available(self.nc)
+                fast_path_available(self.ctx.nc)
             replay = (self._replay_direct(first, origin_last, part) if direct
                       else self._replay(first, origin_last, part, config))
             async for batch in replay:
@@ -240,17 +243,17 @@ class _Rebuild(_PartitionRun):
             res.detail = f"{e}; another holder committed meanwhile: nothing was written"
             return
         # merge mode: the rows left in the table (each key's last), not the replay's output
-        table_rows = getattr(self.sink, "last_rows_written", None)
+        table_rows = self.sink.last_rows_written
         res.rows_written = written["rows"] if table_rows is None else int(table_rows)
         res.commits += 1  # the replacement is one Delta version
         res.status = "rebuilt"
         res.detail = (f"origin sequences {first}..{origin_last}: {res.messages_read} messages "
-                      f"read, {res.processed} of partition {self.partition}, "
+                      f"read, {res.processed} of partition {self.ctx.partition}, "
                       f"{res.rows_replaced} rows replaced by {res.rows_written}")
-        self._step("rebuilt", first_seq=first, last_seq=origin_last)
+        self.ctx.step("rebuilt", first_seq=first, last_seq=origin_last)
 
     def _table_schema(self) -> pa.Schema:
-        stats = self.sink.stats()  # type: ignore[attr-defined]
+        stats = self.sink.stats()
         return stats.schema
 
     @staticmethod
@@ -272,17 +275,17 @@ class _Rebuild(_PartitionRun):
         (:func:`~cg_pipelines.jetstream.rangeread.read_range`), and this partition's messages
         selected by computing the partition once per distinct subject (a dictionary encoding)
         instead of per message. Nothing is consumed or created on the server."""
-        opt, res = self.opt, self.res
+        opt, res = self.ctx.opt, self.ctx.res
         pending: list[pa.Table] = []
         rows = nbytes = 0
         seq = first
         while seq <= last:
             t = time.monotonic()
-            got = await self.retry.call("read the origin stream", lambda s=seq: read_range(
-                self.nc, self.stream, s, filter_subject=">", max_msgs=REPLAY_CHUNK,
+            got = await self.ctx.retry.call("read the origin stream", lambda s=seq: read_range(
+                self.ctx.nc, self.ctx.stream, s, filter_subject=">", max_msgs=REPLAY_CHUNK,
                 max_bytes=opt.batch_max_bytes, last_seq=last, timeout_s=opt.timeout_s,
                 drop_nats_headers=True))
-            self._timed("read", t)
+            self.ctx.timed("read", t)
             table = got.table()
             res.messages_read += table.num_rows
             if table.num_rows:
@@ -308,7 +311,7 @@ class _Rebuild(_PartitionRun):
                       ) -> pa.BooleanArray:
         """Mask of the subjects (origin subjects) that map to this run's partition."""
         enc = pc.dictionary_encode(subjects).combine_chunks()
-        keep = np.fromiter((part(s) == self.partition for s in enc.dictionary.to_pylist()),
+        keep = np.fromiter((part(s) == self.ctx.partition for s in enc.dictionary.to_pylist()),
                            dtype=bool, count=len(enc.dictionary))
         idx = enc.indices.to_numpy(zero_copy_only=False)
         return pa.array(keep[idx])
@@ -322,11 +325,12 @@ class _Rebuild(_PartitionRun):
         Read through an ephemeral consumer (ack none, in memory, from ``first``, filtered by
         the group's partitioning filters): it works on any origin stream (direct get needs
         ``allow_direct``) and the server streams the history in order; it is deleted after."""
-        opt, res = self.opt, self.res
-        name = f"cg-rebuild-{self.group}-{self.partition}-{uuid.uuid4().hex[:8]}"
+        opt, res = self.ctx.opt, self.ctx.res
+        name = f"cg-rebuild-{self.ctx.group}-{self.ctx.partition}-{uuid.uuid4().hex[:8]}"
         filters = [p.filter for p in config.partitioning_filters] or None
-        await self.retry.call("create the replay consumer", lambda: self.api.create_consumer(
-            self.stream, consumer_config(
+        c = self.ctx
+        await c.retry.call("create the replay consumer", lambda: c.api.create_consumer(
+            c.stream, consumer_config(
                 name, filter_subjects=filters, deliver_policy="by_start_sequence",
                 opt_start_seq=first, ack_policy="none",
                 inactive_threshold_s=max(60.0, 10 * opt.timeout_s),
@@ -338,10 +342,10 @@ class _Rebuild(_PartitionRun):
             done = False
             while not done:
                 t = time.monotonic()
-                got = await self.retry.call("read the origin stream", lambda: self.api.pull(
-                    self.stream, name, batch=opt.read_chunk, expires_s=0, no_wait=True,
+                got = await self.ctx.retry.call("read the origin stream", lambda: self.ctx.api.pull(
+                    self.ctx.stream, name, batch=opt.read_chunk, expires_s=0, no_wait=True,
                     group=None))
-                self._timed("read", t)
+                self.ctx.timed("read", t)
                 if not got.messages:
                     if got.status not in (404, 408):
                         got.raise_for_status()
@@ -353,11 +357,11 @@ class _Rebuild(_PartitionRun):
                         done = True
                         break
                     res.messages_read += 1
-                    if part(m.subject) != self.partition:
+                    if part(m.subject) != self.ctx.partition:
                         continue
                     pending.append(Record(seq, m.subject, m.data,
                                           int(md.timestamp.timestamp() * 1_000_000_000),
-                                          _user_headers(m.headers), seq))
+                                          user_headers(m.headers), seq))
                     nbytes += len(m.data)
                     if len(pending) >= opt.batch_max_msgs or nbytes >= opt.batch_max_bytes:
                         yield records_to_arrow(pending)
@@ -369,22 +373,22 @@ class _Rebuild(_PartitionRun):
                 yield records_to_arrow(pending)
         finally:
             with contextlib.suppress(Exception):
-                await self.api.delete_consumer(self.stream, name)
+                await self.ctx.api.delete_consumer(self.ctx.stream, name)
 
     async def _process_rebuild(self, batch: pa.Table, schema: pa.Schema,
                                cache: KeyStateCache | None) -> pa.Table | None:
         seqs = batch["seq"]
-        ctx = BatchContext(self.stream, self.group, self.partition, self.app_id,
+        ctx = BatchContext(self.ctx.stream, self.ctx.group, self.ctx.partition, self.ctx.app_id,
                            seqs[0].as_py(), seqs[-1].as_py(), self.sink, cache, "rebuild")
         t = time.monotonic()
-        processed = await asyncio.to_thread(self.processor.process, batch, ctx)
-        self._timed("process", t)
-        self.res.processed += batch.num_rows - len(processed.dead)
-        self.res.dead_lettered += len(processed.dead)
-        table = with_partition_column(processed.table, self.partition)
+        processed = await asyncio.to_thread(self.ctx.processor.process, batch, ctx)
+        self.ctx.timed("process", t)
+        self.ctx.res.processed += batch.num_rows - len(processed.dead)
+        self.ctx.res.dead_lettered += len(processed.dead)
+        table = with_partition_column(processed.table, self.ctx.partition)
         if cache is not None:
             cache.update(table)
-        self._step("processed", first_seq=ctx.first_seq, last_seq=ctx.last_seq)
+        self.ctx.step("processed", first_seq=ctx.first_seq, last_seq=ctx.last_seq)
         if table is None:
             return None
         missing = [n for n in schema.names if n not in table.column_names]
@@ -438,10 +442,12 @@ async def rebuild_partition(
     """
     if partition < 0:
         raise ValueError(f"partition must be >= 0, got {partition}")
-    if not hasattr(sink, "replace_partition"):
+    if not isinstance(sink, ReplaceSink):
         raise EngineConfigError(f"{type(sink).__name__} cannot replace a partition's rows "
                                 "(no replace_partition): use DeltaSink")
-    run = _Rebuild(nc, stream, group, partition, processor, sink, options or EngineOptions(),
-                   hook, allow_partial=allow_partial)
-    return await run.run()
+    ctx = RunContext(nc, stream, group, partition, processor, sink, options or EngineOptions(),
+                     hook)
+    ctx.state = None  # a rebuild starts from empty state (set per run)
+    run = _Rebuild(ctx, sink, allow_partial=allow_partial)
+    return await run.lease.guard(run.ensure, run.run)
 

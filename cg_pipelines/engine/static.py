@@ -1,98 +1,112 @@
-"""Draining one partition of a **static** consumer group (the seed's static groups: the origin
-stream holds ``<p>.<...>`` subjects and is never purged).
+"""Draining one partition of a **static** consumer group (the origin stream holds
+``<p>.<...>`` subjects, partitioned by the publishers, and is never purged).
 
-Same lease, fence and results as :func:`~cg_pipelines.engine.runner.run_partition`; the
-partition's pinned consumer advances by acknowledging each delivered message after its commit.
+Same lease rules (:class:`~cg_pipelines.engine.lease.LeaseHolder`), batch pipeline and fence
+(:class:`~cg_pipelines.engine.drain.Drain`) and results as
+:func:`~cg_pipelines.engine.runner.run_partition`; only the consumer and step 6 differ: the
+partition's pinned consumer on the origin stream advances by acknowledging each delivered
+message after its commit (:meth:`~cg_pipelines.engine.lease.LeaseHolder.ack_each`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from cg_pipelines.core.subjects import strip_partition
-from cg_pipelines.engine.model import Processor, Record, RunResult, Sink, records_to_arrow
-from cg_pipelines.engine.runner import (
-    PRIORITY_GROUP,
-    EngineConfigError,
-    EngineOptions,
-    Hook,
-    _Lease,
-    _PartitionRun,
-    _user_headers,
+from cg_pipelines.engine.context import RunContext
+from cg_pipelines.engine.drain import Drain
+from cg_pipelines.engine.lease import PRIORITY_GROUP, LeaseHolder
+from cg_pipelines.engine.model import (
+    Processor,
+    Record,
+    RunResult,
+    Sink,
+    records_to_arrow,
+    user_headers,
 )
+from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.jetstream.api import consumer_config
 from cg_pipelines.jetstream.errors import ConsumerAlreadyExistsError
 
-__all__ = ["run_static_partition"]
+__all__ = ["run_static_partition", "static_consumer_name"]
+
+
+def static_consumer_name(group: str, partition: int) -> str:
+    """A static group partition's pinned consumer on the origin stream:
+    ``<group>-partition-<p>``."""
+    return f"{group}-partition-{partition}"
 
 
 def _record_of(m: Msg) -> Record:
     """A delivered message as a :class:`Record` (partition token stripped)."""
     md = m.metadata
     return Record(md.sequence.stream, strip_partition(m.subject)[1], m.data,
-                  int(md.timestamp.timestamp() * 1_000_000_000), _user_headers(m.headers))
+                  int(md.timestamp.timestamp() * 1_000_000_000), user_headers(m.headers))
 
 
-class _StaticPartitionRun(_PartitionRun):
+class _StaticDrain:
     """Static groups: the origin stream holds ``<p>.<...>`` subjects and is never purged.
 
     A durable consumer per partition (``<group>-partition-<p>``, filters ``<p>.<filter>``,
-    pinned, ``max_ack_pending`` = batch size) delivers a batch in stream order; after the commit
-    every delivered message is acknowledged (one ack each). Messages at or below the watermark
-    are acknowledged without processing.
+    pinned, ``max_ack_pending`` = batch size) delivers a batch in stream order; the batch is
+    held as one lease and goes through the drain pipeline (process, dead-letter, commit
+    fenced), settled by acknowledging every delivered message (one ack each, one flush).
+    Messages at or below the watermark are acknowledged without processing.
     """
 
-    def __init__(self, *args: Any, filters: Sequence[str] = ()) -> None:
-        super().__init__(*args)
-        self.wq = self.stream
-        self.cname = f"{self.group}-partition-{self.partition}"
-        self.filters = [f"{self.partition}.{f}" for f in filters] or [self.flt]
+    def __init__(self, ctx: RunContext, filters: Sequence[str]) -> None:
+        self.ctx = ctx
+        self.lease = LeaseHolder(ctx, static_consumer_name(ctx.group, ctx.partition))
+        self.drain = Drain(ctx, self.lease, settle=self.lease.ack_each)
+        self.filters = [f"{ctx.partition}.{f}" for f in filters] or [ctx.flt]
 
-    async def _ensure_consumer(self) -> None:
+    async def ensure(self) -> None:
+        """Create the partition's pinned consumer on the origin stream (idempotent)."""
+        ctx, cname = self.ctx, self.lease.cname
         cfg = consumer_config(
-            durable_name=self.cname, filter_subjects=self.filters,
-            ack_wait_s=self.opt.ack_wait_s, max_ack_pending=self.opt.batch_max_msgs,
+            durable_name=cname, filter_subjects=self.filters,
+            ack_wait_s=ctx.opt.ack_wait_s, max_ack_pending=ctx.opt.batch_max_msgs,
             priority_groups=[PRIORITY_GROUP], priority_policy="pinned_client",
-            priority_timeout_s=self.opt.priority_timeout_s,
+            priority_timeout_s=ctx.opt.priority_timeout_s,
             description="cg_pipelines static partition run")
         try:
-            await self.retry.call("create the partition consumer", lambda: self.api.create_consumer(
-                self.stream, cfg))
+            await ctx.retry.call("create the partition consumer", lambda: ctx.api.create_consumer(
+                ctx.stream, cfg))
         except ConsumerAlreadyExistsError as e:
             raise EngineConfigError(
-                f"consumer {self.cname} on {self.stream} exists with other settings: run every "
+                f"consumer {cname} on {ctx.stream} exists with other settings: run every "
                 f"instance with the same engine options ({e})") from e
 
-    async def _loop(self) -> None:
-        start = await self.retry.call("stream info", lambda: self.api.stream_info(self.stream))
+    async def run(self) -> None:
+        ctx, res, opt = self.ctx, self.ctx.res, self.ctx.opt
+        start = await ctx.retry.call("stream info", lambda: ctx.api.stream_info(ctx.stream))
         start_last = int(start["state"].get("last_seq") or 0)
-        if not await self._has_backlog():
+        if not await self.lease.has_backlog():
             return
         pin: str | None = None
         first = True
-        while not self._limit_hit():
-            got = await self._pull(
-                "pull a batch", batch=self.opt.batch_max_msgs,
-                max_bytes=self.opt.batch_max_bytes, expires_s=self.opt.hold_wait_s if first
+        while not ctx.limit_hit():
+            got = await self.lease.pull(
+                "pull a batch", batch=opt.batch_max_msgs,
+                max_bytes=opt.batch_max_bytes, expires_s=opt.hold_wait_s if first
                 else 0, no_wait=not first, pin_id=pin)
             if not got.messages:
                 if first:
-                    await self._why_nothing()
+                    await self.lease.why_nothing()
                 elif got.pin_lost:
-                    self.res.status = "handed_over"
+                    res.status = "handed_over"
                 elif got.status in (None, 404, 408):
-                    self.res.status = "drained"
+                    res.status = "drained"
                 else:
                     got.raise_for_status()
                 return
             first, pin = False, got.pin_id
-            watermark = await asyncio.to_thread(self.sink.watermark, self.app_id)
-            self.res.watermark = watermark
+            watermark = await asyncio.to_thread(ctx.sink.watermark, ctx.app_id)
+            res.watermark = watermark
             msgs = got.messages
             seqs = [m.metadata.sequence.stream for m in msgs]
             done = [m for m, q in zip(msgs, seqs, strict=True) if q <= watermark]
@@ -100,30 +114,21 @@ class _StaticPartitionRun(_PartitionRun):
             fresh = [m for m, q in zip(msgs, seqs, strict=True) if watermark < q <= start_last]
             for m in done:
                 await m.ack()
-            self.res.duplicates_skipped += len(done)
+            res.duplicates_skipped += len(done)
             for m in later:
                 await m.nak()
             if fresh:
-                lease = self._lease_of(fresh, pin)
+                lease = self.lease.hold(fresh, pin)
                 try:
                     records = records_to_arrow([_record_of(m) for m in fresh])
-                    if await self._process_and_commit(lease, records, watermark):
+                    if await self.drain.process_and_commit(lease, records, watermark):
                         return
                 finally:
-                    await self._release(lease)
+                    await self.lease.release(lease)
             if later or (not fresh and not done):
-                self.res.status = "drained"
+                res.status = "drained"
                 return
-        self.res.status = "limit"
-
-    async def _settle(self, lease: _Lease, last: int) -> None:
-        """After a commit: ack every delivered message up to ``last``; nak the rest."""
-        for m in lease.msgs:
-            if m.metadata.sequence.stream <= last:
-                await m.ack()
-            else:
-                await m.nak()
-        await self.retry.call("flush acks", lambda: self.nc.flush(timeout=self.opt.timeout_s))
+        res.status = "limit"
 
 
 async def run_static_partition(
@@ -146,6 +151,7 @@ async def run_static_partition(
     """
     if partition < 0:
         raise ValueError(f"partition must be >= 0, got {partition}")
-    run = _StaticPartitionRun(nc, stream, group, partition, processor, sink,
-                              options or EngineOptions(), hook, filters=filters)
-    return await run.run()
+    ctx = RunContext(nc, stream, group, partition, processor, sink, options or EngineOptions(),
+                     hook, read_stream=stream)
+    run = _StaticDrain(ctx, filters)
+    return await run.lease.guard(run.ensure, run.run)

@@ -49,9 +49,15 @@ from pyspark.sql.types import (
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.decode import JsonDecoder
 from cg_pipelines.core.state import KeyedState
-from cg_pipelines.engine.model import RECORD_SCHEMA, BatchContext, DeadLetter, Processed
+from cg_pipelines.engine.executor_read import RangeProcessed
+from cg_pipelines.engine.model import (
+    RECORD_SCHEMA,
+    BatchContext,
+    DeadLetter,
+    Processed,
+    ProcessorBase,
+)
 from cg_pipelines.engine.processing import Validate, decode_batch, with_state
-from cg_pipelines.engine.runner import RangeProcessed
 from cg_pipelines.spark.datasource import SOURCE_NAME, register_jetstream_source
 from cg_pipelines.spark.session import get_spark
 
@@ -67,7 +73,7 @@ SparkTransform = Callable[[SparkSession, DataFrame, BatchContext], DataFrame]
 state as ``last_<column>`` columns."""
 
 
-class SparkProcessor:
+class SparkProcessor(ProcessorBase):
     """Processing step that runs a Spark transform on each batch.
 
     Args:
@@ -169,7 +175,7 @@ class SparkProcessor:
 
     def process_range(self, source: Mapping[str, str], ctx: BatchContext) -> RangeProcessed:
         """Read, decode and transform a whole sequence range on the executors (the engine's
-        executor read, :class:`~cg_pipelines.engine.runner.RangeProcessor`).
+        executor read, :class:`~cg_pipelines.engine.executor_read.RangeProcessor`).
 
         ``source`` holds the ``jetstream`` source options the engine derived (servers and
         credentials, the work-queue stream, ``subject`` ``<p>.>``, ``first_seq``,

@@ -1,0 +1,131 @@
+"""What one partition run knows and tells: its partition, stream, processor, sink and options,
+the NATS API and retrier it calls through, its result so far and its progress (what is in
+flight, committed, acknowledged). The lease (:mod:`cg_pipelines.engine.lease`) and the drain
+pipeline (:mod:`cg_pipelines.engine.drain`) of an elastic, a static or a rebuild run share it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+from nats.aio.client import Client
+
+from cg_pipelines.core.batching import CostModel
+from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.engine.model import (
+    Processor,
+    RunResult,
+    Sink,
+    StateSink,
+    app_id_for,
+    with_defaults,
+)
+from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
+from cg_pipelines.engine.retry import Retrier
+from cg_pipelines.engine.state import KeyStateCache
+from cg_pipelines.jetstream.api import JetStreamAPI
+
+__all__ = ["RunContext", "state_cache"]
+
+
+class RunContext:
+    """One partition run's identity, tools, result and progress.
+
+    Attributes:
+        wq: the stream the run reads and leases on (an elastic group's work queue
+            ``<stream>-<group>``; a static group's own stream).
+        flt: the partition's subjects there (``<p>.>``).
+        app_id: the partition's watermark key in the sink.
+        processor: the processor, every hook declared (:func:`~cg_pipelines.engine.model.
+            with_defaults`).
+        res: the run's :class:`~cg_pipelines.engine.model.RunResult` so far.
+        pending: the partition's backlog when the run started (consumer pending + ack pending).
+        inflight: first and last sequence of the batch being processed, or None.
+        watermark_read: ``res.watermark`` holds the sink's committed watermark.
+        settled_through: purged/acknowledged through this sequence (0: none).
+        state: the per-key state cache (:func:`state_cache`), or None.
+        cost: the cost model batch sizing learns into.
+    """
+
+    def __init__(
+        self, nc: Client, stream: str, group: str, partition: int, processor: Processor,
+        sink: Sink, options: EngineOptions, hook: Hook | None, *, read_stream: str | None = None,
+    ) -> None:
+        self.nc, self.js = nc, nc.jetstream(timeout=options.timeout_s)
+        self.stream, self.group, self.partition = stream, group, partition
+        self.wq = read_stream or work_queue_stream_name(stream, group)
+        self.flt = f"{partition}.>"
+        self.app_id = app_id_for(stream, group, partition)
+        self.processor = with_defaults(processor)
+        self.sink, self.opt, self.hook = sink, options, hook
+        self.api = JetStreamAPI(nc, timeout=options.timeout_s)
+        self.res = RunResult(stream, group, partition)
+        self.t0 = time.monotonic()
+        self.pending = 0
+        self.inflight: tuple[int, int] | None = None
+        self.watermark_read = False
+        self.settled_through = 0
+        self.state = state_cache(self.processor, sink, partition)
+        self.cost = self.processor.cost_model or CostModel()
+        self.retry = Retrier(nc, options.retry_max_s, options.retry_backoff_s,
+                             options.retry_max_backoff_s,
+                             f"partition {partition} of {work_queue_stream_name(stream, group)}",
+                             on_retry=self._on_retry)
+
+    def _on_retry(self, step: str, attempt: int, exc: BaseException) -> None:
+        self.res.nats_retries += 1
+        self.step("retry", step=step, attempt=attempt, error=type(exc).__name__)
+
+    def step(self, name: str, **info: Any) -> None:
+        """Tell the hook (if any) that step ``name`` is done."""
+        if self.hook is not None:
+            self.hook(name, info)
+
+    def timed(self, key: str, t: float) -> None:
+        """Add the seconds since ``t`` (a ``time.monotonic()``) to ``res.timings[key]``."""
+        self.res.timings[key] = self.res.timings.get(key, 0.0) + (time.monotonic() - t)
+
+    def limit_hit(self) -> bool:
+        """The run reached ``max_messages`` or ``max_seconds``: start no new batch."""
+        o = self.opt
+        if o.max_messages is not None and self.res.processed >= o.max_messages:
+            return True
+        return o.max_seconds is not None and time.monotonic() - self.t0 >= o.max_seconds
+
+    def failure_summary(self, error: BaseException) -> str:
+        """One line for a failed run: the partition, the sequence range in flight, and what
+        was committed and acknowledged (so an operator knows nothing was lost)."""
+        res = self.res
+        inflight = (f"sequences {self.inflight[0]}..{self.inflight[1]} in flight"
+                    if self.inflight else "no batch in flight")
+        committed = (f"committed through sequence {res.watermark}" if self.watermark_read
+                     else "nothing read from the sink yet")
+        return (f"partition {self.partition} of {self.wq}: run failed "
+                f"({type(error).__name__}) with {inflight}; {committed}, acknowledged through "
+                f"{self.settled_through or 'none'} ({res.commits} commit(s) by this run); "
+                "nothing later was committed or acknowledged, the partition was given back "
+                "and the next run resumes from the committed watermark")
+
+
+def state_cache(processor: Processor, sink: Sink, partition: int) -> KeyStateCache | None:
+    """The run's per-key state cache when the processor declares
+    :class:`~cg_pipelines.core.state.KeyedState` (``processor.state``), else ``None``.
+
+    Raises:
+        EngineConfigError: state is declared but ``sink`` cannot serve it (no ``last_rows``).
+    """
+    spec = processor.state
+    if spec is None:
+        return None
+    if not isinstance(sink, StateSink):
+        raise EngineConfigError(
+            f"the processor declares per-key state on {spec.key!r} but {type(sink).__name__} "
+            "cannot serve it (no last_rows method): use a state sink such as DeltaSink")
+
+    def read(keys: Sequence[object]) -> pa.Table:
+        return sink.last_rows(spec.key, keys, spec.read_columns, spec.order_by, partition)
+
+    return KeyStateCache(spec, read, getattr(sink, "write", None))

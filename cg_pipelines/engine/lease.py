@@ -1,0 +1,404 @@
+"""The partition lease: the one owner of the pin, keep-alive and acknowledgement rules.
+
+A partition is leased through a durable consumer on the stream read, pinned in the priority
+group ``PCG`` (``pinned_client``). For an elastic group it is the lease consumer
+``partition-<p>`` on the work queue (filter ``<p>.>``, explicit ack, ``max_ack_pending=1``):
+pulling one message makes the run the pinned holder, and with one ack pending the server hands
+no other message of the partition to anyone. The rules, in the order a run meets them:
+
+1. **Ensure** the consumer exists with the config every instance uses
+   (:func:`ensure_lease_consumer`; a mismatch is an :class:`~cg_pipelines.engine.options.
+   EngineConfigError`).
+2. **Take**: the first pull waits up to ``hold_wait_s`` for the pin; getting nothing while the
+   partition has a backlog means another instance holds it: the run's status is ``held``, its
+   detail names the pinned holder (:meth:`LeaseHolder.take`).
+3. **Keep**: while a batch is processed, ``+WPI`` on the held messages every third of the ack
+   wait, and a short pull carrying the pin id every third of the pin timeout
+   (:meth:`LeaseHolder.keep`).
+4. **Ack** after the commit (and, for a work queue, after the purge), verified when the reply
+   is lost (:meth:`LeaseHolder.ack`); then **next**: release and pull the partition's next
+   message with the pin id (:meth:`LeaseHolder.next`).
+5. **Re-pin** when the pin is gone: a restarted server forgets pins; another holder named by
+   the server means the partition was handed over (:meth:`LeaseHolder.repin`).
+6. **Unpin** when the run ends on its own, so the next run is pinned at once; **give back**
+   on any failure: nak the held messages and unpin, so a retry is not ``held``
+   (:meth:`LeaseHolder.guard`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from cg_pipelines.engine.context import RunContext
+from cg_pipelines.engine.model import RunResult
+from cg_pipelines.engine.options import EngineConfigError, EngineOptions
+from cg_pipelines.jetstream.api import JetStreamAPI, PullResult, consumer_config
+from cg_pipelines.jetstream.errors import (
+    ConsumerAlreadyExistsError,
+    JetStreamUnavailableError,
+    RequestTimeoutError,
+    WorkQueueConsumerNotUniqueError,
+)
+
+__all__ = [
+    "PRIORITY_GROUP",
+    "Lease",
+    "LeaseHolder",
+    "ensure_lease_consumer",
+    "lease_consumer_config",
+    "lease_consumer_name",
+    "pinned_id",
+]
+
+PRIORITY_GROUP = "PCG"
+
+
+def lease_consumer_name(partition: int) -> str:
+    """The partition's lease consumer on the work-queue stream: ``partition-<p>``."""
+    return f"partition-{partition}"
+
+
+def lease_consumer_config(partition: int, options: EngineOptions) -> dict[str, Any]:
+    """Wire config of the lease consumer; identical for every instance (required by
+    action ``create``)."""
+    return consumer_config(
+        durable_name=lease_consumer_name(partition),
+        filter_subjects=[f"{partition}.>"],
+        ack_wait_s=options.ack_wait_s,
+        max_ack_pending=1,
+        priority_groups=[PRIORITY_GROUP],
+        priority_policy="pinned_client",
+        priority_timeout_s=options.priority_timeout_s,
+        description="cg_pipelines lease-and-range partition lease",
+    )
+
+
+async def ensure_lease_consumer(
+    api: JetStreamAPI, wq: str, partition: int, options: EngineOptions
+) -> None:
+    """Create the partition's lease consumer (idempotent). Raises :class:`EngineConfigError`."""
+    try:
+        await api.create_consumer(wq, lease_consumer_config(partition, options))
+    except ConsumerAlreadyExistsError as e:
+        raise EngineConfigError(
+            f"lease consumer {lease_consumer_name(partition)} on {wq} exists with other "
+            f"settings (ack wait / priority timeout): run every instance with the same engine "
+            f"options, or delete the consumer while no run is active ({e})"
+        ) from e
+    except WorkQueueConsumerNotUniqueError as e:
+        raise EngineConfigError(
+            f"partition {partition} of {wq} is held by another consumer (streaming members?): "
+            f"a group is consumed either by members or by partition runs, not both ({e})"
+        ) from e
+
+
+def pinned_id(info: dict[str, Any]) -> str | None:
+    """The pinned client id of the ``PCG`` priority group in a consumer info, or None."""
+    for g in info.get("priority_groups") or []:
+        if g.get("group") == PRIORITY_GROUP and g.get("pinned_client_id"):
+            return str(g["pinned_client_id"])
+    return None
+
+
+@dataclass
+class Lease:
+    """Delivered, unacknowledged messages a run holds (one for the elastic lease; a static
+    group's batch), the stream sequence of the first, and the pin id the server gave.
+
+    ``keeper`` is the keep-alive task (:meth:`LeaseHolder.keep`), stopped by ``stop``."""
+
+    msgs: list[Msg]
+    seq: int
+    pin_id: str | None
+    keeper: asyncio.Task[None] | None = field(default=None)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def msg(self) -> Msg:
+        """The first held message (the elastic lease's only one)."""
+        return self.msgs[0]
+
+
+class LeaseHolder:
+    """Holds a partition's pinned consumer ``cname`` on ``ctx.wq`` for one run (see the module
+    docstring). Sets the run's status when the lease decides how it ends (``held``,
+    ``empty``, ``drained``, ``handed_over``)."""
+
+    def __init__(self, ctx: RunContext, cname: str) -> None:
+        self.ctx, self.cname = ctx, cname
+        self.pinned = False  # a lease (so the pin) was held at some point
+        self.current: Lease | None = None  # the newest lease taken (nak'ed on failure)
+
+    @property
+    def _res(self) -> RunResult:
+        return self.ctx.res
+
+    # ------------------------------------------------------------------ the run around it
+
+    async def guard(self, ensure: Callable[[], Awaitable[None]],
+                    body: Callable[[], Awaitable[None]]) -> RunResult:
+        """Ensure the consumer, run ``body``, unpin; on any failure (the transform's, the
+        sink's, NATS', a cancellation) give the partition back on the way out, so a retry
+        starts at once instead of finding it ``held`` until the ack wait / pin timeout, and
+        note on the exception what was committed and acknowledged."""
+        ctx = self.ctx
+        try:
+            await ensure()
+            await body()
+            await self.unpin()
+        except BaseException as e:
+            await self.give_back()
+            if isinstance(e, Exception):
+                e.add_note(ctx.failure_summary(e))
+            raise
+        finally:
+            await ctx.api.close()
+            ctx.res.seconds = time.monotonic() - ctx.t0
+        return ctx.res
+
+    async def ensure(self) -> None:
+        """Create the elastic lease consumer (idempotent; retried while NATS is unreachable)."""
+        ctx = self.ctx
+        await ctx.retry.call("create the lease consumer", lambda: ensure_lease_consumer(
+            ctx.api, ctx.wq, ctx.partition, ctx.opt))
+
+    async def give_back(self) -> None:
+        """After a failure: nak the messages of the lease still held (so they are delivered
+        again at once, not after the ack wait) and unpin. Best effort and bounded: with NATS
+        gone the ack wait and pin timeout do the same later."""
+        lease, timeout = self.current, self.ctx.opt.timeout_s
+        if lease is not None:
+            await self.release(lease)
+            for msg in lease.msgs:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(msg.nak(), timeout)
+        if self.pinned:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self.ctx.api.unpin(self.ctx.wq, self.cname), timeout)
+
+    async def unpin(self) -> None:
+        """A run that held the pin and ended on its own gives the pin up, so the next run of
+        the partition (another deployment after a membership change, say) is pinned at once
+        instead of after ``priority_timeout_s``. Best effort: the pin times out anyway."""
+        if not self.pinned or self._res.status in ("handed_over", "held"):
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ctx.api.unpin(self.ctx.wq, self.cname),
+                                   self.ctx.opt.timeout_s)
+
+    # ------------------------------------------------------------------ pulls
+
+    async def pull(self, step: str, **kw: Any) -> PullResult:
+        """A pull request, retried while NATS is unreachable. A pull the server never
+        answered (no message, no status) or answered 503 counts as unreachable."""
+        ctx = self.ctx
+
+        async def once() -> PullResult:
+            got = await ctx.api.pull(ctx.wq, self.cname, **kw)
+            if not got.messages and got.status == 503:
+                raise JetStreamUnavailableError(503, 0, got.description)
+            if not got.messages and got.status is None:
+                raise RequestTimeoutError(f"pull {ctx.wq} > {self.cname}",
+                                          float(kw.get("expires_s") or 0) + ctx.opt.timeout_s)
+            return got
+        return await ctx.retry.call(step, once)
+
+    async def info(self) -> dict[str, Any]:
+        """The consumer's info (retried)."""
+        ctx = self.ctx
+        return await ctx.retry.call("consumer info", lambda: ctx.api.consumer_info(
+            ctx.wq, self.cname))
+
+    async def has_backlog(self) -> bool:
+        """Whether the partition has messages (pending or delivered); records the backlog in
+        ``ctx.pending``; status ``empty`` when it has none."""
+        info = await self.info()
+        self.ctx.pending = (int(info.get("num_pending") or 0)
+                            + int(info.get("num_ack_pending") or 0))
+        if self.ctx.pending:
+            return True
+        self._res.status = "empty"
+        return False
+
+    async def take(self) -> Lease | None:
+        """The run's first lease: None when the partition is empty or held by another
+        instance (status set)."""
+        if not await self.has_backlog():
+            return None
+        got = await self.pull("pull the lease", batch=1, expires_s=self.ctx.opt.hold_wait_s)
+        if got.messages:
+            return self.hold(got.messages[0], got.pin_id)
+        await self.why_nothing()
+        return None
+
+    async def why_nothing(self) -> None:
+        """Set ``held`` (another instance holds the partition) or ``empty`` after a first pull
+        that returned nothing."""
+        info, opt, res = await self.info(), self.ctx.opt, self._res
+        if info.get("num_ack_pending") or info.get("num_pending"):
+            res.status = "held"
+            holder = pinned_id(info)
+            who = (f"pinned client {holder}" if holder else
+                   f"{int(info.get('num_ack_pending') or 0)} message(s) delivered and not yet "
+                   f"acknowledged; an earlier holder's lease returns after the ack wait "
+                   f"({opt.ack_wait_s:g} s)")
+            res.detail = (f"partition {self.ctx.partition} held by another instance ({who}; "
+                          f"waited {opt.hold_wait_s:g} s); nothing processed")
+        else:
+            res.status = "empty"
+
+    def hold(self, msg: Msg | list[Msg], pin_id: str | None) -> Lease:
+        """Hold the delivered ``msg`` (or messages) as the run's lease and start keeping it."""
+        msgs = msg if isinstance(msg, list) else [msg]
+        lease = Lease(msgs, msgs[0].metadata.sequence.stream, pin_id)
+        self.pinned = True
+        self.current = lease
+        lease.keeper = asyncio.create_task(self.keep(lease))
+        self.ctx.step("leased", first_seq=lease.seq, last_seq=lease.seq)
+        return lease
+
+    async def next(self, done: Lease) -> Lease | None:
+        """Release the finished lease ``done`` and pull the partition's next message (None:
+        the run stops, status set)."""
+        await self.release(done)
+        got = await self.pull("pull the next lease", batch=1, expires_s=0, no_wait=True,
+                              pin_id=done.pin_id)
+        if got.pin_lost:
+            got = await self.repin()
+        if got.messages:
+            return self.hold(got.messages[0], got.pin_id)
+        if got.pin_lost:
+            self._res.status = "handed_over"
+        elif got.status in (None, 404, 408):
+            self._res.status = "drained"
+        else:
+            got.raise_for_status()
+        return None
+
+    async def repin(self) -> PullResult:
+        """The pin this run held is gone. Either another instance holds it now (a step-down
+        or a pin timeout moved it), or nobody does: a restarted server forgets pins, whether
+        or not any step of this run had to be retried. Pull without a pin id until the server
+        pins this run again or names another holder (consumer info's ``pinned_client_id``),
+        for up to ``hold_wait_s``. Returns the pull that got a message, or one marked as pin
+        lost (status 423, ``detail`` names the new holder), or the last empty one when the
+        partition has nothing left."""
+        opt, res = self.ctx.opt, self._res
+        deadline = time.monotonic() + opt.hold_wait_s
+        while True:
+            got = await self.pull("re-pin", batch=1,
+                                  expires_s=max(0.1, min(1.0, deadline - time.monotonic())))
+            if got.messages:
+                res.repins += 1
+                return got
+            info = await self.info()
+            holder = pinned_id(info)
+            if holder is not None:
+                got.status = 423
+                res.detail = (f"the pin moved to another instance (pin id {holder}): "
+                              "step-down or pin timeout")
+                return got
+            if not (info.get("num_pending") or info.get("num_ack_pending")):
+                got.status = 404
+                return got
+            if time.monotonic() >= deadline:
+                got.status = 423
+                res.detail = (f"partition {self.ctx.partition} has a backlog but the server "
+                              f"gave this run no message for {opt.hold_wait_s:g} s "
+                              "and names no pinned holder")
+                return got
+
+    # ------------------------------------------------------------------ holding
+
+    async def keep(self, lease: Lease) -> None:
+        """Keep the lease while a batch is processed: ``+WPI`` on the held messages every third
+        of the ack wait, and, every third of the pin timeout, a short pull carrying the pin id
+        (a pinned client that does not pull within the pin timeout loses the pin). With the
+        lease unacknowledged (``max_ack_pending=1``) such a pull gets nothing, unless the lease
+        itself was redelivered: then the newest delivery replaces it (that is the one to ack).
+        """
+        ctx = self.ctx
+        renew_every = ctx.opt.ack_wait_s / 3
+        pin_every = ctx.opt.priority_timeout_s / 3
+        loop = asyncio.get_running_loop()
+        next_renew = loop.time() + renew_every
+        next_pin = loop.time() + pin_every
+        while not lease.stop.is_set():
+            wait = max(0.0, min(next_renew, next_pin) - loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lease.stop.wait(), wait)
+            if lease.stop.is_set():
+                return
+            now = loop.time()
+            if now >= next_renew:
+                next_renew = now + renew_every
+                for msg in lease.msgs:
+                    with contextlib.suppress(Exception):
+                        await msg.in_progress()
+            if now >= next_pin and len(lease.msgs) == 1:
+                next_pin = now + pin_every
+                try:
+                    got = await ctx.api.pull(ctx.wq, self.cname, batch=1, pin_id=lease.pin_id,
+                                             expires_s=min(1.0, pin_every / 2))
+                except Exception:  # noqa: BLE001 - NATS lost: the fence covers a lost lease
+                    continue
+                for m in got.messages:
+                    if m.metadata.sequence.stream == lease.seq:
+                        lease.msgs[0] = m
+                    else:
+                        await m.nak()
+                if got.pin_id:
+                    lease.pin_id = got.pin_id
+
+    @staticmethod
+    async def release(lease: Lease) -> None:
+        """Stop keeping the lease (waits for an in-flight keep-alive pull to end, so no pull
+        of ours is left waiting at the server when the next one is sent)."""
+        lease.stop.set()
+        if lease.keeper is not None:
+            with contextlib.suppress(BaseException):
+                await lease.keeper
+
+    async def put_back(self, lease: Lease) -> None:
+        """Release the lease and nak its message: it is left for the next run, at once."""
+        await self.release(lease)
+        await lease.msg.nak()
+
+    async def ack(self, lease: Lease) -> None:
+        """Acknowledge the lease (after its range was committed and purged), retried while
+        NATS is unreachable. An ack whose reply is lost may have been applied, and a restarted
+        server may have forgotten the delivery: both count as done once the consumer holds no
+        unacknowledged message at or below the lease (the purge already removed the range)."""
+        ctx = self.ctx
+
+        async def once() -> None:
+            try:
+                await lease.msg.ack_sync(timeout=ctx.opt.timeout_s)
+            except nats.errors.MsgAlreadyAckdError:
+                return
+            except TimeoutError:
+                info = await ctx.api.consumer_info(ctx.wq, self.cname)
+                floor = int((info.get("ack_floor") or {}).get("stream_seq") or 0)
+                if floor >= lease.seq or not info.get("num_ack_pending"):
+                    return
+                raise
+        await ctx.retry.call("ack", once)
+
+    async def ack_each(self, lease: Lease, last: int) -> None:
+        """Static groups: ack every held message up to ``last``, nak the rest, and flush (one
+        round trip for all)."""
+        ctx = self.ctx
+        for m in lease.msgs:
+            if m.metadata.sequence.stream <= last:
+                await m.ack()
+            else:
+                await m.nak()
+        await ctx.retry.call("flush acks", lambda: ctx.nc.flush(timeout=ctx.opt.timeout_s))

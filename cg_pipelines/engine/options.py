@@ -1,0 +1,103 @@
+"""How a partition run is tuned (:class:`EngineOptions`) and observed (:data:`Hook`), and the
+error a run raises when it cannot run as configured (:class:`EngineConfigError`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cg_pipelines.core.errors import CgError
+
+__all__ = ["EngineConfigError", "EngineOptions", "Hook"]
+
+Hook = Callable[[str, dict[str, Any]], None]
+"""``hook(step, info)``: called after each step (``"leased"``, ``"read"``, ``"processed"``,
+``"committed"``, ``"purged"``, ``"acked"``) with ``first_seq``/``last_seq`` (``"committed"``
+also with the run's totals so far: ``processed`` and ``dead_lettered`` messages, ``left``
+(the backlog seen at the start less what was handled) and ``seconds`` since the start), and
+``"retry"``
+(``step``, ``attempt``, ``error``) after each failed attempt of a NATS step that will be
+retried; used by fault-injection tests and progress reporting. It runs on the event loop: keep
+it short."""
+
+
+class EngineConfigError(CgError, RuntimeError):
+    """The partition cannot be run as configured (e.g. the lease consumer exists with another
+    config, or streaming member consumers already hold the partition's subjects)."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Tuning of one partition run.
+
+    Attributes:
+        batch_max_msgs: messages per batch (one commit each); with ``adaptive_max_msgs`` the
+            first and smallest batch size.
+        adaptive_max_msgs: when set, batches grow up to this many messages while the
+            processor's fixed cost per batch is more than a fifth of its time
+            (:func:`~cg_pipelines.core.batching.next_batch_size`; a Spark transform's fixed
+            cost is about a second); ``None``: every batch is ``batch_max_msgs``.
+        batch_max_bytes: most payload bytes per batch (at least one message is taken).
+        read_chunk: messages per pull when a rebuild replays the origin stream (a drain reads
+            each batch with one request).
+        ack_wait_s: the lease consumer's ack wait (seconds); the lease is renewed every third.
+        priority_timeout_s: seconds without a pull after which the server unpins a holder.
+        hold_wait_s: seconds to wait for the pin when another instance holds the partition.
+        max_messages: stop after about this many messages (``None``: drain the backlog).
+        max_seconds: stop starting new batches after this many seconds.
+        dead_letter_policy: ``"dlq"`` (dead-letter and go on) or ``"halt"`` (commit what is
+            before the bad message, stop there).
+        timeout_s: seconds allowed for each NATS request.
+        retry_max_s: seconds a NATS step is retried while NATS is unreachable (connection lost,
+            server restarting, JetStream unavailable) before the run fails with
+            :class:`~cg_pipelines.engine.retry.NatsUnavailableError`.
+        retry_backoff_s, retry_max_backoff_s: first and largest pause between retries
+            (seconds; doubling).
+        executor_read_min_msgs: messages. When set, and the processor implements
+            :class:`~cg_pipelines.engine.executor_read.RangeProcessor` (``process_range``, e.g.
+            :class:`~cg_pipelines.spark.SparkProcessor`), a partition whose remaining backlog
+            at a batch boundary is at least this many messages is processed as ONE batch:
+            the rest of the range up to the run's start is read, decoded and transformed on
+            the Spark executors (the payloads never pass through the driver on the way in),
+            then committed once (fenced), dead-lettered, purged and acked on the driver as any
+            batch. The remaining backlog is the partition's pending messages when the run
+            started less those handled since. Not used under ``dead_letter_policy="halt"``,
+            when the backlog is over what ``max_messages`` still allows, or when the
+            connection's TLS context cannot be shipped to the executors (give the processor
+            ``read_options`` with ``tls_ca``). ``batch_max_msgs``/``batch_max_bytes`` do not
+            bound that batch: the driver holds its output rows. ``None`` (default): off
+            (bench/spark_read.py measures the crossover; on 2 local cores the driver read
+            wins at every size).
+    """
+
+    batch_max_msgs: int = 20_000
+    adaptive_max_msgs: int | None = None
+    batch_max_bytes: int = 64 * 1024 * 1024
+    read_chunk: int = 2_000
+    ack_wait_s: float = 30.0
+    priority_timeout_s: float = 30.0
+    hold_wait_s: float = 5.0
+    max_messages: int | None = None
+    max_seconds: float | None = None
+    dead_letter_policy: Literal["dlq", "halt"] = "dlq"
+    timeout_s: float = 5.0
+    retry_max_s: float = 30.0
+    retry_backoff_s: float = 0.1
+    retry_max_backoff_s: float = 3.0
+    executor_read_min_msgs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_max_msgs < 1 or self.batch_max_bytes < 1 or self.read_chunk < 1:
+            raise ValueError("batch_max_msgs, batch_max_bytes and read_chunk must be >= 1")
+        if self.ack_wait_s <= 0 or self.priority_timeout_s <= 0 or self.hold_wait_s <= 0:
+            raise ValueError("ack_wait_s, priority_timeout_s and hold_wait_s must be > 0 seconds")
+        if self.timeout_s <= 0 or self.retry_max_s < 0:
+            raise ValueError("timeout_s must be > 0 and retry_max_s >= 0 seconds")
+        if not 0 < self.retry_backoff_s <= self.retry_max_backoff_s:
+            raise ValueError("need 0 < retry_backoff_s <= retry_max_backoff_s seconds")
+        if self.executor_read_min_msgs is not None and self.executor_read_min_msgs < 1:
+            raise ValueError("executor_read_min_msgs must be >= 1 messages (or None: off)")
+        if self.dead_letter_policy not in ("dlq", "halt"):
+            raise ValueError(f"dead_letter_policy must be 'dlq' or 'halt', not "
+                             f"{self.dead_letter_policy!r}")
