@@ -237,8 +237,14 @@ async def soak(args: argparse.Namespace, work: Path) -> str:
         with DagsterInstance.from_config(str(home)) as instance:
             runs = instance.get_runs()
             failed = sum(1 for r in runs if r.status == DagsterRunStatus.FAILURE)
+            recs = [r for r in instance.get_run_records() if r.start_time and r.end_time]
+            wall = [r.end_time - r.start_time for r in recs]
+            queued = [r.start_time - r.create_timestamp.timestamp() for r in recs]
         log(f"{len(runs)} runs, {failed} failed (injected failures, the killed run, held "
-            f"retries); table {len(table):,} rows")
+            f"retries); table {len(table):,} rows; per run: start-to-end median "
+            f"{np.median(wall):.1f} s (p90 {np.percentile(wall, 90):.1f}), request-to-start "
+            f"median {np.median(queued):.1f} s (p90 {np.percentile(queued, 90):.1f}), "
+            f"{len(table) / max(1, len(recs)):,.0f} rows per run")
         return (f"soak: {len(published)} published, lost {lost}, duplicates {dup}, order "
                 f"violations {violations}, stalled partitions {stalled}, freshness p50 "
                 f"{p50:.1f} s p99 {p99:.1f} s, max backlog {max(backlog, default=0)}")
