@@ -63,3 +63,26 @@ def test_shared_session_configuration(spark) -> None:
     assert get_spark(conf={"spark.sql.shuffle.partitions": "3"}) is spark
     assert conf.get("spark.sql.shuffle.partitions") == "3"
     conf.set("spark.sql.shuffle.partitions", "4")
+
+
+def test_extra_java_options_do_not_restart_the_session() -> None:
+    """pyspark prepends its own JVM options to ``spark.driver.extraJavaOptions``: asking again
+    for the options the running session was started with reuses it (it used to be stopped and
+    restarted on every call). A child interpreter: one JVM per process."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent("""
+        from cg_pipelines.spark.session import get_spark, stop_spark
+        conf = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+        first = get_spark("local[1]", conf=conf)
+        jvm_opts = first.sparkContext.getConf().get("spark.driver.extraJavaOptions")
+        second = get_spark("local[1]", conf=conf)
+        print(second is first, first.sparkContext._jsc is not None,
+              jvm_opts.endswith("-XX:TieredStopAtLevel=1"), jvm_opts != conf[next(iter(conf))])
+        stop_spark()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "True", "True", "True"], out.stdout + out.stderr[-2000:]
