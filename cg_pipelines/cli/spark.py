@@ -7,8 +7,8 @@ thin client: ``SparkResource(remote="sc://127.0.0.1:15002")`` (the example code 
 ``CG_SPARK_REMOTE``) opens a Connect session in well under a second, on a JVM that is already
 warm. ``docs/SCALE.md`` has the measured costs.
 
-Files under ``<state dir>/spark-connect/`` (state dir: ``--state-dir``, else ``$CG_STATE_DIR``,
-else ``./.state``): ``server.json`` (pid, port, url, master, log, start time), ``connect.log``
+Files under ``<state dir>/spark-connect/`` (state dir: ``--state-dir``, default ``./.state``,
+as for ``cg dev``): ``server.json`` (pid, port, url, master, log, start time), ``connect.log``
 (the server's output). ``start`` waits until the port listens and then warms the JVM with a
 few small window-function jobs over Arrow data (``--warm-up 0`` skips it); ``stop`` stops the
 server by pid (SIGTERM, then SIGKILL after ``--timeout`` seconds: servers started in the
@@ -40,10 +40,8 @@ NOT_RUNNING = 3
 
 
 def connect_dir(given: str | None) -> Path:
-    """``<state dir>/spark-connect`` for ``--state-dir`` (else ``$CG_STATE_DIR``, else
-    ``.state``), absolute."""
-    root = given or os.environ.get("CG_STATE_DIR") or ".state"
-    return Path(root).resolve() / "spark-connect"
+    """``<state dir>/spark-connect`` for ``--state-dir`` (default ``.state``), absolute."""
+    return Path(given or ".state").resolve() / "spark-connect"
 
 
 def read_state(folder: Path) -> dict[str, Any] | None:
@@ -86,8 +84,8 @@ def spark_connect() -> None:
 
 
 _STATE_OPT = click.option("--state-dir", default=None,
-                          help="State directory (default $CG_STATE_DIR or ./.state); files go "
-                          "to <state dir>/spark-connect/.")
+                          help="State directory (default ./.state); files go to "
+                          "<state dir>/spark-connect/.")
 
 
 @spark_connect.command()
