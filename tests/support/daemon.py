@@ -5,7 +5,6 @@ and the soak benchmark: queued runs (one per partition at a time), each in its o
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dagster import DagsterInstance, DagsterRun, RunsFilter
+
+from tests.support.dagster_dev import default_signals, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -49,27 +50,6 @@ def make_home(path: Path, max_concurrent_runs: int = 2) -> Path:
     return path
 
 
-def _reset_signals() -> None:  # pragma: no cover - runs in the forked child
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL it (processes here may ignore SIGTERM)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=timeout_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    # run workers outlive the daemon's group: kill what is left of this home's runs
-    proc.wait(timeout=timeout_s)
-
-
 @contextmanager
 def daemon(home: Path, location: Path, env: Mapping[str, str]) -> Iterator[subprocess.Popen]:
     """``dagster-daemon run -f <location> -d <repo root>`` with ``DAGSTER_HOME=home``; stopped
@@ -79,11 +59,11 @@ def daemon(home: Path, location: Path, env: Mapping[str, str]) -> Iterator[subpr
         proc = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-f", str(location),
                                  "-d", str(ROOT)], cwd=ROOT, env=full, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_reset_signals)
+                                preexec_fn=default_signals)
     try:
         yield proc
     finally:
-        _stop(proc)
+        stop_process_group(proc, 10.0)  # the daemon's group: its code server and run workers
 
 
 def start_sensor(home: Path, location: Path, env: Mapping[str, str], name: str) -> None:
