@@ -4,7 +4,8 @@ acks, collected and checked in bulk.
 ``js.publish_async`` makes a future, an inbox token and a nats-py ``Msg`` per message and per
 ack; here every message is a plain ``PUB`` with the same reply inbox, and the acks (``{"stream":
 ..., "seq": ...}``, or ``{"error": ...}``) are cut out of the socket stream by the bulk frame
-cutter of :mod:`cg_pipelines.jetstream.rangeread` and parsed as one Arrow table per window.
+cutter of :mod:`cg_pipelines.jetstream.frames` (through the range-read parser's
+:func:`~cg_pipelines.jetstream.rangeparser.attach`) and parsed as one Arrow table per window.
 Messages are sent in order on one connection, so the stream stores them in order; the acks say
 where.
 """
@@ -22,7 +23,8 @@ import pyarrow.json as pajson
 from nats.aio.client import Client
 
 from cg_pipelines.jetstream.errors import JetStreamError, RequestTimeoutError
-from cg_pipelines.jetstream.rangeread import GenericReply, _conn, fast_path_available
+from cg_pipelines.jetstream.frames import GenericReply
+from cg_pipelines.jetstream.rangeparser import attach, fast_path_available
 
 __all__ = ["PublishError", "publish_many"]
 
@@ -109,12 +111,10 @@ async def publish_many(
             if progress is not None and (i + 1) % window == 0:
                 progress(i + 1, total)  # type: ignore[operator]
         return pa.array(seqs, pa.int64())
-    conn = _conn(nc)
     acks = _Acks()
     acks.arrived = asyncio.Event()
     out: list[pa.Array] = []
-    conn.enter(nc)
-    try:
+    with attach(nc) as conn:
         box = await conn.acquire(nc)
         conn.sinks[box.sid] = acks
         try:
@@ -140,6 +140,4 @@ async def publish_many(
         finally:
             conn.sinks.pop(box.sid, None)
             await conn.release(nc, box, clean=not acks.payloads)
-    finally:
-        conn.leave()
     return pa.concat_arrays(out) if out else pa.array([], pa.int64())

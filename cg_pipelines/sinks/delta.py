@@ -57,87 +57,31 @@ aborts at exit ("terminate called without an active exception", delta-rs issue #
 from __future__ import annotations
 
 import json
-import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Final
-from urllib.parse import urlsplit
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from cg_pipelines import __version__
-from cg_pipelines.core.state import last_per_key
-from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge, last_rows_by_key
+from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.deltaread import DeltaTableAccess, TableStats
+from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
+from cg_pipelines.sinks.storage import mask_options, s3_options
 
 __all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "Merge", "TableStats"]
 
 LINEAGE_PREFIX: Final = "cg."
 """Prefix of the lineage keys in each Delta version's commit info (``cg.stream`` ...)."""
 
-_MASK: Final = "***"
-
-# Storage option names (lower case, without an ``aws_`` prefix) whose values are not secret and
-# may be shown in ``repr``; every other value is masked.
-_PUBLIC_OPTIONS: Final = frozenset(
-    {
-        "region", "default_region", "endpoint", "endpoint_url", "allow_http",
-        "conditional_put", "virtual_hosted_style_request", "s3_express", "imdsv1_fallback",
-        "unsigned_payload", "skip_signature", "checksum_algorithm", "timeout", "connect_timeout",
-    }
-)
-
-
-def _option_name(key: str) -> str:
-    """``AWS_ACCESS_KEY_ID`` / ``aws_access_key_id`` / ``access_key_id`` → ``access_key_id``."""
-    k = key.lower()
-    return k[4:] if k.startswith("aws_") else k
-
-
-def _mask_options(options: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``options`` with every value not known to be public replaced by ``***``."""
-    return {k: (v if _option_name(k) in _PUBLIC_OPTIONS else _MASK) for k, v in options.items()}
-
-
-def _delta_type(t: pa.DataType) -> pa.DataType:
-    """``t`` with nanosecond timestamps (also nested in structs/lists) turned into microseconds."""
-    if pa.types.is_timestamp(t) and t.unit == "ns":
-        return pa.timestamp("us", tz=t.tz)
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_delta_type(f.type)) for f in t])
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_delta_type(t.value_type)))
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_delta_type(t.value_type)))
-    return t
-
-
-def _delta_schema(schema: pa.Schema) -> pa.Schema:
-    """The schema a table is created with: ``schema`` with timestamps at microsecond precision."""
-    return pa.schema([f.with_type(_delta_type(f.type)) for f in schema], metadata=schema.metadata)
-
 
 def _lineage_key(name: str) -> str:
     """``name`` with the ``cg.`` prefix (kept when present)."""
     return name if name.startswith(LINEAGE_PREFIX) else LINEAGE_PREFIX + name
-
-
-def _counting(data: pa.RecordBatchReader, counted: dict[str, int]) -> pa.RecordBatchReader:
-    """``data`` passed through, its rows added up in ``counted["rows"]``."""
-
-    def gen() -> Iterator[pa.RecordBatch]:
-        for batch in data:
-            counted["rows"] += batch.num_rows
-            yield batch
-
-    return pa.RecordBatchReader.from_batches(data.schema, gen())
 
 
 def _txn(dt: DeltaTable | None, app_id: str) -> int:
@@ -147,18 +91,7 @@ def _txn(dt: DeltaTable | None, app_id: str) -> int:
     return dt.transaction_version(app_id) or 0
 
 
-@dataclass(frozen=True)
-class TableStats:
-    """A Delta table version's size: ``version``, total ``rows``, ``partition_rows`` of one
-    consumer-group partition (``None`` if not asked or not partitioned), Arrow ``schema``."""
-
-    version: int
-    rows: int
-    partition_rows: int | None
-    schema: pa.Schema
-
-
-class DeltaSink:
+class DeltaSink(DeltaTableAccess):
     """A :class:`~cg_pipelines.engine.model.Sink` over one Delta table (local path or ``s3://``).
 
     Thread-safe for concurrent use with *different* app ids (one snapshot per app id); calls for
@@ -217,7 +150,7 @@ class DeltaSink:
         self._uri = uri
         self._options: dict[str, str] = dict(storage_options or {})
         self._partition_by = list(partition_by) if partition_by is not None else None
-        self._schema = _delta_schema(schema) if schema is not None else None
+        self._schema = delta_schema(schema) if schema is not None else None
         self._checkpoint_interval = checkpoint_interval
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
@@ -229,47 +162,9 @@ class DeltaSink:
 
     # ---------------------------------------------------------------- configuration helpers
 
-    @staticmethod
-    def s3_options(
-        endpoint_url: str | None,
-        access_key_id: str | None,
-        secret_access_key: str | None,
-        region: str = "us-east-1",
-        allow_http: bool = False,
-    ) -> dict[str, str]:
-        """delta-rs storage options for S3 or an S3-compatible endpoint (moto, MinIO).
-
-        Nothing about locking is set: delta-rs 1.x commits log entries with a conditional put
-        (``If-None-Match: *``) by default, which is what makes concurrent commits safe; do NOT
-        add ``AWS_S3_ALLOW_UNSAFE_RENAME`` or a locking provider.
-
-        Args:
-            endpoint_url: e.g. ``http://127.0.0.1:5000``; None for AWS itself.
-            access_key_id, secret_access_key: static credentials; None to use the environment's
-                (delta-rs reads ``AWS_*`` variables and instance metadata).
-            region: the bucket's region.
-            allow_http: required for an ``http://`` endpoint.
-
-        Returns:
-            ``{"AWS_REGION": ..., ["AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY", "AWS_ALLOW_HTTP"]}``.
-
-        Raises:
-            ValueError: an ``http://`` endpoint without ``allow_http`` (delta-rs would fail later
-                with an opaque "builder error").
-        """
-        if endpoint_url and endpoint_url.lower().startswith("http://") and not allow_http:
-            raise ValueError("an http:// endpoint needs allow_http=True")
-        opts = {"AWS_REGION": region}
-        if endpoint_url:
-            opts["AWS_ENDPOINT_URL"] = endpoint_url
-        if access_key_id:
-            opts["AWS_ACCESS_KEY_ID"] = access_key_id
-        if secret_access_key:
-            opts["AWS_SECRET_ACCESS_KEY"] = secret_access_key
-        if allow_http:
-            opts["AWS_ALLOW_HTTP"] = "true"
-        return opts
+    #: delta-rs storage options for S3 or an S3-compatible endpoint (see
+    #: :func:`cg_pipelines.sinks.storage.s3_options`).
+    s3_options = staticmethod(s3_options)
 
     @property
     def uri(self) -> str:
@@ -290,7 +185,7 @@ class DeltaSink:
     def __repr__(self) -> str:
         return (
             f"DeltaSink(uri={self._safe_uri()!r}, "
-            f"storage_options={_mask_options(self._options)!r}, "
+            f"storage_options={mask_options(self._options)!r}, "
             f"partition_by={self._partition_by!r}, write={self._write!r})"
         )
 
@@ -392,8 +287,8 @@ class DeltaSink:
                 if empty:
                     self._empty_commit(dt, props)
                 elif merge:
-                    assert table is not None
-                    self._merge(dt, table, props)
+                    assert table is not None and isinstance(self._write, Merge)
+                    merge_into(dt, table, self._write, props, self._safe_uri())
                     if _txn(dt, app_id) != version:
                         # delta-rs commits no version for a merge that changes no row: record
                         # the watermark alone, fenced against the same snapshot.
@@ -428,45 +323,6 @@ class DeltaSink:
         dt.create_write_transaction(actions=[], mode="append", schema=dt.schema(),
                                     commit_properties=props)
 
-    def _merge(self, dt: DeltaTable, table: pa.Table, props: CommitProperties) -> None:
-        """MERGE ``table`` into snapshot ``dt`` by the :class:`Merge` key (see module doc)."""
-        mode = self._write
-        assert isinstance(mode, Merge)
-        target = pa.schema(dt.schema().to_arrow())
-        src = self._conform(mode.current(table), target, keep=[DELETE_COLUMN])
-        on = [f"t.`{k}` = s.`{k}`" for k in mode.keys]
-        if PARTITION_COLUMN in target.names and PARTITION_COLUMN in src.column_names:
-            parts = pc.unique(src[PARTITION_COLUMN]).to_pylist()
-            on.append(f"t.`{PARTITION_COLUMN}` = {int(parts[0])}" if len(parts) == 1 else
-                      f"t.`{PARTITION_COLUMN}` = s.`{PARTITION_COLUMN}`")
-        flag = f"s.`{DELETE_COLUMN}`"
-        (dt.merge(src, " AND ".join(on), source_alias="s", target_alias="t",
-                  commit_properties=props)
-           .when_matched_delete(predicate=flag)
-           .when_matched_update_all(predicate=f"NOT {flag}", except_cols=[DELETE_COLUMN])
-           .when_not_matched_insert_all(predicate=f"NOT {flag}", except_cols=[DELETE_COLUMN])
-           .execute())
-
-    def _conform(self, table: pa.Table, target: pa.Schema, keep: Sequence[str] = ()
-                 ) -> pa.Table:
-        """``table`` with the target's columns in its order and types (plus ``keep``).
-
-        Raises:
-            ValueError: columns missing from ``table`` or not in the table (named).
-        """
-        names = [n for n in table.column_names if n not in keep]
-        extra = [n for n in names if n not in target.names]
-        missing = [f.name for f in target if f.name not in names]
-        if extra or missing:
-            raise ValueError(
-                f"{self._safe_uri()}: the output's columns differ from the table's"
-                + (f"; not in the table: {extra}" if extra else "")
-                + (f"; missing from the output: {missing}" if missing else ""))
-        # timestamps: truncated to the table's microseconds, as delta-rs does on append
-        cols = [table[f.name].cast(f.type, safe=not pa.types.is_timestamp(f.type))
-                for f in target] + [table[k] for k in keep]
-        return pa.Table.from_arrays(cols, names=[*target.names, *keep])
-
     def _lineage(self, app_id: str, watermark: int, operation: str,
                  lineage: Mapping[str, object] | None) -> dict[str, str]:
         """The commit's ``custom_metadata`` (see the module docstring)."""
@@ -495,7 +351,7 @@ class DeltaSink:
                 return v
         return None
 
-    # ---------------------------------------------------------------- table management / reads
+    # ---------------------------------------------------------------- table management
 
     def ensure_table(self, schema: pa.Schema) -> bool:
         """Create the table empty (schema, partitioning, ``delta.checkpointInterval``; no data,
@@ -517,7 +373,7 @@ class DeltaSink:
             try:
                 DeltaTable.create(
                     self._uri,
-                    _delta_schema(schema),
+                    delta_schema(schema),
                     mode="error",
                     partition_by=self._partition_columns(schema),
                     configuration={"delta.checkpointInterval": str(self._checkpoint_interval)},
@@ -530,107 +386,6 @@ class DeltaSink:
                     raise
                 return False
             return True
-
-    def exists(self) -> bool:
-        """Whether the Delta table exists (has a log).
-
-        Raises:
-            DeltaError / OSError: other read errors (e.g. a missing bucket).
-        """
-        with self._guard():
-            return self._load() is not None
-
-    def read(
-        self, columns: list[str] | None = None, filter: pads.Expression | None = None
-    ) -> pa.Table:
-        """The latest snapshot's rows, optionally projected and filtered.
-
-        Args:
-            columns: column names to return (all if None).
-            filter: a pyarrow dataset expression, e.g. ``pc.field("key") == "N123"``; used for
-                file pruning (partition values, statistics) and row filtering.
-
-        Returns:
-            An Arrow table (timestamps in microseconds). If the table does not exist: no rows,
-            with the ``schema`` given to the sink (projected to ``columns``) if any, else the
-            requested ``columns`` as null-typed columns (or no columns).
-
-        Raises:
-            DeltaError / OSError / pyarrow errors: read failures, unknown columns.
-        """
-        with self._guard():
-            with self._read_lock:  # serialize refreshes of the shared reader snapshot
-                dt = self._reader
-                if dt is None:
-                    dt = self._reader = self._load()
-                else:
-                    dt.update_incremental()
-                ds = dt.to_pyarrow_dataset(filesystem=self._filesystem()) if dt else None
-            if ds is None:
-                if self._schema is not None:
-                    empty = self._schema.empty_table()
-                    return empty.select(columns) if columns is not None else empty
-                return pa.table({c: pa.nulls(0) for c in columns or []})
-            try:
-                return ds.to_table(columns=columns, filter=filter)
-            except pa.ArrowNotImplementedError:
-                if filter is None:
-                    raise
-                # Files written by delta-rs' MERGE (DataFusion) store strings as string_view;
-                # pyarrow 2x cannot compare their statistics with a string literal while
-                # pruning. Scan unpruned, filter in memory (the result is the same).
-                names = list(dict.fromkeys([*(columns or ds.schema.names)]))
-                whole = ds.to_table(columns=None if columns is None else
-                                    list(dict.fromkeys([*names, *ds.schema.names])))
-                return whole.filter(filter).select(names)
-
-    def last_rows(
-        self,
-        key: str,
-        keys: Sequence[object],
-        columns: Sequence[str],
-        order_by: str,
-        partition: int | None = None,
-    ) -> pa.Table:
-        """The last committed row (greatest ``order_by``) of each of ``keys``: the per-key state
-        of :class:`~cg_pipelines.core.state.KeyedState` (the state-sink contract,
-        :class:`~cg_pipelines.engine.model.StateSink`).
-
-        Args:
-            key: key column. keys: key values (Python values of the column's type).
-            columns: columns to return (must include ``key`` and ``order_by``).
-            order_by: ordering column.
-            partition: when given and the table has :data:`PARTITION_COLUMN`, only that
-                consumer-group partition's rows are read (its files alone, when the table is
-                partitioned by it).
-
-        Returns:
-            One row per key found, sorted by key; no rows when ``keys`` is empty or the table
-            does not exist yet.
-
-        Raises:
-            KeyError: ``key`` or ``order_by`` missing from the table.
-            DeltaError / OSError / pyarrow errors: read failures.
-        """
-        cols = list(dict.fromkeys([key, order_by, *columns]))
-        if not keys:
-            return self.read(columns=cols).slice(0, 0) if self.exists() else pa.table(
-                {c: pa.nulls(0) for c in cols})
-        flt = pc.field(key).isin(list(keys))
-        part = None
-        if partition is not None and PARTITION_COLUMN in self._column_names():
-            part = pc.field(PARTITION_COLUMN) == partition
-        if isinstance(self._write, Merge):
-            # The current table: one row per key, the partition's files read whole (pruned
-            # by partition only: MERGE-written statistics are string_view, see read()).
-            rows = self.read(columns=list(dict.fromkeys([*cols, PARTITION_COLUMN]))
-                             if part is not None else cols, filter=part)
-            if rows.num_rows == 0:
-                return rows.select(cols)
-            return last_per_key(rows.filter(flt).select(cols), key, order_by)
-        if part is not None:
-            flt = flt & part
-        return last_per_key(self.read(columns=cols, filter=flt), key, order_by)
 
     def replace_partition(
         self,
@@ -683,10 +438,11 @@ class DeltaSink:
             counted: dict[str, int] = {"rows": 0}
             source: pa.RecordBatchReader | pa.Table
             if isinstance(self._write, Merge):
-                source = self._current_of(data, pa.schema(dt.schema().to_arrow()))
+                source = current_of(data, self._write, pa.schema(dt.schema().to_arrow()),
+                                    self._safe_uri())
                 counted["rows"] = source.num_rows
             else:
-                source = _counting(data, counted)
+                source = counting(data, counted)
             try:
                 write_deltalake(dt, source, mode="overwrite",
                                 predicate=f"{PARTITION_COLUMN} = {int(partition)}",
@@ -705,152 +461,7 @@ class DeltaSink:
             self.last_rows_written = counted["rows"]
             return before
 
-    def _current_of(self, data: pa.RecordBatchReader, target: pa.Schema) -> pa.Table:
-        """Merge mode: the rows ``data`` leaves in the table (last row per key, deletes
-        dropped), conformed to ``target``."""
-        mode = self._write
-        assert isinstance(mode, Merge)
-        state: pa.Table | None = None
-        for batch in data:
-            if batch.num_rows == 0:
-                continue
-            cur = mode.current(pa.Table.from_batches([batch]))
-            state = cur if state is None else last_rows_by_key(
-                pa.concat_tables([state, cur], promote_options="permissive"),
-                mode.keys, mode.order_by)
-        if state is None:
-            return target.empty_table()
-        live = state.filter(pc.invert(state[DELETE_COLUMN])).drop_columns([DELETE_COLUMN])
-        return self._conform(live, target)
-
-    def _partition_rows(self, dt: DeltaTable, partition: int) -> int:
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        col = f"partition.{PARTITION_COLUMN}"
-        if col in actions.column_names:
-            mine = actions.filter(pc.equal(actions[col].cast(pa.int64()), partition))
-            return int(pc.sum(mine["num_records"]).as_py() or 0)
-        if PARTITION_COLUMN not in [f.name for f in dt.schema().fields]:
-            return 0
-        return dt.to_pyarrow_dataset(filesystem=self._filesystem()).count_rows(
-            filter=pc.field(PARTITION_COLUMN) == partition)
-
     def _partition_columns(self, schema: pa.Schema) -> list[str] | None:
         if self._partition_by is not None:
             return self._partition_by or None
         return [PARTITION_COLUMN] if PARTITION_COLUMN in schema.names else None
-
-    def stats(self, partition: int | None = None) -> TableStats:
-        """The latest version's statistics, from the Delta log (no data files are read).
-
-        Args:
-            partition: also count the rows of this consumer-group partition (from the files'
-                partition values; ``None`` when the table is not partitioned by
-                :data:`PARTITION_COLUMN`).
-
-        Raises:
-            TableNotFoundError: no table. DeltaError / OSError: read failures.
-        """
-        with self._guard():
-            dt = self._load()
-            if dt is None:
-                raise TableNotFoundError(f"{self._safe_uri()}: no Delta table")
-            actions = pa.table(dt.get_add_actions(flatten=True))
-            rows = pc.sum(actions["num_records"]).as_py() or 0
-            part_rows = None
-            col = f"partition.{PARTITION_COLUMN}"
-            if partition is not None and col in actions.column_names:
-                mine = actions.filter(pc.equal(actions[col].cast(pa.int64()), partition))
-                part_rows = pc.sum(mine["num_records"]).as_py() or 0
-            return TableStats(dt.version(), int(rows), part_rows, pa.schema(dt.schema().to_arrow()))
-
-    def file_uris(self) -> list[str]:
-        """URIs of the latest version's data files (empty when there is no table)."""
-        with self._guard():
-            dt = self._load()
-            return list(dt.file_uris()) if dt is not None else []
-
-    def _column_names(self) -> list[str]:
-        """Column names of the table (empty while it does not exist; cached once known)."""
-        if not self._names:
-            with self._guard():
-                dt = self._load()
-            self._names = [f.name for f in dt.schema().fields] if dt is not None else []
-        return self._names
-
-    # ---------------------------------------------------------------- internals
-
-    def _load(self) -> DeltaTable | None:
-        """A fresh snapshot of the latest version, or None if there is no table."""
-        try:
-            return DeltaTable(self._uri, storage_options=self._options or None)
-        except TableNotFoundError:
-            return None
-
-    def _filesystem(self) -> pafs.FileSystem | None:
-        """A native pyarrow filesystem rooted at the table, or None (delta-rs' handler) for
-        URIs or storage options this sink cannot translate."""
-        if self._read_fs is not None:
-            return self._read_fs
-        parts = urlsplit(self._uri)
-        fs: pafs.FileSystem | None = None
-        if parts.scheme in ("", "file"):
-            path = parts.path if parts.scheme == "file" else self._uri
-            fs = pafs.SubTreeFileSystem(os.path.abspath(path), pafs.LocalFileSystem())
-        elif parts.scheme in ("s3", "s3a"):
-            s3 = self._s3_filesystem()
-            if s3 is not None:
-                fs = pafs.SubTreeFileSystem(f"{parts.netloc}{parts.path}".rstrip("/"), s3)
-        self._read_fs = fs
-        return fs
-
-    def _s3_filesystem(self) -> pafs.S3FileSystem | None:
-        """pyarrow's S3 filesystem for the storage options, or None if some option has no
-        pyarrow equivalent."""
-        kw: dict[str, str | None] = {}
-        names = {_option_name(k): v for k, v in self._options.items()}
-        mapping = {
-            "access_key_id": "access_key", "secret_access_key": "secret_key",
-            "session_token": "session_token", "token": "session_token",
-            "region": "region", "default_region": "region",
-        }
-        for name, value in names.items():
-            if name in mapping:
-                kw[mapping[name]] = value
-            elif name in ("endpoint", "endpoint_url"):
-                ep = urlsplit(value)
-                if ep.scheme:
-                    kw["scheme"], kw["endpoint_override"] = ep.scheme, ep.netloc + ep.path
-                else:
-                    kw["endpoint_override"] = value
-            elif name != "allow_http":
-                return None
-        return pafs.S3FileSystem(**kw)  # type: ignore[arg-type]
-
-    def _safe_uri(self) -> str:
-        """The URI without any user:password part."""
-        parts = urlsplit(self._uri)
-        if parts.password or parts.username:
-            host = parts.hostname or ""
-            return parts._replace(netloc=f"{_MASK}@{host}").geturl()
-        return self._uri
-
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Re-raise errors whose message contains a secret option value, scrubbed."""
-        try:
-            yield
-        except FenceConflictError:
-            raise
-        except Exception as e:
-            msg = str(e)
-            secrets = [v for k, v in self._options.items()
-                       if _option_name(k) not in _PUBLIC_OPTIONS and len(v) >= 4]
-            if not any(s in msg for s in secrets):
-                raise
-            for s in secrets:
-                msg = msg.replace(s, _MASK)
-            try:
-                clean = type(e)(msg)
-            except Exception:
-                clean = RuntimeError(f"{type(e).__name__}: {msg}")
-            raise clean from None

@@ -1,13 +1,11 @@
-"""The engine's shape: no module of ``cg_pipelines.engine`` is over 600 lines, and none imports
-a ``_private`` name from another module of ``cg_pipelines`` (a module's private helpers stay
-in it; what another module needs is public, with a docstring).
+"""The package's shape: no module of ``cg_pipelines`` is over 600 lines, and none imports a
+``_private`` name from another module of ``cg_pipelines`` (a module's private helpers stay in
+it; what another module needs is public, with a docstring).
 
-The private-import rule is checked for the engine package only for now. Elsewhere in the
-package the same scan finds (information, not a failure; the jetstream package is restructured
-separately): ``jetstream/publish.py`` imports ``_conn`` from ``jetstream/rangeread.py``. Print
-the current list with ``pytest tests/unit/test_engine_layout.py -k elsewhere -s``.
+Both rules are checked for every module of ``cg_pipelines`` outside :data:`NOT_YET_CHECKED`
+(``core`` while ``core/config.py`` is being split); for the packages left out the same scan
+only prints what it finds: ``pytest tests/unit/test_engine_layout.py -k elsewhere -s``.
 """
-
 from __future__ import annotations
 
 import ast
@@ -18,10 +16,24 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "cg_pipelines"
 ENGINE = PACKAGE / "engine"
 MAX_LINES = 600
+#: Subpackages of ``cg_pipelines`` not (yet) held to the rules; the scan lists their findings.
+NOT_YET_CHECKED: tuple[str, ...] = ("core",)
+
+
+def _unchecked(path: Path) -> bool:
+    return any(path.is_relative_to(PACKAGE / name) for name in NOT_YET_CHECKED)
 
 
 def _engine_modules() -> list[Path]:
     return sorted(ENGINE.rglob("*.py"))
+
+
+def _checked_modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if not _unchecked(p))
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(PACKAGE))
 
 
 def _private_imports(path: Path, package: Path = PACKAGE) -> list[str]:
@@ -55,16 +67,22 @@ def test_there_are_engine_modules_to_check() -> None:
     assert len(_engine_modules()) >= 10
 
 
-@pytest.mark.parametrize("path", _engine_modules(), ids=lambda p: p.name)
-def test_engine_module_is_at_most_600_lines(path: Path) -> None:
+def test_engine_jetstream_and_sinks_are_checked() -> None:
+    checked = {_rel(p).split("/")[0] for p in _checked_modules()}
+    assert {"engine", "jetstream", "sinks"} <= checked
+    assert len([p for p in _checked_modules() if p.parent.name == "jetstream"]) >= 15
+
+
+@pytest.mark.parametrize("path", _checked_modules(), ids=_rel)
+def test_module_is_at_most_600_lines(path: Path) -> None:
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines (> {MAX_LINES})"
+    assert lines <= MAX_LINES, f"{_rel(path)} has {lines} lines (> {MAX_LINES})"
 
 
-@pytest.mark.parametrize("path", _engine_modules(), ids=lambda p: p.name)
-def test_engine_module_imports_no_private_name(path: Path) -> None:
+@pytest.mark.parametrize("path", _checked_modules(), ids=_rel)
+def test_module_imports_no_private_name(path: Path) -> None:
     assert _private_imports(path) == [], (
-        f"{path.relative_to(PACKAGE)} imports private names {_private_imports(path)}")
+        f"{_rel(path)} imports private names {_private_imports(path)}")
 
 
 def test_the_scan_finds_a_private_import(tmp_path: Path) -> None:
@@ -79,9 +97,13 @@ def test_the_scan_finds_a_private_import(tmp_path: Path) -> None:
 
 
 def test_private_imports_elsewhere_in_the_package_are_listed() -> None:
-    # Information only (see the module docstring): not a failure while jetstream/ is redone.
-    found = {str(p.relative_to(PACKAGE)): _private_imports(p)
-             for p in sorted(PACKAGE.rglob("*.py")) if not p.is_relative_to(ENGINE)}
-    for path, names in found.items():
+    # Information only (see the module docstring): the packages in NOT_YET_CHECKED.
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if not _unchecked(path):
+            continue
+        names = _private_imports(path)
         if names:
-            print(f"private import (not yet checked): {path}: {', '.join(names)}")
+            print(f"private import (not yet checked): {_rel(path)}: {', '.join(names)}")
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            print(f"long module (not yet checked): {_rel(path)}: {lines} lines")

@@ -1,0 +1,229 @@
+"""Reading a Delta table for :class:`~cg_pipelines.sinks.delta.DeltaSink`: rows (projected,
+filtered), each key's last row (the state-sink contract), log statistics, data file URIs; and
+the snapshot loading, filesystem and secret scrubbing the sink's writes share
+(:class:`DeltaTableAccess`, the sink's base class).
+
+Reads go through pyarrow datasets over a native pyarrow filesystem
+(:func:`~cg_pipelines.sinks.storage.table_filesystem`), not delta-rs' default handler.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from cg_pipelines.core.state import last_per_key
+from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.storage import safe_uri, scrubbed, table_filesystem
+
+__all__ = ["DeltaTableAccess", "TableStats"]
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """A Delta table version's size: ``version``, total ``rows``, ``partition_rows`` of one
+    consumer-group partition (``None`` if not asked or not partitioned), Arrow ``schema``."""
+
+    version: int
+    rows: int
+    partition_rows: int | None
+    schema: pa.Schema
+
+
+class DeltaTableAccess:
+    """The read side of a :class:`~cg_pipelines.sinks.delta.DeltaSink` (its base class; the
+    attributes below are set by the sink's constructor)."""
+
+    _uri: str
+    _options: dict[str, str]
+    _schema: pa.Schema | None
+    _write: Append | Merge
+    _read_lock: threading.Lock
+    _reader: DeltaTable | None
+    _read_fs: pafs.FileSystem | None
+    _names: list[str]
+
+    def exists(self) -> bool:
+        """Whether the Delta table exists (has a log).
+
+        Raises:
+            DeltaError / OSError: other read errors (e.g. a missing bucket).
+        """
+        with self._guard():
+            return self._load() is not None
+
+    def read(
+        self, columns: list[str] | None = None, filter: pads.Expression | None = None
+    ) -> pa.Table:
+        """The latest snapshot's rows, optionally projected and filtered.
+
+        Args:
+            columns: column names to return (all if None).
+            filter: a pyarrow dataset expression, e.g. ``pc.field("key") == "N123"``; used for
+                file pruning (partition values, statistics) and row filtering.
+
+        Returns:
+            An Arrow table (timestamps in microseconds). If the table does not exist: no rows,
+            with the ``schema`` given to the sink (projected to ``columns``) if any, else the
+            requested ``columns`` as null-typed columns (or no columns).
+
+        Raises:
+            DeltaError / OSError / pyarrow errors: read failures, unknown columns.
+        """
+        with self._guard():
+            with self._read_lock:  # serialize refreshes of the shared reader snapshot
+                dt = self._reader
+                if dt is None:
+                    dt = self._reader = self._load()
+                else:
+                    dt.update_incremental()
+                ds = dt.to_pyarrow_dataset(filesystem=self._filesystem()) if dt else None
+            if ds is None:
+                if self._schema is not None:
+                    empty = self._schema.empty_table()
+                    return empty.select(columns) if columns is not None else empty
+                return pa.table({c: pa.nulls(0) for c in columns or []})
+            try:
+                return ds.to_table(columns=columns, filter=filter)
+            except pa.ArrowNotImplementedError:
+                if filter is None:
+                    raise
+                # Files written by delta-rs' MERGE (DataFusion) store strings as string_view;
+                # pyarrow 2x cannot compare their statistics with a string literal while
+                # pruning. Scan unpruned, filter in memory (the result is the same).
+                names = list(dict.fromkeys([*(columns or ds.schema.names)]))
+                whole = ds.to_table(columns=None if columns is None else
+                                    list(dict.fromkeys([*names, *ds.schema.names])))
+                return whole.filter(filter).select(names)
+
+    def last_rows(
+        self,
+        key: str,
+        keys: Sequence[object],
+        columns: Sequence[str],
+        order_by: str,
+        partition: int | None = None,
+    ) -> pa.Table:
+        """The last committed row (greatest ``order_by``) of each of ``keys``: the per-key state
+        of :class:`~cg_pipelines.core.state.KeyedState` (the state-sink contract,
+        :class:`~cg_pipelines.engine.model.StateSink`).
+
+        Args:
+            key: key column. keys: key values (Python values of the column's type).
+            columns: columns to return (must include ``key`` and ``order_by``).
+            order_by: ordering column.
+            partition: when given and the table has :data:`PARTITION_COLUMN`, only that
+                consumer-group partition's rows are read (its files alone, when the table is
+                partitioned by it).
+
+        Returns:
+            One row per key found, sorted by key; no rows when ``keys`` is empty or the table
+            does not exist yet.
+
+        Raises:
+            KeyError: ``key`` or ``order_by`` missing from the table.
+            DeltaError / OSError / pyarrow errors: read failures.
+        """
+        cols = list(dict.fromkeys([key, order_by, *columns]))
+        if not keys:
+            return self.read(columns=cols).slice(0, 0) if self.exists() else pa.table(
+                {c: pa.nulls(0) for c in cols})
+        flt = pc.field(key).isin(list(keys))
+        part = None
+        if partition is not None and PARTITION_COLUMN in self._column_names():
+            part = pc.field(PARTITION_COLUMN) == partition
+        if isinstance(self._write, Merge):
+            # The current table: one row per key, the partition's files read whole (pruned
+            # by partition only: MERGE-written statistics are string_view, see read()).
+            rows = self.read(columns=list(dict.fromkeys([*cols, PARTITION_COLUMN]))
+                             if part is not None else cols, filter=part)
+            if rows.num_rows == 0:
+                return rows.select(cols)
+            return last_per_key(rows.filter(flt).select(cols), key, order_by)
+        if part is not None:
+            flt = flt & part
+        return last_per_key(self.read(columns=cols, filter=flt), key, order_by)
+
+    def stats(self, partition: int | None = None) -> TableStats:
+        """The latest version's statistics, from the Delta log (no data files are read).
+
+        Args:
+            partition: also count the rows of this consumer-group partition (from the files'
+                partition values; ``None`` when the table is not partitioned by
+                :data:`PARTITION_COLUMN`).
+
+        Raises:
+            TableNotFoundError: no table. DeltaError / OSError: read failures.
+        """
+        with self._guard():
+            dt = self._load()
+            if dt is None:
+                raise TableNotFoundError(f"{self._safe_uri()}: no Delta table")
+            actions = pa.table(dt.get_add_actions(flatten=True))
+            rows = pc.sum(actions["num_records"]).as_py() or 0
+            part_rows = None
+            col = f"partition.{PARTITION_COLUMN}"
+            if partition is not None and col in actions.column_names:
+                mine = actions.filter(pc.equal(actions[col].cast(pa.int64()), partition))
+                part_rows = pc.sum(mine["num_records"]).as_py() or 0
+            return TableStats(dt.version(), int(rows), part_rows, pa.schema(dt.schema().to_arrow()))
+
+    def file_uris(self) -> list[str]:
+        """URIs of the latest version's data files (empty when there is no table)."""
+        with self._guard():
+            dt = self._load()
+            return list(dt.file_uris()) if dt is not None else []
+
+    def _column_names(self) -> list[str]:
+        """Column names of the table (empty while it does not exist; cached once known)."""
+        if not self._names:
+            with self._guard():
+                dt = self._load()
+            self._names = [f.name for f in dt.schema().fields] if dt is not None else []
+        return self._names
+
+    def _partition_rows(self, dt: DeltaTable, partition: int) -> int:
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        col = f"partition.{PARTITION_COLUMN}"
+        if col in actions.column_names:
+            mine = actions.filter(pc.equal(actions[col].cast(pa.int64()), partition))
+            return int(pc.sum(mine["num_records"]).as_py() or 0)
+        if PARTITION_COLUMN not in [f.name for f in dt.schema().fields]:
+            return 0
+        return dt.to_pyarrow_dataset(filesystem=self._filesystem()).count_rows(
+            filter=pc.field(PARTITION_COLUMN) == partition)
+
+    # ---------------------------------------------------------------- internals
+
+    def _load(self) -> DeltaTable | None:
+        """A fresh snapshot of the latest version, or None if there is no table."""
+        try:
+            return DeltaTable(self._uri, storage_options=self._options or None)
+        except TableNotFoundError:
+            return None
+
+    def _filesystem(self) -> pafs.FileSystem | None:
+        """A native pyarrow filesystem rooted at the table, or None (delta-rs' handler); see
+        :func:`~cg_pipelines.sinks.storage.table_filesystem` (cached once found)."""
+        if self._read_fs is None:
+            self._read_fs = table_filesystem(self._uri, self._options)
+        return self._read_fs
+
+    def _safe_uri(self) -> str:
+        """The URI without any user:password part."""
+        return safe_uri(self._uri)
+
+    def _guard(self) -> AbstractContextManager[None]:
+        """Re-raise errors whose message contains a secret option value, scrubbed
+        (:class:`FenceConflictError` unchanged)."""
+        return scrubbed(self._options, keep=(FenceConflictError,))

@@ -1,0 +1,113 @@
+"""Writing rows into a Delta table: the schema a table is created with, conforming a batch to
+the table's columns, and the MERGE of :class:`~cg_pipelines.core.write.Merge` mode.
+
+Merge mode runs a Delta MERGE by key (``DeltaTable.merge`` with the commit's
+``CommitProperties``, so the data change and the watermark are ONE Delta version). The batch is
+first reduced to each key's last row in stream order; a key whose last row is a delete marker
+is deleted. The merge matches keys within the batch's consumer-group partition
+(``_partition = p`` in the predicate): delta-rs then reads and rewrites only that partition's
+files, and merges of different partitions do not conflict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable
+
+from cg_pipelines.core.write import DELETE_COLUMN, Merge, last_rows_by_key
+from cg_pipelines.engine.model import PARTITION_COLUMN
+
+__all__ = ["conform", "counting", "current_of", "delta_schema", "delta_type", "merge_into"]
+
+
+def delta_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with nanosecond timestamps (also nested in structs/lists) turned into microseconds."""
+    if pa.types.is_timestamp(t) and t.unit == "ns":
+        return pa.timestamp("us", tz=t.tz)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(delta_type(f.type)) for f in t])
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(delta_type(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(delta_type(t.value_type)))
+    return t
+
+
+def delta_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema a table is created with: ``schema`` with timestamps at microsecond precision."""
+    return pa.schema([f.with_type(delta_type(f.type)) for f in schema], metadata=schema.metadata)
+
+
+def counting(data: pa.RecordBatchReader, counted: dict[str, int]) -> pa.RecordBatchReader:
+    """``data`` passed through, its rows added up in ``counted["rows"]``."""
+
+    def gen() -> Iterator[pa.RecordBatch]:
+        for batch in data:
+            counted["rows"] += batch.num_rows
+            yield batch
+
+    return pa.RecordBatchReader.from_batches(data.schema, gen())
+
+
+def conform(table: pa.Table, target: pa.Schema, where: str, keep: Sequence[str] = ()
+            ) -> pa.Table:
+    """``table`` with the target's columns in its order and types (plus ``keep``);
+    ``where`` names the table in errors.
+
+    Raises:
+        ValueError: columns missing from ``table`` or not in the table (named).
+    """
+    names = [n for n in table.column_names if n not in keep]
+    extra = [n for n in names if n not in target.names]
+    missing = [f.name for f in target if f.name not in names]
+    if extra or missing:
+        raise ValueError(
+            f"{where}: the output's columns differ from the table's"
+            + (f"; not in the table: {extra}" if extra else "")
+            + (f"; missing from the output: {missing}" if missing else ""))
+    # timestamps: truncated to the table's microseconds, as delta-rs does on append
+    cols = [table[f.name].cast(f.type, safe=not pa.types.is_timestamp(f.type))
+            for f in target] + [table[k] for k in keep]
+    return pa.Table.from_arrays(cols, names=[*target.names, *keep])
+
+
+def merge_into(dt: DeltaTable, table: pa.Table, mode: Merge, props: CommitProperties,
+               where: str) -> None:
+    """MERGE ``table`` into snapshot ``dt`` by ``mode``'s key (see the module docstring);
+    ``where`` names the table in errors."""
+    target = pa.schema(dt.schema().to_arrow())
+    src = conform(mode.current(table), target, where, keep=[DELETE_COLUMN])
+    on = [f"t.`{k}` = s.`{k}`" for k in mode.keys]
+    if PARTITION_COLUMN in target.names and PARTITION_COLUMN in src.column_names:
+        parts = pc.unique(src[PARTITION_COLUMN]).to_pylist()
+        on.append(f"t.`{PARTITION_COLUMN}` = {int(parts[0])}" if len(parts) == 1 else
+                  f"t.`{PARTITION_COLUMN}` = s.`{PARTITION_COLUMN}`")
+    flag = f"s.`{DELETE_COLUMN}`"
+    (dt.merge(src, " AND ".join(on), source_alias="s", target_alias="t",
+              commit_properties=props)
+       .when_matched_delete(predicate=flag)
+       .when_matched_update_all(predicate=f"NOT {flag}", except_cols=[DELETE_COLUMN])
+       .when_not_matched_insert_all(predicate=f"NOT {flag}", except_cols=[DELETE_COLUMN])
+       .execute())
+
+
+def current_of(data: pa.RecordBatchReader, mode: Merge, target: pa.Schema, where: str
+               ) -> pa.Table:
+    """Merge mode: the rows ``data`` (output rows in stream order) leaves in the table (last
+    row per key, deletes dropped), conformed to ``target``; ``where`` names the table in
+    errors."""
+    state: pa.Table | None = None
+    for batch in data:
+        if batch.num_rows == 0:
+            continue
+        cur = mode.current(pa.Table.from_batches([batch]))
+        state = cur if state is None else last_rows_by_key(
+            pa.concat_tables([state, cur], promote_options="permissive"),
+            mode.keys, mode.order_by)
+    if state is None:
+        return target.empty_table()
+    live = state.filter(pc.invert(state[DELETE_COLUMN])).drop_columns([DELETE_COLUMN])
+    return conform(live, target, where)
