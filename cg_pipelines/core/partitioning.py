@@ -43,7 +43,7 @@ class SubjectPartitioner:
     def __call__(self, subject: str) -> int | None:
         got = self._cache.get(subject, -1)
         if got != -1:
-            return got  # type: ignore[return-value]
+            return got
         p = self._compute(subject)
         if len(self._cache) < self._max:
             self._cache[subject] = p

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -153,4 +154,4 @@ def attach_state(batch: pa.Table, state: pa.Table, spec: KeyedState) -> pa.Table
 
 def keys_of(batch: pa.Table, key: str) -> Sequence[object]:
     """The distinct values of ``key`` in ``batch`` (nulls dropped), as Python values."""
-    return pc.unique(batch[key]).drop_null().to_pylist()
+    return cast("list[object]", pc.unique(batch[key]).drop_null().to_pylist())

@@ -401,4 +401,7 @@ class LeaseHolder:
                 await m.ack()
             else:
                 await m.nak()
-        await ctx.retry.call("flush acks", lambda: ctx.nc.flush(timeout=ctx.opt.timeout_s))
+        # nats-py annotates flush(timeout: int), but the timeout is seconds as a float
+        # (asyncio.wait_for), as everywhere else in this library.
+        await ctx.retry.call("flush acks", lambda: ctx.nc.flush(
+            timeout=ctx.opt.timeout_s))  # type: ignore[arg-type]

@@ -34,15 +34,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import queue
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from nats.aio.client import Client
 
 from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.errors import CgError, GroupNotFoundError
@@ -269,7 +271,8 @@ class _Rebuild:
             except queue.Full:
                 await asyncio.sleep(0.01)
 
-    async def _replay_direct(self, first: int, last: int, part: SubjectPartitioner) -> Any:
+    async def _replay_direct(self, first: int, last: int, part: SubjectPartitioner
+                             ) -> AsyncIterator[pa.Table]:
         """As :meth:`_replay`, for an origin stream with ``allow_direct``: the history read in
         chunks of ``read_chunk_direct`` messages by batched direct get, cut into Arrow in bulk
         (:func:`~cg_pipelines.jetstream.rangeread.read_range`), and this partition's messages
@@ -281,10 +284,10 @@ class _Rebuild:
         seq = first
         while seq <= last:
             t = time.monotonic()
-            got = await self.ctx.retry.call("read the origin stream", lambda s=seq: read_range(
-                self.ctx.nc, self.ctx.stream, s, filter_subject=">", max_msgs=REPLAY_CHUNK,
-                max_bytes=opt.batch_max_bytes, last_seq=last, timeout_s=opt.timeout_s,
-                drop_nats_headers=True))
+            got = await self.ctx.retry.call("read the origin stream", functools.partial(
+                read_range, self.ctx.nc, self.ctx.stream, seq, filter_subject=">",
+                max_msgs=REPLAY_CHUNK, max_bytes=opt.batch_max_bytes, last_seq=last,
+                timeout_s=opt.timeout_s, drop_nats_headers=True))
             self.ctx.timed("read", t)
             table = got.table()
             res.messages_read += table.num_rows
@@ -317,7 +320,7 @@ class _Rebuild:
         return pa.array(keep[idx])
 
     async def _replay(self, first: int, last: int, part: SubjectPartitioner,
-                      config: ElasticConfig) -> Any:
+                      config: ElasticConfig) -> AsyncIterator[pa.Table]:
         """The origin stream's messages of this partition from ``first`` to ``last``, in order,
         as batches (:data:`~cg_pipelines.engine.model.RECORD_SCHEMA`, ``seq`` = origin
         sequence) of at most ``batch_max_msgs`` messages / ``batch_max_bytes`` bytes.
@@ -403,7 +406,7 @@ class _Rebuild:
 
 
 async def rebuild_partition(
-    nc: Any,
+    nc: Client,
     stream: str,
     group: str,
     partition: int,

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import ParseResult, urlsplit
 
 import nats.errors
 import nats.js.errors
@@ -158,7 +158,7 @@ def servers_tried(nc: Client) -> str:
     """Every server the client knows (its configured and discovered pool), as ``host:port``
     joined by ``", "`` (never credentials); the one it is connected to first."""
     out: list[str] = []
-    urls = [nc.connected_url] if nc.connected_url is not None else []
+    urls: list[ParseResult | None] = [nc.connected_url] if nc.connected_url is not None else []
     for srv in getattr(nc, "_server_pool", None) or []:
         urls.append(getattr(srv, "uri", None))
     urls.extend(nc.servers or [])
