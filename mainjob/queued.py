@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -62,6 +63,7 @@ class RunTiming:
     work_s: float = 0.0
     engine_end: float = 0.0
     batches: int = 0
+    error: str = ""
 
     @property
     def seconds(self) -> float:
@@ -222,7 +224,9 @@ def run_queued(root: Path, home: Path, env: dict[str, str], partitions: list[str
                     step_start=ev.get("step_start", 0.0), session=ev.get("session", 0.0),
                     engine_s=float(md.get("seconds", 0.0) or 0.0),
                     work_s=sum(float(timings.get(k, 0.0)) for k in WORK_TIMINGS),
-                    engine_end=ev.get("engine_end", 0.0), batches=int(md.get("commits", 0))))
+                    engine_end=ev.get("engine_end", 0.0), batches=int(md.get("commits", 0)),
+                    error=str(ev.get("error", "")) if r.dagster_run.status.value != "SUCCESS"
+                    else ""))
         return QueuedResult(sorted(runs, key=lambda t: t.start))
     finally:
         _stop_group(daemon)
@@ -231,7 +235,7 @@ def run_queued(root: Path, home: Path, env: dict[str, str], partitions: list[str
 _SESSION_RE = re.compile(r"Spark session \(.*\) ready in ([\d.]+) s")
 
 
-def _run_events(instance: object, run_id: str) -> dict[str, float]:
+def _run_events(instance: object, run_id: str) -> dict[str, Any]:
     """Timestamps (epoch seconds) of one run's milestones: ``launched`` (RUN_STARTING),
     ``step_start`` (the first STEP_START), ``engine_end`` (the engine's summary line:
     ``partition <p>: <status>, ... messages committed of ...``), and ``session`` (seconds the
@@ -248,6 +252,11 @@ def _run_events(instance: object, run_id: str) -> dict[str, float]:
             out["engine_end"] = e.timestamp
         elif kind is None and (m := _SESSION_RE.search(msg)):
             out["session"] = float(m.group(1))
+        elif kind in ("STEP_FAILURE", "PIPELINE_FAILURE", "ENGINE_EVENT") and "error" not in out:
+            info = getattr(e.dagster_event.event_specific_data, "error", None)
+            if info is not None or kind != "ENGINE_EVENT":
+                text = getattr(info, "message", None) or msg
+                out["error"] = text.strip().splitlines()[-1][:300] if text.strip() else kind
     return out
 
 
