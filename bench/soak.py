@@ -262,7 +262,14 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4, help="runs at once")
     ap.add_argument("--fail-rate", type=float, default=0.02,
                     help="share of batches whose transform raises")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the work dir (Dagster home, logs, table) for inspection")
     args = ap.parse_args()
+    if args.keep:
+        work = Path(tempfile.mkdtemp(prefix="cg-soak-"))
+        log(f"work dir kept: {work} (Dagster home: {work / 'home'})")
+        print(asyncio.run(soak(args, work)), flush=True)
+        return
     with tempfile.TemporaryDirectory(prefix="cg-soak-") as tmp:
         print(asyncio.run(soak(args, Path(tmp))), flush=True)
 

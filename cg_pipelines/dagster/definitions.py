@@ -23,7 +23,7 @@ from cg_pipelines.dagster.assets import MODE_TAG, build_group_asset
 from cg_pipelines.dagster.checks import build_group_checks
 from cg_pipelines.dagster.io_manager import DeltaTableIOManager
 from cg_pipelines.dagster.reconcile import build_reconcile_check
-from cg_pipelines.dagster.resources import PartitionRunsResource
+from cg_pipelines.dagster.resources import PartitionRunsResource, SparkResource
 from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
 from cg_pipelines.engine.model import with_defaults
@@ -147,9 +147,12 @@ def build_definitions(
     for g in groups:
         res.setdefault(g.runs_resource_key, PartitionRunsResource())
         if g.io_manager_key not in res:
+            spark = res.get(g.spark_resource_key)
+            # Another Spark resource (e.g. dagster_pyspark.PySparkResource) drives the runs;
+            # the IO manager then reads Spark DataFrames through its own SparkResource only.
             res[g.io_manager_key] = DeltaTableIOManager(
                 warehouse=res[g.warehouse_resource_key],
-                spark=res.get(g.spark_resource_key))
+                spark=spark if isinstance(spark, SparkResource) else None)
     parts = [build_group_definitions(g) for g in groups]
     kwargs["asset_checks"] = [*(c for p in parts for c in p.checks),
                               *kwargs.get("asset_checks", ())]

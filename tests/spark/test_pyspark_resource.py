@@ -91,11 +91,10 @@ CHILD = """
         "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1", "spark.pyspark.python": sys.executable})
     wh = DeltaWarehouseResource(root=warehouse)
-    # the IO manager (downstream loads) is given: build_definitions' default one takes only
-    # our SparkResource for Spark DataFrame inputs
+    # no IO manager given: build_definitions' default one accepts a foreign Spark resource
     defs = build_definitions([spec], resources={
-        "nats": NatsResource(servers=url), "warehouse": wh, "spark": spark,
-        "cg_io_manager": DeltaTableIOManager(warehouse=wh)})
+        "nats": NatsResource(servers=url), "warehouse": wh, "spark": spark})
+    assert isinstance(defs.resources["cg_io_manager"], DeltaTableIOManager)
     job = defs.resolve_job_def("legs_on_pyspark_job")
     with DagsterInstance.ephemeral() as instance:
         for p in (0, 1):
