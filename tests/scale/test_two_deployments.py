@@ -93,8 +93,15 @@ async def test_two_deployments_one_group(js: JetStreamContext, nats_server: Nats
         tb2 = await asyncio.to_thread(h.tick, b, MEMBERSHIP_SENSOR, ib, cursor=tb.cursor)
         assert _requested(tb2) == [pkey(1)]
         held = await asyncio.to_thread(jb.execute_in_process, partition_key=pkey(1),
-                                       instance=ib)
-        assert held.success and _status(held) == "held"  # A holds the lease
+                                       instance=ib, raise_on_error=False)
+        # A holds the lease: B's run processes nothing and is not a materialization (it
+        # fails, naming the holder, and its sensor retries it after the backoff)
+        assert not held.success
+        assert not held.asset_materializations_for_node("keyed_events")
+        failure = held.failure_data_for_node("keyed_events")
+        assert failure is not None and failure.user_failure_data is not None
+        assert "held by another instance (pinned client" in (
+            failure.user_failure_data.description or "")
         assert not run_a.done()
         res_a = await run_a
         assert res_a.success and _status(res_a) == "drained"
