@@ -214,11 +214,10 @@ def _observations(spec: ConsumerGroupAsset, reading: GroupReading, seen: dict[st
     committed: dict[int, int] = {}
     if warehouse is not None:
         try:
-            sink = warehouse.sink(spec.table_name)
-            if sink.exists():
-                for b in changed:
-                    committed[b.partition] = sink.watermark(
-                        app_id_for(spec.stream, spec.group, b.partition))
+            ids = {b.partition: app_id_for(spec.stream, spec.group, b.partition)
+                   for b in changed}
+            marks = warehouse.sink(spec.table_name).watermarks(ids.values())
+            committed = {p: marks[a] for p, a in ids.items()}
         except Exception as e:  # noqa: BLE001 - the lag is still worth reporting
             log.warning(f"cannot read the committed watermarks of {spec.table_name}: {e}")
     events = []

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 import pyarrow as pa
@@ -211,6 +211,18 @@ class DeltaSink(DeltaTableAccess):
             with self._lock:
                 self._snapshots[app_id] = dt
             return _txn(dt, app_id)
+
+    def watermarks(self, app_ids: Iterable[str]) -> dict[str, int]:
+        """The committed watermark of each of ``app_ids`` from ONE load of the latest snapshot
+        (0 for none, or no table yet). Read-only: unlike :meth:`watermark`, nothing is
+        remembered to fence a later commit (for observers such as the backlog sensor).
+
+        Raises:
+            DeltaError / OSError: the table cannot be read.
+        """
+        with self._guard():
+            dt = self._load()
+            return {a: _txn(dt, a) for a in app_ids}
 
     def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
                markers: Mapping[str, int] | None = None, *,
