@@ -9,7 +9,6 @@ the reference.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pyarrow as pa
 import pytest
@@ -82,10 +81,9 @@ async def test_failed_run_gives_partition_back(nc, js, unique_name, tmp_path,
     info = await api.consumer_info(f"{stream}-g", "partition-0")
     assert not any(g.get("pinned_client_id") for g in info.get("priority_groups") or []), info
 
-    t = time.monotonic()
+    # At once: a kept pin or lease would make this run "held" (it waits only hold_wait_s).
     retry = await run_partition(nc, stream, "g", 0, keyed.processor(), sink, opts)
     assert retry.status == "drained", (retry.status, retry.detail)
-    assert time.monotonic() - t < 25.0  # far under the 30 s pin timeout / ack wait
     # One partition: work-queue sequences are 1..len(evs), so the retry processes exactly
     # the messages the failed run did not commit.
     assert retry.processed == len(evs) - committed
