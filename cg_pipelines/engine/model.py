@@ -19,24 +19,16 @@ import pyarrow.compute as pc
 
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.errors import CgError
+from cg_pipelines.core.record import RECORD_SCHEMA as CORE_RECORD_SCHEMA
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.core.write import Append, Merge
 
-RECORD_SCHEMA = pa.schema(
-    [
-        pa.field("seq", pa.int64(), nullable=False),
-        pa.field("subject", pa.string(), nullable=False),
-        pa.field("time", pa.timestamp("ns", tz="UTC"), nullable=False),
-        pa.field("headers", pa.string()),
-        pa.field("data", pa.binary(), nullable=False),
-        pa.field("origin_seq", pa.int64()),
-    ]
-)
+RECORD_SCHEMA = CORE_RECORD_SCHEMA
 """Arrow schema of a batch of records, in stream order: ``seq`` is the sequence in the stream
 read (an elastic group's work-queue stream; a static group's own stream), ``origin_seq`` the
 message's sequence in the origin stream (from the ``Nats-Stream-Source`` header the server puts
 on sourced messages; null when the stream read is the origin), ``headers`` the user headers as
-a JSON object string or null."""
+a JSON object string or null. Defined once, in :mod:`cg_pipelines.core.record`."""
 
 
 @dataclass(frozen=True, slots=True)

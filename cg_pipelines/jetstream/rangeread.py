@@ -79,6 +79,7 @@ import pyarrow.compute as pc
 from nats.aio import client as nats_client  # noqa: F401 - re-exported (tests patch its version)
 from nats.aio.client import Client
 
+from cg_pipelines.core.record import record_schema
 from cg_pipelines.jetstream.api import DEFAULT_PREFIX, JetStreamAPI
 from cg_pipelines.jetstream.columns import (
     Columns,
@@ -122,17 +123,12 @@ _RangeParser = RangeParser
 _conn = connection
 _header_columns = header_columns
 
-#: Arrow schema of :meth:`RangeBatch.table`: the engine's record schema plus ``origin_seq``.
-RANGE_SCHEMA = pa.schema(
-    [
-        pa.field("seq", pa.int64(), nullable=False),
-        pa.field("subject", pa.string(), nullable=False),
-        pa.field("time", pa.timestamp("ns", tz="UTC"), nullable=False),
-        pa.field("headers", pa.string()),
-        pa.field("data", pa.binary(), nullable=False),
-        pa.field("origin_seq", pa.int64()),
-    ]
-)
+#: Arrow schema of :meth:`RangeBatch.table`: the record schema of
+#: :mod:`cg_pipelines.core.record`, ``origin_seq`` included.
+RANGE_SCHEMA = record_schema()
+
+#: The same without ``origin_seq`` (what :meth:`RangeBatch.table` gives by default).
+_RECORD_SCHEMA_NO_ORIGIN = record_schema(origin=False)
 
 #: Most bytes one direct-get request asks for. The server queues a whole reply for the client
 #: and cuts off a client whose pending output passes its ``max_pending`` (64 MiB by default),
@@ -196,7 +192,7 @@ class RangeBatch:
                 schema=RANGE_SCHEMA)
         return pa.Table.from_arrays(
             [self.seq, self.subject, self.time, self.headers, self.data],
-            schema=pa.schema(list(RANGE_SCHEMA)[:5]))
+            schema=_RECORD_SCHEMA_NO_ORIGIN)
 
 
 def _check_status(r: Reply, subject: str, stream: str) -> None:

@@ -66,16 +66,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    BinaryType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
 
+from cg_pipelines.core.record import RECORD_SCHEMA, record_schema
 from cg_pipelines.jetstream.api import JetStreamAPI, StoredMessage
 from cg_pipelines.jetstream.connect import ConnectOptions
 from cg_pipelines.jetstream.rangeread import RangeBatch, read_range
@@ -97,31 +91,16 @@ __all__ = [
 
 SOURCE_NAME = "jetstream"
 
-SPARK_RECORD_SCHEMA = StructType(
-    [
-        StructField("seq", LongType(), False),
-        StructField("subject", StringType(), False),
-        StructField("time", TimestampType(), False),
-        StructField("headers", StringType(), True),
-        StructField("data", BinaryType(), False),
-        StructField("origin_seq", LongType(), True),
-    ]
-)
-"""Spark schema of the source: :data:`~cg_pipelines.engine.model.RECORD_SCHEMA` with
-``time`` in Spark's microsecond timestamps."""
+SPARK_RECORD_SCHEMA: StructType = from_arrow_schema(RECORD_SCHEMA)
+"""Spark schema of the source: the record schema (:mod:`cg_pipelines.core.record`, the same
+columns, order and nullability as :data:`~cg_pipelines.engine.model.RECORD_SCHEMA`) with
+``time`` in Spark's microsecond timestamps, derived from the Arrow schema by PySpark's own
+``from_arrow_schema``."""
 
-ARROW_READ_SCHEMA = pa.schema(
-    [
-        pa.field("seq", pa.int64(), nullable=False),
-        pa.field("subject", pa.string(), nullable=False),
-        pa.field("time", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("headers", pa.string()),
-        pa.field("data", pa.binary(), nullable=False),
-        pa.field("origin_seq", pa.int64()),
-    ]
-)
-"""Arrow schema of the record batches ``read`` yields. PySpark checks it equals
-``to_arrow_schema(SPARK_RECORD_SCHEMA, timezone="UTC")`` exactly (types and nullability)."""
+ARROW_READ_SCHEMA = record_schema(time_unit="us")
+"""Arrow schema of the record batches ``read`` yields: the record schema with microsecond
+times. PySpark checks it equals ``to_arrow_schema(SPARK_RECORD_SCHEMA, timezone="UTC")``
+exactly (types and nullability)."""
 
 _SECRET_OPTIONS = ("password", "token")
 _CONNECT_OPTIONS = ("user", "password", "token", "creds", "tls_ca", "tls_cert", "tls_key",
