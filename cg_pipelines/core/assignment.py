@@ -1,14 +1,16 @@
 """Partition-to-member assignment: the reference algorithm and an optional sticky strategy.
 
-The default is the reference's ``GeneratePartitionFilters`` (seed 000, "Partition to member
-distribution"; synadia-io/orbit.go ``pcgroups``): de-duplicate, sort and cap the members to
+The default is the reference implementation's ``GeneratePartitionFilters`` (synadia-io/orbit.go
+``pcgroups`` v0.2.1; "Partition to member distribution" in the NATS design proposal
+"(Partitioned) Consumer Groups for JetStream"): de-duplicate, sort and cap the members to
 ``max_members``; with ``per = max_members // n``, partition ``i < n * per`` goes to member
 ``(i // per) % n`` and the remainder round-robin. Every member computes its own filters from the
 config alone, so the default must stay exactly the reference's.
 
-The sticky strategy (seed 002, KIP-315's minimal-movement idea) keeps every partition whose owner
-is still a member and balances the rest; it is expressed as ``member_mappings`` in the config so
-reference members still compute the same filters from the stored JSON.
+The sticky strategy (the minimal-movement idea of Apache Kafka's KIP-315, a sticky assignor)
+keeps every partition whose owner is still a member and balances the rest; it is expressed as
+``member_mappings`` in the config so reference members still compute the same filters from the
+stored JSON.
 """
 
 from __future__ import annotations

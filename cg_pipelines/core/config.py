@@ -30,7 +30,8 @@ reference struct built with Go's zero values: an empty ``partitioning_filters``,
 an empty answer to its wildcard prompt fails ``strconv.Atoi`` and leaves index 0, which
 ``validateConfig`` rejects).
 
-The older names of the ADR (seed 000) are read too: ``member-mappings``, ``filter``,
+The older names of the NATS design proposal "(Partitioned) Consumer Groups for JetStream"
+(the ADR the reference implementation grew from) are read too: ``member-mappings``, ``filter``,
 ``partitioning-wildcards``, ``msg-buffer-size``; a config read through them is written with the
 code's names.
 """

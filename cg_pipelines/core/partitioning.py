@@ -3,9 +3,11 @@ group's work-queue stream computes it (pure; used to rebuild a partition from th
 stream's history).
 
 The work-queue stream sources the origin stream with one subject transform per partitioning
-filter (DESIGN §4): a subject matching filter ``f`` goes to partition
-``FNV-1a(selected wildcard tokens joined) mod max_members``; a subject matching no filter is not
-sourced at all. With no partitioning filter the whole subject is hashed.
+filter, as the reference implementation (synadia-io/orbit.go ``pcgroups`` v0.2.1) creates it: a
+``{{Partition(N,i,j)}}`` transform, which nats-server evaluates with 32-bit FNV-1a over the
+selected tokens concatenated without separator. So a subject matching filter ``f`` goes to
+partition ``FNV-1a(selected wildcard tokens joined) mod max_members``; a subject matching no
+filter is not sourced at all. With no partitioning filter the whole subject is hashed.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Consumer-group administration, static and elastic, wire-compatible with the reference.
 
-Mirrors synadia-io/orbit.go ``pcgroups`` (v0.2.1) admin calls, fixing its known defects
-(DESIGN §4): membership and mapping updates are compare-and-set; members are written sorted and
-de-duplicated; static delete removes only this group's member consumers (``<group>-<member>``),
-not every consumer whose name starts with ``<group>-``; the active-member check is per member.
+Mirrors synadia-io/orbit.go ``pcgroups`` (v0.2.1) admin calls, fixing that version's defects
+(there, membership and mapping updates are not compare-and-set, members are written in random
+order, static delete removes every consumer whose name starts with ``<group>-``, and the
+active-member check ignores the member name): here membership and mapping updates are
+compare-and-set; members are written sorted and de-duplicated; static delete removes only this
+group's member consumers (``<group>-<member>``); the active-member check is per member.
 
 A stored config is parsed and validated before anything is computed from it: one that breaks
 the rules (e.g. ``max_members`` above :data:`~cg_pipelines.core.config.MAX_MEMBERS`, duplicate

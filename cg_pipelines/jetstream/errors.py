@@ -98,7 +98,9 @@ class ConsumerAlreadyExistsError(JetStreamError):
     """Action ``create`` found a consumer of that name with a different config (10148; also
     10013, 10105).
 
-    Every instance of a group member must send an identical config; see DESIGN §4.
+    Every instance of a group member must send an identical config: the reference
+    implementation (synadia-io/orbit.go ``pcgroups`` v0.2.1) creates member consumers with
+    action ``create``, which the server refuses (10148) when the existing config differs.
     """
 
 

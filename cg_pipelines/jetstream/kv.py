@@ -1,6 +1,7 @@
 """Consumer-group configs in JetStream KV, with compare-and-set on every update.
 
-Buckets and keys are the reference's (DESIGN §4): ``static-consumer-groups`` /
+Buckets and keys are those of the reference implementation (synadia-io/orbit.go ``pcgroups``
+v0.2.1), so its members read configs written here: ``static-consumer-groups`` /
 ``elastic-consumer-groups``, key ``<stream>.<group>``, file storage, replicas = the source
 stream's. Buckets are created only by :meth:`ConfigStore.create` (never by consumers).
 Unlike the reference, every update is a compare-and-set on the entry's revision, retried on

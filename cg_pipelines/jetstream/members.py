@@ -1,7 +1,10 @@
-"""Streaming members: ``static_consume`` / ``elastic_consume`` with pinned HA (seed 000).
+"""Streaming members: ``static_consume`` / ``elastic_consume`` with pinned HA (one instance of a
+member receives, the others stand by), as the NATS design proposal "(Partitioned) Consumer
+Groups for JetStream" (J.-N. Moyne, 2024; revised 2025 for nats-server 2.11 priority groups)
+describes them.
 
 Behaviour follows the reference implementation (synadia-io/orbit.go ``pcgroups`` v0.2.1,
-DESIGN §4) so members interoperate with members written against it:
+``StaticConsume`` / ``ElasticConsume``) so members interoperate with members written against it:
 
 - The caller's consumer config is used with ``name``/``durable_name``, ``filter_subjects``,
   priority group ``PCG``, ``pinned_client`` and ``priority_timeout = max(ack_wait, 1 s)``

@@ -1,12 +1,13 @@
 """Fast range reads of a stream (batched direct get) parsed in bulk into Arrow columns.
 
 An elastic group's batch run reads one partition's range of the work-queue stream
-``<stream>-<group>`` (subjects ``<p>.<origin subject>``) without consuming it (DESIGN §5,
-step 2). A consumer cannot do that (the partition's lease consumer already holds the filter
-``<p>.>`` and a work-queue stream refuses overlapping consumers), so the range is read with
-batched direct gets: ``$JS.API.DIRECT.GET.<stream>`` with ``{"seq", "next_by_subj", "batch",
-"max_bytes"}``. :func:`read_range` does that and returns a :class:`RangeBatch` of Arrow arrays,
-without a nats-py ``Msg``, a dict or a dataclass per message on the way.
+``<stream>-<group>`` (subjects ``<p>.<origin subject>``) without consuming it (the "range" step
+of the partition engine's lease-and-range algorithm). A consumer cannot do that (the partition's
+lease consumer already holds the filter ``<p>.>`` and a work-queue stream refuses overlapping
+consumers), so the range is read with batched direct gets: ``$JS.API.DIRECT.GET.<stream>`` with
+``{"seq", "next_by_subj", "batch", "max_bytes"}``. :func:`read_range` does that and returns a
+:class:`RangeBatch` of Arrow arrays, without a nats-py ``Msg``, a dict or a dataclass per
+message on the way.
 
 Wire format (nats-server 2.15.1, checked): each hit is an ``HMSG`` to the request's reply inbox
 whose header block is the stored message's own headers followed by the direct-get ones the

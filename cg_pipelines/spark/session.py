@@ -12,7 +12,7 @@ partitions (``spark.sql.shuffle.partitions``; the Spark default of 200 makes sma
 slow), UI off, session time zone UTC, log level WARN; the driver bound to 127.0.0.1 for local
 and loopback masters (:data:`LOOPBACK_CONF`).
 
-Starting a local JVM takes several seconds (≈7 s on 2 cores, DESIGN §7):
+Starting a local JVM takes several seconds (≈7 s for ``local[2]``, measured on 2 cores):
 :func:`session_start_seconds` returns what the last start took.
 """
 

@@ -79,3 +79,16 @@ print("clean")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "clean", out.stderr
+
+
+#: Citations of documents only the project's developers have (the design notes and the seed
+#: documents): the installed package states the reasoning or names a public source instead.
+DEVELOPER_ONLY_CITATIONS = ("DESIGN §", "seed 0")
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_library_cites_no_developer_only_document(path: Path) -> None:
+    text = path.read_text()
+    found = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)
+             if any(c in line for c in DEVELOPER_ONLY_CITATIONS)]
+    assert found == [], f"{path.relative_to(PACKAGE)} cites {found}"
