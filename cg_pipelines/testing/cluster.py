@@ -1,6 +1,6 @@
 """A 3-node (or N-node) JetStream cluster on loopback, for tests of replicated streams.
 
-Each node is a :class:`~cg_pipelines.testing.nats_server.NatsServer` (same binary lookup, same
+Each node is a :class:`~cg_pipelines.local.nats_server.NatsServer` (same binary lookup, same
 reliable stop: SIGTERM then SIGKILL by PID) with its own store directory, server name
 (``n1``, ``n2``, ...), client port, route port and HTTP monitoring port, all on 127.0.0.1 and
 chosen free when the cluster is made. Clients without credentials land in the account ``APP``
@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cg_pipelines.testing.nats_server import NatsServer, NatsServerError
+from cg_pipelines.local.nats_server import NatsServer, NatsServerError
 
 __all__ = ["NatsCluster", "NatsClusterError", "free_ports"]
 

@@ -28,8 +28,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.testing.cluster import NatsCluster
-from cg_pipelines.testing.nats_server import NatsServer
 from cg_pipelines.testing.s3 import MotoS3Server
 
 _BUCKETS = itertools.count()
