@@ -27,6 +27,7 @@ from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.engine.retry import Retrier
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.connect import ConnectOptions, connect_options_of
 
 __all__ = ["RunContext", "state_cache"]
 
@@ -48,13 +49,19 @@ class RunContext:
         settled_through: purged/acknowledged through this sequence (0: none).
         state: the per-key state cache (:func:`state_cache`), or None.
         cost: the cost model batch sizing learns into.
+        connect: the :class:`~cg_pipelines.jetstream.connect.ConnectOptions` ``nc`` was made
+            with (given, or known from
+            :func:`~cg_pipelines.jetstream.connect.connect_options_of`), or None: what Spark
+            executors connect with.
     """
 
     def __init__(
         self, nc: Client, stream: str, group: str, partition: int, processor: Processor,
         sink: Sink, options: EngineOptions, hook: Hook | None, *, read_stream: str | None = None,
+        connect: ConnectOptions | None = None,
     ) -> None:
         self.nc, self.js = nc, nc.jetstream(timeout=options.timeout_s)
+        self.connect = connect or connect_options_of(nc)
         self.stream, self.group, self.partition = stream, group, partition
         self.wq = read_stream or work_queue_stream_name(stream, group)
         self.flt = f"{partition}.>"

@@ -52,6 +52,7 @@ from cg_pipelines.engine.deadletter import ensure_dlq_stream, publish_dead_lette
 from cg_pipelines.engine.executor_read import (
     RangeProcessor,
     check_range,
+    credentials_shown,
     executor_connect_options,
 )
 from cg_pipelines.engine.lease import Lease, LeaseHolder
@@ -113,6 +114,7 @@ class Drain:
         self.ctx, self.lease = ctx, lease
         self._settle: Settle = settle or self.purge_and_ack
         self._dense = False  # read ranges unfiltered (see run)
+        self._shown: bool | None = None  # credentials_shown(nc), asked once per run
 
     async def run(self) -> None:
         """Drain the partition: steps 1-7 of the module docstring, batch after batch, until
@@ -152,7 +154,7 @@ class Drain:
                     lease = await self.lease.next(lease)
                     continue
                 from_seq = max(lease.seq, watermark + 1)
-                source = self._executor_source(from_seq, start_last)
+                source = await self._executor_source(from_seq, start_last)
                 if source is not None:
                     # 2.-3. for a large backlog: one batch read, decoded and transformed on the
                     # executors; 4.-7. as any batch.
@@ -193,10 +195,14 @@ class Drain:
             if lease is not None:
                 await self.lease.release(lease)
 
-    def _executor_source(self, from_seq: int, start_last: int) -> dict[str, str] | None:
+    async def _executor_source(self, from_seq: int, start_last: int) -> dict[str, str] | None:
         """The ``jetstream`` source options for reading ``[from_seq, start_last]`` of the
         partition on the executors, when the executor read is to be used for it (see
-        ``EngineOptions.executor_read_min_msgs``); else None."""
+        ``EngineOptions.executor_read_min_msgs``); else None. The connection's options come
+        from the run's :class:`~cg_pipelines.jetstream.connect.ConnectOptions` when it has
+        them; else from nats-py's public view of the connection, used only when the server
+        confirms it holds every credential the connection authenticated with
+        (:func:`~cg_pipelines.engine.executor_read.credentials_shown`)."""
         o, res = self.ctx.opt, self.ctx.res
         if (o.executor_read_min_msgs is None or o.dead_letter_policy != "dlq"
                 or not isinstance(self.ctx.processor, RangeProcessor)):
@@ -208,9 +214,15 @@ class Drain:
         if o.max_messages is not None and backlog > o.max_messages - res.processed:
             return None
         extra = self.ctx.processor.read_options
-        conn = executor_connect_options(self.ctx.nc, tls_files="tls_ca" in extra)
+        c = self.ctx
+        conn = executor_connect_options(c.nc, connect=c.connect, tls_files="tls_ca" in extra)
         if conn is None:
             return None
+        if c.connect is None:
+            if self._shown is None:
+                self._shown = await credentials_shown(c.nc, c.opt.timeout_s)
+            if not self._shown:
+                return None
         return {**conn, "stream": self.ctx.wq, "subject": self.ctx.flt, "first_seq": str(from_seq),
                 "last_seq": str(start_last), "strip_partition": "true",
                 "timeout": str(o.timeout_s)}

@@ -1,7 +1,7 @@
-"""The executor-read protocol: a processor that processes a whole sequence range read on the
-Spark executors (:class:`RangeProcessor`), what it returns (:class:`RangeProcessed`), how the
-executors reach NATS (:func:`executor_connect_options`) and the checks the engine holds the
-result to before committing it (:func:`check_range`).
+"""The executor-read protocol: a processor that processes a whole sequence range read on the Spark
+executors (:class:`RangeProcessor`), what it returns (:class:`RangeProcessed`), how the
+executors reach NATS (:func:`executor_connect_options`, :func:`credentials_shown`) and the
+checks the engine holds the result to before committing it (:func:`check_range`).
 
 The engine uses it for a large backlog (``EngineOptions.executor_read_min_msgs``): the range is
 read, decoded and transformed on the executors (the ``jetstream`` data source); only the output
@@ -11,6 +11,7 @@ batch (:mod:`cg_pipelines.engine.drain`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -19,11 +20,14 @@ import pyarrow as pa
 from nats.aio.client import Client
 
 from cg_pipelines.engine.model import BatchContext, Processed
+from cg_pipelines.jetstream.connect import ConnectOptions, connect_options_of
 
 __all__ = [
+    "USER_INFO_SUBJECT",
     "RangeProcessed",
     "RangeProcessor",
     "check_range",
+    "credentials_shown",
     "executor_connect_options",
 ]
 
@@ -67,7 +71,8 @@ class RangeProcessor(Protocol):
     ``first_seq``/``last_seq`` the range's bounds. It must give, message for message, what
     ``process`` gives for the same messages in one batch (same rows, same dead letters and
     reasons, ``_seq`` the origin sequence). Optional ``read_options`` (a mapping) are extra
-    source options (e.g. TLS files, which the engine cannot derive from its connection).
+    source options (e.g. the executors' own paths of TLS or credentials files, or TLS files
+    when the engine does not know the connection's ``ConnectOptions``).
     """
 
     def process(self, batch: pa.Table, ctx: BatchContext) -> Processed: ...
@@ -75,35 +80,69 @@ class RangeProcessor(Protocol):
     def process_range(self, source: Mapping[str, str], ctx: BatchContext) -> RangeProcessed: ...
 
 
-def executor_connect_options(nc: Client, *, tls_files: bool = False) -> dict[str, str] | None:
-    """How executors reach the NATS that ``nc`` is connected to, as ``jetstream`` source options
-    (``servers`` with any URL credentials, ``user``/``password``/``token``, ``creds`` and
-    ``nkey_seed`` file paths), or None when that cannot be shipped: a TLS connection (its
-    SSL context stays here) unless ``tls_files`` (the processor's ``read_options`` name the TLS
-    files), or credentials given as callbacks or in memory. Holds secrets: never log it."""
-    if nc.options.get("tls") is not None and not tls_files:
+USER_INFO_SUBJECT = "$SYS.REQ.USER.INFO"
+"""nats-server (2.10 and later) answers a request here, from any client, with the user the
+connection authenticated as: ``""`` without credentials, ``"[REDACTED]"`` for a token, the user
+name, or the NKey public key of an NKey or creds (JWT) user."""
+
+_TOKEN_USER = "[REDACTED]"
+
+
+def executor_connect_options(nc: Client, *, connect: ConnectOptions | None = None,
+                             tls_files: bool = False) -> dict[str, str] | None:
+    """How executors reach the NATS that ``nc`` is connected to, as ``jetstream`` source
+    options (``servers`` with any URL credentials, ``user``/``password``/``token``, ``creds``
+    and ``nkey_seed`` file paths, TLS file paths), or None when that cannot be shipped.
+
+    A TLS connection gives None unless ``tls_files`` (the processor's ``read_options`` name
+    the TLS files as the executors see them): its SSL context stays here. Otherwise, from
+    ``connect`` (the options ``nc`` was made with), else from
+    :func:`~cg_pipelines.jetstream.connect.connect_options_of` (``nc`` was made by
+    :meth:`ConnectOptions.connect <cg_pipelines.jetstream.connect.ConnectOptions.connect>`):
+    :meth:`~cg_pipelines.jetstream.connect.ConnectOptions.spark_source_options`, files
+    included. Without those, only what nats-py shows publicly (``nc.servers``,
+    ``nc.options``' ``user``, ``password``, ``token``): nats-py does not show a creds file, an
+    NKey seed or auth callbacks it was given, so these options may lack credentials the
+    connection has: check :func:`credentials_shown` before using them, as the engine does.
+
+    Holds secrets: never log it."""
+    connect = connect or connect_options_of(nc)
+    tls = nc.options.get("tls") is not None or (connect is not None and connect.uses_tls)
+    if tls and not tls_files:
         return None
-    # nats-py keeps the credentials file and nkey seed given to connect() only on private
-    # attributes (``nc.options`` holds user, password, token and tls, not these): read them
-    # here, in this one place, as attributes that may be missing.
-    if getattr(nc, "_nkeys_seed_str", None) is not None:
-        return None
-    creds = getattr(nc, "_user_credentials", None)
-    seed = getattr(nc, "_nkeys_seed", None)
-    if (creds is not None and not isinstance(creds, str)) or (
-            seed is not None and not isinstance(seed, str)):
-        return None
+    if connect is not None:
+        return connect.spark_source_options()
     urls = [u.geturl() for u in nc.servers] or (
         [nc.connected_url.geturl()] if nc.connected_url else [])
     if not urls:
         return None
     out = {"servers": ",".join(urls)}
-    for key, value in (("user", nc.options.get("user")), ("password", nc.options.get("password")),
-                       ("token", nc.options.get("token")), ("creds", creds),
-                       ("nkey_seed", None if creds else seed)):
+    for key in ("user", "password", "token"):
+        value = nc.options.get(key)
         if value:
             out[key] = str(value)
     return out
+
+
+async def credentials_shown(nc: Client, timeout_s: float) -> bool:
+    """Whether the user the server knows ``nc`` as (:data:`USER_INFO_SUBJECT`) is explained by
+    credentials nats-py shows publicly: none (``""``), a token given in ``nc.options`` or a
+    server URL, or the user name in ``nc.options`` or a URL. False for a user these do not
+    explain (an NKey or creds user, a server's ``no_auth_user``) and when the server does not
+    answer within ``timeout_s`` seconds (a server before 2.10, no permission): options from
+    :func:`executor_connect_options` without ``connect`` are then not enough for executors.
+    Never raises for the request (only cancellation passes)."""
+    try:
+        msg = await nc.request(USER_INFO_SUBJECT, b"", timeout=timeout_s)
+        user = json.loads(msg.data)["data"]["user"]
+    except Exception:  # no responders, timeout, permission, unexpected answer: unknown
+        return False
+    if user == "":
+        return True
+    users = {nc.options.get("user")} | {u.username for u in nc.servers if u.username}
+    token = bool(nc.options.get("token")) or any(
+        u.username and not u.password for u in nc.servers)
+    return user in users or (user == _TOKEN_USER and token)
 
 
 def check_range(got: RangeProcessed, first: int, last: int) -> None:

@@ -63,12 +63,16 @@ class EngineOptions:
             then committed once (fenced), dead-lettered, purged and acked on the driver as any
             batch. The remaining backlog is the partition's pending messages when the run
             started less those handled since. Not used under ``dead_letter_policy="halt"``,
-            when the backlog is over what ``max_messages`` still allows, or when the
-            connection's TLS context cannot be shipped to the executors (give the processor
-            ``read_options`` with ``tls_ca``). ``batch_max_msgs``/``batch_max_bytes`` do not
-            bound that batch: the driver holds its output rows. ``None`` (default): off
-            (bench/spark_read.py measures the crossover; on 2 local cores the driver read
-            wins at every size).
+            when the backlog is over what ``max_messages`` still allows, when the
+            connection uses TLS and the processor's ``read_options`` name no ``tls_ca``, or
+            when its credentials cannot be shipped to the executors (a connection neither made
+            by :meth:`ConnectOptions.connect
+            <cg_pipelines.jetstream.connect.ConnectOptions.connect>` nor run with its
+            ``ConnectOptions``, see :func:`~cg_pipelines.engine.runner.run_partition`, whose
+            credentials nats-py does not show: a creds file, an NKey seed).
+            ``batch_max_msgs``/``batch_max_bytes`` do not bound that batch: the driver holds
+            its output rows. ``None`` (default): off (bench/spark_read.py measures the
+            crossover; on 2 local cores the driver read wins at every size).
     """
 
     batch_max_msgs: int = 20_000

@@ -66,6 +66,7 @@ from cg_pipelines.engine.model import (
     with_partition_column,
 )
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
+from cg_pipelines.jetstream.connect import ConnectOptions
 
 __all__ = [
     "PRIORITY_GROUP",
@@ -96,6 +97,7 @@ async def run_partition(
     options: EngineOptions | None = None,
     *,
     hook: Hook | None = None,
+    connect: ConnectOptions | None = None,
 ) -> RunResult:
     """Drain one partition of an elastic group with lease-and-range (see module docstring).
 
@@ -106,6 +108,11 @@ async def run_partition(
         partition: 0 <= partition < max_members.
         processor: the processing step; sink: where effects commit, fenced.
         options: :class:`EngineOptions`; hook: step callback (fault injection, progress).
+        connect: the :class:`~cg_pipelines.jetstream.connect.ConnectOptions` ``nc`` was made
+            with, for the executor read (Spark executors connect with its servers, credentials
+            and files). Not needed when ``nc`` came from ``ConnectOptions.connect`` (the
+            library knows those); without it, a connection whose credentials nats-py does not
+            show (creds file, NKey seed) is read on the driver.
 
     Returns:
         A :class:`RunResult`; ``status`` says how the run ended. "Held by another instance",
@@ -127,6 +134,6 @@ async def run_partition(
     if partition < 0:
         raise ValueError(f"partition must be >= 0, got {partition}")
     ctx = RunContext(nc, stream, group, partition, processor, sink, options or EngineOptions(),
-                     hook)
+                     hook, connect=connect)
     lease = LeaseHolder(ctx, lease_consumer_name(partition))
     return await lease.guard(lease.ensure, Drain(ctx, lease).run)

@@ -32,6 +32,7 @@ import asyncio
 import logging
 import re
 import ssl
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -44,6 +45,7 @@ from cg_pipelines.core.errors import CgError
 
 __all__ = [
     "ConnectOptions",
+    "connect_options_of",
     "NatsAuthError",
     "NatsConnectError",
     "NatsTLSError",
@@ -289,6 +291,27 @@ class ConnectOptions:
         ``password`` would turn "user/password" into "user/***")."""
         return cls(message, server=self.display_servers, mode=self.auth_mode)
 
+    def spark_source_options(self) -> dict[str, str]:
+        """These options as options of the ``jetstream`` Spark data source
+        (:mod:`cg_pipelines.spark.datasource`): ``servers`` (as given, URL credentials
+        included), ``user``, ``password``, ``token``, ``creds`` (path), ``nkey_seed`` (path;
+        left out with ``creds``, as :meth:`connect` does), ``tls_ca``, ``tls_cert``,
+        ``tls_key`` (paths); only those that are set. Paths are passed as they are: whoever
+        connects with them (Spark executors) must see the same files there.
+
+        Holds secrets (password, token, URL credentials): never log it or put it in an
+        error.
+        """
+        out = {"servers": ",".join(self.server_list())}
+        for key, value in (("user", self.user), ("password", self.password),
+                           ("token", self.token), ("creds", self.creds),
+                           ("nkey_seed", None if self.creds else self.nkey_seed),
+                           ("tls_ca", self.tls_ca), ("tls_cert", self.tls_cert),
+                           ("tls_key", self.tls_key)):
+            if value:
+                out[key] = value
+        return out
+
     # -- checks before connecting -------------------------------------------------------------
 
     def tls_context(self) -> ssl.SSLContext | None:
@@ -493,7 +516,21 @@ class ConnectOptions:
         # (nats-py reads these options at each reconnect).
         nc.options["max_reconnect_attempts"] = self.reconnect_attempts
         nc.options["reconnect_time_wait"] = self.reconnect_wait_s
+        _MADE_WITH[nc] = self
         return nc
+
+
+_MADE_WITH: weakref.WeakKeyDictionary[Client, ConnectOptions] = weakref.WeakKeyDictionary()
+"""The options each live client made by :meth:`ConnectOptions.connect` was made with."""
+
+
+def connect_options_of(nc: Client) -> ConnectOptions | None:
+    """The :class:`ConnectOptions` whose :meth:`~ConnectOptions.connect` made ``nc``, or None
+    for a client made otherwise (e.g. ``nats.connect``). nats-py keeps the credentials files,
+    NKey seeds and callbacks a client was given on private attributes only; this is how the
+    library knows them for a connection it made (the engine ships them to Spark executors).
+    Holds secrets: never log it whole (its ``repr`` hides them)."""
+    return _MADE_WITH.get(nc)
 
 
 async def close_quietly(nc: Client) -> None:
