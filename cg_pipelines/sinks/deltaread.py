@@ -13,10 +13,10 @@ import threading
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
@@ -25,6 +25,12 @@ from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.storage import safe_uri, scrubbed, table_filesystem
+
+if TYPE_CHECKING:
+    # Annotations only: pyarrow.dataset imports pandas (~0.3 s together), which importing the
+    # sink (every load of a Dagster code location) need not pay; delta-rs'
+    # DeltaTable.to_pyarrow_dataset imports it when a read needs it.
+    import pyarrow.dataset as pads
 
 __all__ = ["DeltaTableAccess", "TableStats"]
 
