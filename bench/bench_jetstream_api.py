@@ -21,7 +21,7 @@ import nats
 from nats.js.api import ConsumerConfig, StreamConfig
 
 from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 
 
 async def publish(js, subject_fmt: str, n: int) -> None:

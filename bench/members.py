@@ -56,7 +56,7 @@ from cg_pipelines.jetstream.members import (  # noqa: E402
     elastic_consume,
     static_consume,
 )
-from cg_pipelines.testing.nats_server import NatsServer  # noqa: E402
+from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
 
 ACK_WAIT_S = 5.0
 EXPIRES_S = max(1.0, min(ACK_WAIT_S / 2, 5.0))  # what the member's pull loop uses

@@ -45,8 +45,8 @@ from cg_pipelines.engine.model import BatchContext  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
+from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
-from cg_pipelines.testing.nats_server import NatsServer  # noqa: E402
 
 DECODER = JsonDecoder([Field("device", "string", nullable=False),
                        Field("temp", "int", nullable=False),

@@ -59,7 +59,7 @@ from cg_pipelines.jetstream.rangeread import (  # noqa: E402
     read_range,
     reply_columns,
 )
-from cg_pipelines.testing.nats_server import NatsServer  # noqa: E402
+from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
 
 CARRIERS = ["AA", "AS", "B6", "DL", "EV", "F9", "FL", "HA", "MQ", "OO", "UA", "US", "VX", "WN",
             "YV", "9E"]

@@ -77,7 +77,7 @@ from cg_pipelines.dagster.assets import TICK_ERRORS, check_partitions  # noqa: E
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.jetstream.backlog import partition_backlog  # noqa: E402
-from cg_pipelines.testing.nats_server import NatsServer  # noqa: E402
+from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
 from tests.support import keyed  # noqa: E402
 
 CARRIERS = 4

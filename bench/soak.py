@@ -55,8 +55,8 @@ from cg_pipelines.dagster.history import WORKER_TAG  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.jetstream.backlog import partition_backlog  # noqa: E402
+from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
-from cg_pipelines.testing.nats_server import NatsServer  # noqa: E402
 from tests.support import keyed  # noqa: E402
 from tests.support.daemon import daemon, make_home, start_sensor  # noqa: E402
 

@@ -6,7 +6,7 @@
 
 Starts its own nats-server (temp store, random port; stopped at the end) and a Spark session
 (``--master``, default ``local[2]``; ``--cluster``: a standalone master with two 1-core workers
-on 127.0.0.1, :class:`~cg_pipelines.testing.spark_cluster.SparkStandaloneCluster`). Publishes
+on 127.0.0.1, :class:`~cg_pipelines.local.spark_cluster.SparkStandaloneCluster`). Publishes
 flights-like events (the fields of :data:`flights.data.DECODER` plus two descriptive strings,
 about 250 bytes) to ``flights.<carrier>.<tail>`` of an origin stream with an elastic group of 4
 partitions (partitioned on the tail number), so the work queue holds what a real one does
@@ -80,6 +80,7 @@ from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
 from cg_pipelines.jetstream.rangeread import read_range  # noqa: E402
+from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
 from cg_pipelines.spark.processor import (  # noqa: E402
     _DEAD,
@@ -90,7 +91,6 @@ from cg_pipelines.spark.processor import (  # noqa: E402
     read_range_with_spark,
 )
 from cg_pipelines.spark.session import get_spark, session_start_seconds, stop_spark  # noqa: E402
-from cg_pipelines.testing.nats_server import NatsServer  # noqa: E402
 from flights.data import DECODER, LEGS_SCHEMA, validate_subject  # noqa: E402
 from flights.legs import LEG_STATE, legs_transform  # noqa: E402
 
@@ -323,7 +323,7 @@ def main() -> None:
               f"{time.perf_counter() - t0:.1f} s")
         master = a.master
         if a.cluster:
-            from cg_pipelines.testing.spark_cluster import SparkStandaloneCluster
+            from cg_pipelines.local.spark_cluster import SparkStandaloneCluster
 
             cluster = SparkStandaloneCluster(workers=2, cores=1, memory="2g").start()
             master = cluster.master_url
