@@ -81,12 +81,13 @@ class SparkStarter:
 
     def _start(self) -> None:
         from cg_pipelines.spark.session import get_spark
-        from resources import _spark_conf
+        from resources import _spark_conf, class_archive
 
         t = time.monotonic()
         try:  # the settings the example's SparkResource asks for, so it reuses this session
             get_spark(self.master, app_name="cg_pipelines",
-                      conf=_spark_conf(os.environ.get("CG_SPARK_CONF", "")))
+                      conf=_spark_conf(os.environ.get("CG_SPARK_CONF", "")),
+                      class_archive=class_archive())
         except Exception as e:  # noqa: BLE001 - reported when the runs need the session
             self.error = e
         self.seconds = time.monotonic() - t

@@ -9,10 +9,11 @@ credential files ``NATS_NKEY`` (NKey seed), ``NATS_CREDS`` and ``NATS_KEY`` (TLS
 ``AWS_SECRET_ACCESS_KEY`` through ``EnvVar``); served members from ``CG_MEMBERS`` (comma
 separated; empty = all); the Spark master from ``CG_SPARK_MASTER`` (default ``local[2]``) or
 Spark Connect from ``CG_SPARK_REMOTE``, extra Spark settings from ``CG_SPARK_CONF``
-(``k=v,k=v``); ``CG_SPARK_KEEP=1`` keeps the SparkSession between
-in-process runs (the main job); ``CG_BATCH_MAX_MSGS`` sets the first messages per batch
-(default 20,000; 50,000 with ``CG_SPARK_REMOTE``) and ``CG_ADAPTIVE_MAX_MSGS`` the most a
-batch grows to (``0``: no growing).
+(``k=v,k=v``), the JVM class archive from ``CG_SPARK_CLASS_ARCHIVE`` (default
+``<state dir>/spark/classes.jsa``, which ``scripts/setup.sh`` builds); ``CG_SPARK_KEEP=1``
+keeps the SparkSession between in-process runs (the main job); ``CG_BATCH_MAX_MSGS`` sets the
+first messages per batch (default 20,000; 50,000 with ``CG_SPARK_REMOTE``) and
+``CG_ADAPTIVE_MAX_MSGS`` the most a batch grows to (``0``: no growing).
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ def state_dir() -> str:
     return os.environ.get("CG_STATE_DIR", ".state")
 
 
+def class_archive() -> str:
+    """The Spark JVM class archive: ``$CG_SPARK_CLASS_ARCHIVE`` or
+    ``<state dir>/spark/classes.jsa`` (used only if it exists)."""
+    return os.environ.get("CG_SPARK_CLASS_ARCHIVE") or os.path.join(state_dir(), "spark",
+                                                                     "classes.jsa")
+
+
 def build_resources() -> dict[str, object]:
     """Resources from the environment (see module docstring)."""
     root = os.environ.get("CG_WAREHOUSE", os.path.join(state_dir(), "warehouse"))
@@ -62,6 +70,7 @@ def build_resources() -> dict[str, object]:
         "spark": SparkResource(master=os.environ.get("CG_SPARK_MASTER", "local[2]"),
                                remote=os.environ.get("CG_SPARK_REMOTE") or None,
                                spark_config=_spark_conf(os.environ.get("CG_SPARK_CONF", "")),
+                               class_archive=class_archive(),
                                stop_on_teardown=os.environ.get("CG_SPARK_KEEP", "") != "1"),
         "warehouse": DeltaWarehouseResource(
             root=root,

@@ -18,7 +18,7 @@ from cg_pipelines.cli.admin import elastic, static, stream
 from cg_pipelines.cli.context import Ctx, add_command_connection_options, group_connection_options
 from cg_pipelines.cli.dev import demo, dev
 from cg_pipelines.cli.ops import OPS_COMMANDS
-from cg_pipelines.cli.spark import spark_connect
+from cg_pipelines.cli.spark import spark_archive, spark_connect
 from cg_pipelines.jetstream.connect import drop_ssl_eof_notice
 
 __all__ = ["main"]
@@ -39,6 +39,7 @@ for _group in (static, elastic, stream, *OPS_COMMANDS):
 main.add_command(dev)
 main.add_command(demo)
 main.add_command(spark_connect)
+main.add_command(spark_archive)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ __all__ = [
     "session_start_seconds",
     "stop_session",
     "stop_spark",
+    "warm_up",
     "warm_up_connect",
 ]
 
@@ -180,6 +181,7 @@ def get_spark(
     conf: dict[str, str] | None = None,
     *,
     remote: str | None = None,
+    class_archive: str | Path | None = None,
 ) -> SparkSession:
     """Return a SparkSession with these settings, starting it if needed.
 
@@ -190,6 +192,10 @@ def get_spark(
         remote: a Spark Connect URL (``"sc://host:15002"``): return a Connect client session
             (``SparkSession.builder.remote(...)``) instead; ``master`` is ignored and no JVM
             starts here. Needs pyspark's Connect client packages (``pyspark[connect]``).
+        class_archive: a JVM class-data-sharing archive
+            (:func:`~cg_pipelines.spark.classarchive.build_class_archive`, ``cg spark
+            archive``): a JVM started here maps Spark's classes from it (its options are added
+            to ``spark.driver.extraJavaOptions``); a missing file is logged and ignored.
 
     One classic session (one JVM) exists per process. When it is running with the same
     ``master`` and no conflicting static setting, it is reused and the runtime-modifiable keys
@@ -236,6 +242,7 @@ def get_spark(
             # Otherwise Spark resolves the host name, warns, and may bind a non-loopback address.
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = SparkSession.builder.master(master).appName(app_name)
+        merged.update(_archive_conf(merged, class_archive))
         for k, v in merged.items():
             builder = builder.config(k, v)
         t0 = time.perf_counter()
@@ -246,6 +253,21 @@ def get_spark(
         return spark
 
 
+def _archive_conf(conf: dict[str, str], archive: str | Path | None) -> dict[str, str]:
+    """``spark.driver.extraJavaOptions`` with the class archive's options added (the
+    configured options kept first), or nothing when there is no archive to use."""
+    if archive is None:
+        return {}
+    if not Path(archive).is_file():
+        _log.info("no Spark class archive at %s: the JVM starts without one (build it with "
+                  "`cg spark-archive`)", archive)
+        return {}
+    from cg_pipelines.spark.classarchive import class_archive_options
+
+    key = "spark.driver.extraJavaOptions"
+    return {key: f"{conf.get(key, '')} {class_archive_options(archive)}".strip()}
+
+
 def session_start_seconds() -> float | None:
     """Seconds the last :func:`get_spark` start took (JVM + session, or a Spark Connect
     client session with its imports), ``None`` if it never started one in this process (e.g.
@@ -254,11 +276,10 @@ def session_start_seconds() -> float | None:
 
 
 def warm_up_connect(remote: str, rounds: int = 3, rows: int = 40_000) -> list[float]:
-    """Run ``rounds`` jobs shaped like a partition run's on the Spark Connect server at
-    ``remote`` (``sc://host:port``): an Arrow table of ``rows`` rows uploaded, window
-    functions over a shuffle by key (row number, lag, running sum), the result downloaded as
-    Arrow. A fresh server's JVM takes several seconds for the first such job and a fraction
-    of that once its code is compiled; warming it at start keeps that off the first run.
+    """:func:`warm_up` on a session of the Spark Connect server at ``remote``
+    (``sc://host:port``), stopped afterwards. A fresh server's JVM takes several seconds for
+    the first job shaped like a run's and a fraction of that once its code is compiled;
+    warming it at start keeps that off the first run.
 
     Returns:
         Seconds per job.
@@ -266,40 +287,54 @@ def warm_up_connect(remote: str, rounds: int = 3, rows: int = 40_000) -> list[fl
     Raises:
         Whatever pyspark raises when the server cannot be reached or fails a job.
     """
+    spark = get_spark(remote=remote, app_name="cg_pipelines-warm-up")
+    try:
+        return warm_up(spark, rounds, rows)
+    finally:
+        stop_session(spark)
+
+
+def warm_up(spark: SparkSession, rounds: int = 3, rows: int = 40_000) -> list[float]:
+    """Run ``rounds`` jobs shaped like a partition run's on ``spark`` (classic or Connect): an
+    Arrow table of ``rows`` rows uploaded, window functions over a shuffle by key (row number,
+    lag, running sum), date arithmetic, the result downloaded as Arrow.
+
+    Returns:
+        Seconds per job.
+
+    Raises:
+        RuntimeError: a job returned the wrong number of rows; whatever pyspark raises.
+    """
     import pyarrow as pa
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    spark = get_spark(remote=remote, app_name="cg_pipelines-warm-up")
     took: list[float] = []
-    try:
-        n = max(1, rows)
-        table = pa.table({
-            "key": pa.array([f"k{i % 2_000}" for i in range(n)]),
-            "_seq": pa.array(range(n), pa.int64()),
-            "value": pa.array([i % 97 for i in range(n)], pa.int64()),
-            "name": pa.array([f"n{i % 31}" for i in range(n)]),
-        })
-        w = Window.partitionBy("key").orderBy("_seq")
-        upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        for _ in range(max(0, rounds)):
-            t0 = time.perf_counter()
-            df = spark.createDataFrame(table)
-            rn = F.row_number().over(w)
-            out = df.select(
-                "key", "_seq", rn.alias("rn"),
-                F.when(rn == 1, F.lit(None)).otherwise(F.lag("name").over(w)).alias("prev"),
-                (F.col("value") - F.lag("value").over(w)).cast("long").alias("delta"),
-                F.sum("value").over(upto).alias("running"),
-                F.datediff(F.make_date(F.lit(2013), (F.col("value") % 12 + 1).cast("int"),
-                                       F.lit(1)), F.lit("2013-01-01").cast("date"))
-                .alias("days"),
-            ).toArrow()
-            if out.num_rows != n:
-                raise RuntimeError(f"warm-up job returned {out.num_rows} rows of {n}")
-            took.append(time.perf_counter() - t0)
-    finally:
-        stop_session(spark)
+    n = max(1, rows)
+    table = pa.table({
+        "key": pa.array([f"k{i % 2_000}" for i in range(n)]),
+        "_seq": pa.array(range(n), pa.int64()),
+        "value": pa.array([i % 97 for i in range(n)], pa.int64()),
+        "name": pa.array([f"n{i % 31}" for i in range(n)]),
+    })
+    w = Window.partitionBy("key").orderBy("_seq")
+    upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    for _ in range(max(0, rounds)):
+        t0 = time.perf_counter()
+        df = spark.createDataFrame(table)
+        rn = F.row_number().over(w)
+        out = df.select(
+            "key", "_seq", rn.alias("rn"),
+            F.when(rn == 1, F.lit(None)).otherwise(F.lag("name").over(w)).alias("prev"),
+            (F.col("value") - F.lag("value").over(w)).cast("long").alias("delta"),
+            F.sum("value").over(upto).alias("running"),
+            F.datediff(F.make_date(F.lit(2013), (F.col("value") % 12 + 1).cast("int"),
+                                   F.lit(1)), F.lit("2013-01-01").cast("date"))
+            .alias("days"),
+        ).toArrow()
+        if out.num_rows != n:
+            raise RuntimeError(f"warm-up job returned {out.num_rows} rows of {n}")
+        took.append(time.perf_counter() - t0)
     return took
 
 
