@@ -56,6 +56,7 @@ def test_shared_session_configuration(spark) -> None:
     assert conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
     assert conf.get("spark.sql.shuffle.partitions") == "4"
     assert conf.get("spark.sql.execution.arrow.localRelationThreshold") == "0"
+    assert conf.get("spark.sql.optimizer.excludedRules").endswith(".ConvertToLocalRelation")
     assert conf.get("spark.sql.session.timeZone") == "UTC"
     assert spark.sparkContext.getConf().get("spark.ui.enabled") == "false"
     assert os.environ["PYSPARK_PYTHON"] == sys.executable
