@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from cg_pipelines.jetstream.connect import ConnectOptions
     from cg_pipelines.sinks.delta import DeltaSink
 
-__version__ = "0.2.0"
+from cg_pipelines.version import __version__
 
 _EXPORTS = {
     "JsonField": "cg_pipelines.core.decode",

@@ -158,9 +158,8 @@ def servers_tried(nc: Client) -> str:
     """Every server the client knows (its configured and discovered pool), as ``host:port``
     joined by ``", "`` (never credentials); the one it is connected to first."""
     out: list[str] = []
+    # ``servers``: the whole pool, configured and discovered (nats-py's public property)
     urls: list[ParseResult | None] = [nc.connected_url] if nc.connected_url is not None else []
-    for srv in getattr(nc, "_server_pool", None) or []:
-        urls.append(getattr(srv, "uri", None))
     urls.extend(nc.servers or [])
     for url in urls:
         if url is None:

@@ -66,12 +66,12 @@ import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from cg_pipelines import __version__
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.deltaread import DeltaTableAccess, TableStats
 from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
 from cg_pipelines.sinks.storage import mask_options, s3_options
+from cg_pipelines.version import __version__
 
 __all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "Merge", "TableStats"]
 
