@@ -30,17 +30,9 @@ import sys
 import time
 from pathlib import Path
 
+from cg_pipelines.spark.session import QUIET_CDS_OPTIONS, class_archive_options
+
 __all__ = ["QUIET_CDS_OPTIONS", "build_class_archive", "class_archive_options"]
-
-QUIET_CDS_OPTIONS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-"""JVM options that keep CDS's per-class warnings (e.g. "Skipping ...: Signed JAR") out of the
-driver's output."""
-
-
-def class_archive_options(path: str | Path) -> str:
-    """The driver JVM options that map the archive at ``path``
-    (``-XX:SharedArchiveFile=<path>`` and :data:`QUIET_CDS_OPTIONS`)."""
-    return f"-XX:SharedArchiveFile={Path(path).resolve()} {QUIET_CDS_OPTIONS}"
 
 
 def build_class_archive(path: str | Path, *, timeout_s: float = 600.0) -> float:

@@ -45,7 +45,9 @@ __all__ = [
     "DEFAULT_CONF",
     "LOOPBACK_CONF",
     "MIN_JAVA_VERSION",
+    "QUIET_CDS_OPTIONS",
     "JavaNotFoundError",
+    "class_archive_options",
     "find_java",
     "get_spark",
     "java_version",
@@ -259,6 +261,18 @@ def get_spark(
         return spark
 
 
+QUIET_CDS_OPTIONS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+"""JVM options that keep class-data sharing's per-class warnings (e.g. "Skipping ...: Signed
+JAR") out of the driver's output."""
+
+
+def class_archive_options(path: str | Path) -> str:
+    """The driver JVM options that map the class archive at ``path``
+    (``-XX:SharedArchiveFile=<path>`` and :data:`QUIET_CDS_OPTIONS`; the archive:
+    :mod:`cg_pipelines.spark.classarchive`)."""
+    return f"-XX:SharedArchiveFile={Path(path).resolve()} {QUIET_CDS_OPTIONS}"
+
+
 def _archive_conf(conf: dict[str, str], archive: str | Path | None) -> dict[str, str]:
     """``spark.driver.extraJavaOptions`` with the class archive's options added (the
     configured options kept first), or nothing when there is no archive to use."""
@@ -268,8 +282,6 @@ def _archive_conf(conf: dict[str, str], archive: str | Path | None) -> dict[str,
         _log.info("no Spark class archive at %s: the JVM starts without one (build it with "
                   "`cg spark-archive`)", archive)
         return {}
-    from cg_pipelines.spark.classarchive import class_archive_options
-
     key = "spark.driver.extraJavaOptions"
     return {key: f"{conf.get(key, '')} {class_archive_options(archive)}".strip()}
 

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 from cg_pipelines.spark import session as sess
-from cg_pipelines.spark.classarchive import QUIET_CDS_OPTIONS
+from cg_pipelines.spark.session import QUIET_CDS_OPTIONS
 
 CG = Path(sys.executable).with_name("cg")
 KEY = "spark.driver.extraJavaOptions"
