@@ -18,7 +18,8 @@ same names for readers, IDEs and type checkers. ``Field`` is a deprecated alias 
 
 Subpackages: ``core`` (pure logic), ``jetstream`` (NATS adapters, admin, streaming members),
 ``engine``, ``sinks``, ``spark`` (extra ``spark``), ``dagster`` (extra ``dagster``), ``cli``
-(the ``cg`` command), ``testing`` (extra ``testing``).
+(the ``cg`` command), ``local`` (local nats-server and Spark processes for development),
+``testing`` (extra ``testing``: real servers and pytest fixtures for tests).
 """
 
 from __future__ import annotations
