@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,8 @@ class RunTiming:
     log line), ``engine_s`` (the engine's run, from its connect to its last ack: the
     materialization's ``seconds``), ``work_s`` (the engine's work on the messages: read,
     process, commit; see :data:`WORK_TIMINGS`), ``engine_end`` (its summary log line),
-    ``batches`` (commits).
+    ``batches`` (commits), ``timings`` (the engine's seconds by step: ``read``, ``process``,
+    ``commit``...).
     """
 
     partition: str
@@ -64,6 +65,7 @@ class RunTiming:
     engine_end: float = 0.0
     batches: int = 0
     error: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -225,6 +227,7 @@ def run_queued(root: Path, home: Path, env: dict[str, str], partitions: list[str
                     engine_s=float(md.get("seconds", 0.0) or 0.0),
                     work_s=sum(float(timings.get(k, 0.0)) for k in WORK_TIMINGS),
                     engine_end=ev.get("engine_end", 0.0), batches=int(md.get("commits", 0)),
+                    timings={k: float(v) for k, v in timings.items()},
                     error=str(ev.get("error", "")) if r.dagster_run.status.value != "SUCCESS"
                     else ""))
         return QueuedResult(sorted(runs, key=lambda t: t.start))

@@ -388,7 +388,8 @@ def _run_queued(home: Path, concurrency: int) -> tuple[int, int]:
         click.echo(f"  {r.partition}: {r.status}, {r.messages:,} messages in {r.batches} "
                    f"batch(es), launched {(r.launched or r.start) - t0:5.1f} s, "
                    f"{r.start - t0:5.1f} .. {r.end - t0:5.1f} s; run {r.run_s:.1f} s = work "
-                   f"{r.work_s:.1f} s + fixed {r.fixed_s:.1f} s"
+                   f"{r.work_s:.1f} s + fixed {r.fixed_s:.1f} s ("
+                   + ", ".join(f"{k} {v:.2f}" for k, v in r.timings.items()) + ")"
                    + (f"; error: {r.error}" if r.error else ""))
     click.echo(f"concurrency {concurrency}: {res.aggregate:,.0f} msg/s aggregate "
                f"({res.messages:,} messages in {res.window_s:.1f} s)")
