@@ -46,13 +46,13 @@ from typing import TypeVar
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.gojson import (
     GoField,
+    GoObject,
     JsonObject,
     RawJson,
     encode_fields,
     go_json,
     is_int,
     load_object,
-    merge_fields,
     nested_unknown,
 )
 from cg_pipelines.core.membership import (
@@ -100,7 +100,7 @@ def work_queue_stream_name(stream: str, group: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class PartitioningFilter:
+class PartitioningFilter(GoObject):
     """An elastic group's subject filter and the 1-based ``*`` indexes hashed into the key.
 
     ``PartitioningFilter("flights.*.*", (2,))`` partitions ``flights.<carrier>.<tailnum>`` on the
@@ -117,16 +117,6 @@ class PartitioningFilter:
         return [("filter", self.filter, True, self.filter),
                 ("partitioning_wildcards", self.partitioning_wildcards, True,
                  list(self.partitioning_wildcards) or None)]
-
-    def to_dict(self) -> JsonObject:
-        """The JSON object (what was read kept for unchanged fields, see
-        :mod:`cg_pipelines.core.gojson`)."""
-        return merge_fields(self._go(), self._raw)
-
-    @property
-    def unknown_fields(self) -> JsonObject:
-        """Fields of the JSON read that the reference v0.2.1 does not have."""
-        return self._raw.unknown() if self._raw else {}
 
     @classmethod
     def from_dict(cls, d: object) -> PartitioningFilter:

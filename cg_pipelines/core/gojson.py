@@ -102,6 +102,27 @@ class HasUnknownFields(Protocol):
     def unknown_fields(self) -> JsonObject: ...
 
 
+class GoObject:
+    """Base of a config part read from and written back to reference JSON (a mapping, a
+    partitioning filter): the subclass lists its Go fields in ``_go()`` and keeps what was
+    read in ``_raw``; this gives the JSON object to write and the unknown fields read."""
+
+    __slots__ = ()
+    _raw: RawJson | None
+
+    def _go(self) -> list[GoField]:
+        raise NotImplementedError
+
+    def to_dict(self) -> JsonObject:
+        """The JSON object (what was read kept for unchanged fields, see :func:`merge_fields`)."""
+        return merge_fields(self._go(), self._raw)
+
+    @property
+    def unknown_fields(self) -> JsonObject:
+        """Fields of the JSON read that the reference v0.2.1 does not have."""
+        return self._raw.unknown() if self._raw else {}
+
+
 def _unchanged(go: Sequence[GoField], raw: RawJson) -> bool:
     return all(name in raw.parsed and raw.parsed[name] == value for name, value, _, _ in go)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cg_pipelines.core.errors import ConfigError
-from cg_pipelines.core.gojson import GoField, JsonObject, RawJson, is_int, merge_fields
+from cg_pipelines.core.gojson import GoField, GoObject, RawJson, is_int
 from cg_pipelines.core.subjects import name_error
 
 MAX_MEMBERS = 4096
@@ -40,7 +40,7 @@ bind: the reference stores ``max_members`` as a Go ``uint`` (its JSON decoding r
 
 
 @dataclass(frozen=True, slots=True)
-class MemberMapping:
+class MemberMapping(GoObject):
     """One member's explicitly assigned partitions (``{"member": str, "partitions": [int]}``)."""
 
     member: str
@@ -50,16 +50,6 @@ class MemberMapping:
     def _go(self) -> list[GoField]:
         return [("member", self.member, True, self.member),
                 ("partitions", self.partitions, True, list(self.partitions) or None)]
-
-    def to_dict(self) -> JsonObject:
-        """The JSON object (what was read kept for unchanged fields, see
-        :mod:`cg_pipelines.core.gojson`)."""
-        return merge_fields(self._go(), self._raw)
-
-    @property
-    def unknown_fields(self) -> JsonObject:
-        """Fields of the JSON read that the reference v0.2.1 does not have."""
-        return self._raw.unknown() if self._raw else {}
 
     @classmethod
     def from_dict(cls, d: object) -> MemberMapping:
