@@ -10,7 +10,9 @@ credential files ``NATS_NKEY`` (NKey seed), ``NATS_CREDS`` and ``NATS_KEY`` (TLS
 separated; empty = all); the Spark master from ``CG_SPARK_MASTER`` (default ``local[2]``) or
 Spark Connect from ``CG_SPARK_REMOTE``, extra Spark settings from ``CG_SPARK_CONF``
 (``k=v,k=v``), the JVM class archive from ``CG_SPARK_CLASS_ARCHIVE`` (default
-``<state dir>/spark/classes.jsa``, which ``scripts/setup.sh`` builds); ``CG_SPARK_KEEP=1``
+``<state dir>/spark/classes.jsa``, which ``scripts/setup.sh`` builds), the window in which
+runs of one partition share a Spark Connect server session from ``CG_SPARK_SESSION_REUSE_S``
+(seconds, default 1800; ``0``: a fresh session per run); ``CG_SPARK_KEEP=1``
 keeps the SparkSession between in-process runs (the main job); ``CG_BATCH_MAX_MSGS`` sets the
 first messages per batch (default 20,000; 50,000 with ``CG_SPARK_REMOTE``) and
 ``CG_ADAPTIVE_MAX_MSGS`` the most a batch grows to (``0``: no growing).
@@ -71,6 +73,8 @@ def build_resources() -> dict[str, object]:
                                remote=os.environ.get("CG_SPARK_REMOTE") or None,
                                spark_config=_spark_conf(os.environ.get("CG_SPARK_CONF", "")),
                                class_archive=class_archive(),
+                               session_reuse_s=float(os.environ.get("CG_SPARK_SESSION_REUSE_S",
+                                                                    "1800")),
                                stop_on_teardown=os.environ.get("CG_SPARK_KEEP", "") != "1"),
         "warehouse": DeltaWarehouseResource(
             root=root,

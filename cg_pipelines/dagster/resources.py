@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -135,6 +136,17 @@ class SparkResource(ConfigurableResource):
       ignored. It needs the ``pyspark[connect]`` client packages (``grpcio``, ...).
     * Teardown stops only a session this resource made, with the API of its kind, when
       ``stop_on_teardown`` (a process that runs many runs in-process can keep it).
+    * ``session_reuse_s`` (Spark Connect): the runs of one job, asset selection and partition
+      key share one server-side session per window of that many seconds
+      (:func:`cg_pipelines.core.sessionid.shared_session_id`), so the server keeps their
+      transform's compiled code: measured with the example's legs transform (40,000 rows), a
+      run's Spark job 0.5-0.8 s and ~0.9 server CPU-s instead of 1.0-1.3 s and ~1.9. Such runs
+      never overlap (the partition's lease), but they do see what earlier ones left in the
+      session: temporary views (use ``createOrReplaceTempView``) and settings. Teardown then
+      closes the connection without releasing the session; the server drops it after its
+      idle timeout (``spark.connect.session.manager.defaultSessionTimeout``, 60 min by
+      default), which ``session_reuse_s`` must stay below. A run without a partition key gets
+      a fresh session, as with 0 (the default).
 
     Defaults applied before ``spark_config``:
     :data:`cg_pipelines.spark.session.DEFAULT_CONF` (Arrow on, UTC, few shuffle partitions).
@@ -155,7 +167,14 @@ class SparkResource(ConfigurableResource):
         "one): a local Spark JVM started by a run maps Spark's classes from it and starts "
         "faster; a missing file is ignored; unused with remote.")
 
+    session_reuse_s: float = Field(
+        0.0, ge=0.0, description="Spark Connect only: seconds of the window in which the runs of "
+        "one job, asset selection and partition key share a server-side session (its compiled "
+        "code stays warm); below the server's idle timeout (60 min by default). 0: a fresh "
+        "session per run, released at its end.")
+
     _session: Any = PrivateAttr(default=None)
+    _shared_id: str | None = PrivateAttr(default=None)
 
     @property
     def spark_session(self) -> SparkSession:
@@ -170,10 +189,30 @@ class SparkResource(ConfigurableResource):
 
             conf = {k: str(v) for k, v in self.spark_config.items()}
             t0 = time.monotonic()
+            self._shared_id = self._run_session_id()
             self._session = get_spark(self.master, app_name=self.app_name, conf=conf,
-                                      remote=self.remote, class_archive=self.class_archive)
+                                      remote=self.remote, class_archive=self.class_archive,
+                                      session_id=self._shared_id)
             self._log_session(time.monotonic() - t0)
         return self._session
+
+    def _run_session_id(self) -> str | None:
+        """The shared server-side session id of this run (``session_reuse_s``), or None for a
+        fresh session (no ``remote``, reuse off, no run or no partition key)."""
+        if not self.remote or self.session_reuse_s <= 0:
+            return None
+        try:
+            run = self.get_resource_context().dagster_run
+        except Exception:  # noqa: BLE001 - used outside a run (no resource context)
+            return None
+        partition = run.tags.get("dagster/partition") if run is not None else None
+        if run is None or partition is None:
+            return None
+        from cg_pipelines.core.sessionid import shared_session_id
+
+        assets = sorted(k.to_user_string() for k in (run.asset_selection or ()))
+        key = json.dumps([self.remote, self.app_name, run.job_name, assets, partition])
+        return shared_session_id(key, self.session_reuse_s, time.time())
 
     def _log_session(self, seconds: float) -> None:
         """One run log line: which session, and the seconds it took here (a reused classic
@@ -184,14 +223,18 @@ class SparkResource(ConfigurableResource):
             return
         if log is not None:
             kind = f"Spark Connect {self.remote}" if self.remote else f"master {self.master}"
+            if self._shared_id is not None:
+                kind += (f", server session {self._shared_id} shared by this job's runs of "
+                         f"the partition for up to {self.session_reuse_s:g} s")
             log.info(f"Spark session ({kind}) ready in {seconds:.2f} s")
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         session, self._session = self._session, None
+        shared, self._shared_id = self._shared_id, None
         if session is not None and self.stop_on_teardown:
             from cg_pipelines.spark.session import stop_session
 
-            stop_session(session)
+            stop_session(session, release=shared is None)
 
 
 def _flat_conf(conf: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

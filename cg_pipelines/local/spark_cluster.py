@@ -33,7 +33,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["SparkConnectServer", "SparkStandaloneCluster", "spark_home", "stop_pid"]
+__all__ = ["CONNECT_SERVER_CONF", "SparkConnectServer", "SparkStandaloneCluster", "spark_home",
+           "stop_pid"]
 
 
 def spark_home() -> Path:
@@ -230,6 +231,14 @@ class SparkStandaloneCluster:
             self._tmp.cleanup()
 
 
+CONNECT_SERVER_CONF: dict[str, str] = {"spark.sql.codegen.cache.maxEntries": "2000"}
+"""Server settings :class:`SparkConnectServer` starts with (its ``conf`` wins): room in Spark's
+code-generation cache for the sessions that partition runs share
+(``SparkResource(session_reuse_s=...)``): the cache is keyed by session, and Spark's default
+of 100 entries holds the compiled code of about three sessions of the example's legs
+transform (33 classes each)."""
+
+
 class SparkConnectServer:
     """A Spark Connect server (``sc://127.0.0.1:<port>``) running a ``local[N]`` Spark, from the
     pip pyspark package (its ``spark-connect`` jar). Clients need ``pyspark[connect]``'s
@@ -275,7 +284,7 @@ class SparkConnectServer:
                 "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1",
-                "spark.ui.showConsoleProgress": "false", **self.conf}
+                "spark.ui.showConsoleProgress": "false", **CONNECT_SERVER_CONF, **self.conf}
         args = ["org.apache.spark.deploy.SparkSubmit", "--master", self.master,
                 "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
         if self.driver_memory:

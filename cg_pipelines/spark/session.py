@@ -56,6 +56,7 @@ __all__ = [
     "stop_spark",
     "warm_up",
     "warm_up_connect",
+    "with_session_id",
 ]
 
 MIN_JAVA_VERSION = 17
@@ -190,6 +191,7 @@ def get_spark(
     *,
     remote: str | None = None,
     class_archive: str | Path | None = None,
+    session_id: str | None = None,
 ) -> SparkSession:
     """Return a SparkSession with these settings, starting it if needed.
 
@@ -204,6 +206,11 @@ def get_spark(
             (:func:`~cg_pipelines.spark.classarchive.build_class_archive`, ``cg spark
             archive``): a JVM started here maps Spark's classes from it (its options are added
             to ``spark.driver.extraJavaOptions``); a missing file is logged and ignored.
+        session_id: with ``remote``, the server-side session to use (a UUID string, e.g.
+            :func:`cg_pipelines.core.sessionid.shared_session_id`): a session of that id that
+            the server still holds is joined (with its compiled code, temporary views and
+            settings), else the server makes it. An id the server closed (released, or idle
+            past its timeout) cannot be used again: a fresh session is made instead (logged).
 
     One classic session (one JVM) exists per process. When it is running with the same
     ``master`` and no conflicting static setting, it is reused and the runtime-modifiable keys
@@ -221,11 +228,15 @@ def get_spark(
     merged = {**DEFAULT_CONF, **(LOOPBACK_CONF if _on_loopback(master) else {}), **(conf or {})}
     if remote is not None:
         t0 = time.perf_counter()
-        builder = SparkSession.builder.remote(remote).appName(app_name)
-        for k, v in merged.items():
-            if k.startswith("spark.sql."):  # Connect sessions take runtime settings only
-                builder = builder.config(k, v)
-        session = builder.getOrCreate()
+        try:
+            session = _connect_session(remote, app_name, merged, session_id)
+        except Exception as e:
+            if session_id is None or _condition(e) != "INVALID_HANDLE.SESSION_CLOSED":
+                raise
+            _log.warning("Spark Connect session %s was closed by the server: using a fresh "
+                         "session", session_id)
+            _forget_failed_connect_session()
+            session = _connect_session(remote, app_name, merged, None)
         _START_SECONDS = time.perf_counter() - t0
         _log.info("Spark Connect session on %s in %.2f s", remote, _START_SECONDS)
         return session
@@ -259,6 +270,44 @@ def get_spark(
         _START_SECONDS = time.perf_counter() - t0
         _SESSION = spark
         return spark
+
+
+def _connect_session(remote: str, app_name: str, conf: dict[str, str],
+                     session_id: str | None) -> SparkSession:
+    url = remote if session_id is None else with_session_id(remote, session_id)
+    builder = SparkSession.builder.remote(url).appName(app_name)
+    for k, v in conf.items():
+        if k.startswith("spark.sql."):  # Connect sessions take runtime settings only
+            builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
+def _forget_failed_connect_session() -> None:
+    """Close the client of a Connect session whose settings the server refused (pyspark made
+    it the process's active session before applying them), without releasing its id."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    broken = ConnectSession.getActiveSession()
+    if broken is not None:
+        stop_session(broken, release=False)
+
+
+def _condition(e: BaseException) -> str | None:
+    """A pyspark error's condition (``INVALID_HANDLE.SESSION_CLOSED`` ...), or None."""
+    get = getattr(e, "getCondition", None)
+    try:
+        return get() if callable(get) else None
+    except Exception:  # noqa: BLE001 - not a pyspark error after all
+        return None
+
+
+def with_session_id(remote: str, session_id: str) -> str:
+    """The Spark Connect URL ``remote`` with its ``session_id`` parameter set to
+    ``session_id`` (parameters follow ``/;`` and are ``;``-separated: ``sc://host:port/;
+    token=...;session_id=...``; an existing ``session_id`` is replaced)."""
+    base, _, params = remote.partition("/;")
+    kept = [p for p in params.split(";") if p and not p.startswith("session_id=")]
+    return f"{base.rstrip('/')}/;" + ";".join([*kept, f"session_id={session_id}"])
 
 
 QUIET_CDS_OPTIONS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -356,9 +405,11 @@ def warm_up(spark: SparkSession, rounds: int = 3, rows: int = 40_000) -> list[fl
     return took
 
 
-def stop_session(session: object) -> None:
+def stop_session(session: object, *, release: bool = True) -> None:
     """Stop ``session``, classic or Spark Connect, with its own API (idempotent; errors of an
-    already-gone Connect server are ignored)."""
+    already-gone Connect server are ignored). ``release=False`` closes a Spark Connect
+    client's connection but leaves its server-side session to other clients of the same
+    session id (the server drops it after its idle timeout); a classic session ignores it."""
     global _SESSION
     if isinstance(session, SparkSession):
         with _LOCK:
@@ -367,6 +418,8 @@ def stop_session(session: object) -> None:
             if session.sparkContext._jsc is not None:
                 session.stop()
         return
+    if not release and hasattr(session, "release_session_on_close"):
+        session.release_session_on_close = False  # pyspark: stop() then only closes the channel
     try:
         session.stop()  # type: ignore[attr-defined]
     except Exception as e:  # noqa: BLE001 - the Connect server may be gone already

@@ -71,3 +71,75 @@ def test_spark_connect_remote(connect_server: SparkConnectServer) -> None:
     assert "kind pyspark.sql.connect.session" in out, out
     assert "sum [{'k': 'a', 'sum(v)': 4}, {'k': 'b', 'sum(v)': 2}]" in out, out
     assert "errors []" in out, out
+
+
+_REUSE_CHILD = """
+    import json, logging, io
+    buf = io.StringIO()
+    logging.basicConfig(stream=buf, level=logging.WARNING)
+    from dagster import StaticPartitionsDefinition, asset, materialize
+    from pyspark.sql import SparkSession
+    from cg_pipelines.dagster import SparkResource
+    from cg_pipelines.spark.session import stop_session, with_session_id
+
+    URL = {url!r}
+    seen = []
+
+    @asset(partitions_def=StaticPartitionsDefinition(["p0", "p1"]))
+    def thing(context, spark: SparkResource) -> None:
+        s = spark.spark_session
+        views = sorted(t.name for t in s.catalog.listTables() if t.isTemporary)
+        s.createDataFrame([(context.partition_key,)], "p string").createOrReplaceTempView("last")
+        seen.append([context.partition_key, s.session_id, views])
+
+    def views_of(session_id):
+        s = SparkSession.builder.remote(with_session_id(URL, session_id)).create()
+        try:
+            return sorted(t.name for t in s.catalog.listTables() if t.isTemporary)
+        except Exception as e:
+            return getattr(e, "getCondition", lambda: type(e).__name__)()
+        finally:
+            s.release_session_on_close = False
+            s.stop()
+
+    out = {{}}
+    for reuse in (600.0, 0.0):
+        seen.clear()
+        res = SparkResource(remote=URL, session_reuse_s=reuse)
+        for p in ("p0", "p0", "p1"):
+            assert materialize([thing], partition_key=p, resources={{"spark": res}}).success
+        out[str(reuse)] = {{"seen": [list(x) for x in seen], "after": views_of(seen[0][1])}}
+    # the shared session closed by someone: the next run falls back to a fresh session
+    shared = out["600.0"]["seen"][0][1]
+    stop_session(SparkSession.builder.remote(with_session_id(URL, shared)).create())
+    seen.clear()
+    res = SparkResource(remote=URL, session_reuse_s=600.0)
+    assert materialize([thing], partition_key="p0", resources={{"spark": res}}).success
+    out["fallback"] = [list(x) for x in seen]
+    out["warnings"] = [ln for ln in buf.getvalue().splitlines() if "closed by the server" in ln]
+    print("RESULT", json.dumps(out))
+"""
+
+
+def test_spark_connect_session_reuse(connect_server: SparkConnectServer) -> None:
+    """``session_reuse_s``: the runs of one job and partition share one server-side session
+    (what a run leaves in it, a temporary view, is there in the next run of the partition,
+    and the session outlives the run), another partition gets its own; with 0 each run has a
+    fresh session, released at its end; a shared session the server closed is replaced by a
+    fresh one, with a warning."""
+    out = _child(_REUSE_CHILD.format(url=connect_server.url))
+    import json
+
+    res = json.loads(out.split("RESULT ", 1)[1])
+    (p0a, id0a, v0a), (p0b, id0b, v0b), (p1, id1, v1) = res["600.0"]["seen"]
+    assert (p0a, p0b, p1) == ("p0", "p0", "p1")
+    assert id0a == id0b != id1
+    assert (v0a, v0b, v1) == ([], ["last"], [])
+    assert res["600.0"]["after"] == ["last"]  # not released: the view is still there
+    ids = [x[1] for x in res["0.0"]["seen"]]
+    assert len(set(ids)) == 3 and not {*ids} & {id0a, id1}
+    assert [x[2] for x in res["0.0"]["seen"]] == [[], [], []]
+    assert res["0.0"]["after"] == "INVALID_HANDLE.SESSION_CLOSED"  # released at the run's end
+    [(p, fresh, views)] = res["fallback"]
+    assert p == "p0" and fresh != id0a and views == []
+    assert len(res["warnings"]) == 1, res["warnings"]
