@@ -24,6 +24,7 @@ from cg_pipelines.local.nats_server import (
     server_version,
 )
 from cg_pipelines.local.spark_cluster import (
+    CONNECT_SERVER_CONF,
     SparkConnectServer,
     SparkStandaloneCluster,
     spark_home,
@@ -31,6 +32,7 @@ from cg_pipelines.local.spark_cluster import (
 )
 
 __all__ = [
+    "CONNECT_SERVER_CONF",
     "MIN_NATS_SERVER_VERSION",
     "NatsServer",
     "NatsServerError",

@@ -17,7 +17,11 @@ session's uploaded batch is always a local relation) — measured on the example
 transform, 40,000 rows on ``local[2]``, 2 cores: a classic session's batch 1.15-1.43 s and
 1.7-2.0 JVM CPU-seconds become 0.71-0.84 s and 1.0-1.3, a Connect session's 1.26-1.44 s and
 1.7-2.2 become 0.63-0.84 s and 0.9-1.2; no difference at 200 or 2,000 rows (a ``conf``
-giving ``spark.sql.optimizer.excludedRules`` replaces this value: keep the rule in it), UI off,
+giving ``spark.sql.optimizer.excludedRules`` replaces this value: keep the rule in it),
+adaptive query execution off (``spark.sql.adaptive.enabled``: at a few shuffle partitions
+there is nothing for it to coalesce, and re-planning each stage costs a run-sized job time:
+the legs transform on a Connect session that compiled it before, 0.63 -> 0.57 s and 1.04 ->
+0.95 JVM CPU-s, medians of 10; on a classic session 0.90 -> 0.82 s), UI off,
 session time zone UTC, log level WARN; the driver bound to 127.0.0.1 for local and loopback
 masters (:data:`LOOPBACK_CONF`).
 
@@ -68,6 +72,7 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.localRelationThreshold": "0",
     "spark.sql.optimizer.excludedRules":
         "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation",
+    "spark.sql.adaptive.enabled": "false",
     "spark.default.parallelism": "4",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
