@@ -205,8 +205,7 @@ class SparkResource(ConfigurableResource):
             run = self.get_resource_context().dagster_run
         except Exception:  # noqa: BLE001 - used outside a run (no resource context)
             return None
-        partition = run.tags.get("dagster/partition") if run is not None else None
-        if run is None or partition is None:
+        if run is None or (partition := run.tags.get("dagster/partition")) is None:
             return None
         from cg_pipelines.core.sessionid import shared_session_id
 

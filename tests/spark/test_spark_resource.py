@@ -5,6 +5,7 @@ without errors. Each case runs in a child interpreter (one JVM per process)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -128,8 +129,6 @@ def test_spark_connect_session_reuse(connect_server: SparkConnectServer) -> None
     fresh session, released at its end; a shared session the server closed is replaced by a
     fresh one, with a warning."""
     out = _child(_REUSE_CHILD.format(url=connect_server.url))
-    import json
-
     res = json.loads(out.split("RESULT ", 1)[1])
     (p0a, id0a, v0a), (p0b, id0b, v0b), (p1, id1, v1) = res["600.0"]["seen"]
     assert (p0a, p0b, p1) == ("p0", "p0", "p1")
