@@ -8,7 +8,9 @@ message accounted for."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from nats.aio.client import Client
@@ -16,6 +18,7 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.engine.deadletter import dlq_stream_name, ensure_dlq_stream
+from cg_pipelines.engine.lease import lease_consumer_name, pinned_id
 from cg_pipelines.engine.model import RunResult
 from cg_pipelines.engine.runner import EngineOptions, run_partition
 from cg_pipelines.jetstream.api import JetStreamAPI
@@ -55,13 +58,33 @@ async def test_engine_survives_step_downs_and_leader_kill(
     errors: list[str] = []
     faults_done = asyncio.Event()
 
-    def hook(step: str, info: dict) -> None:
-        if step == "committed":
-            commits["n"] += 1
+    last_step: dict[int, str] = {}
+
+    def hook_for(p: int) -> Callable[[str, dict], None]:
+        def hook(step: str, info: dict) -> None:
+            last_step[p] = f"{step} at {time.monotonic() - t0:.1f} s"
+            if step == "committed":
+                commits["n"] += 1
+        return hook
+
+    async def state() -> str:
+        """What the runs and the lease consumers looked like, for a timeout's message."""
+        lines = [f"last step per partition: {last_step}", f"errors: {errors[-8:]}"]
+        lines += [f"  {r.partition}: {r.status} {r.processed} {r.detail}" for r in results[-8:]]
+        for p in range(P):
+            with contextlib.suppress(Exception):
+                i = await api.consumer_info(wq, lease_consumer_name(p))
+                lines.append(f"  partition-{p}: pending {i.get('num_pending')}, ack pending "
+                             f"{i.get('num_ack_pending')}, pinned {pinned_id(i)}, "
+                             f"cluster {i.get('cluster')}")
+        return "\n".join(lines)
 
     async def after_commits(k: int) -> None:
         target = commits["n"] + k
-        await wait_for(lambda: commits["n"] >= target, 60, f"{k} more commits")
+        try:
+            await wait_for(lambda: commits["n"] >= target, 60, f"{k} more commits")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{await state()}") from None
 
     async def inject() -> None:
         try:
@@ -79,6 +102,9 @@ async def test_engine_survives_step_downs_and_leader_kill(
             await nats_cluster.wait_healthy(60)
             faults.append(f"restart of {nats_cluster.server_name(killed)}")
             await keyed.publish(cjs, stream, second)
+            # A run that finds the partition empty ends its loop only once everything
+            # published is in the work queue (sourcing is asynchronous).
+            await checks.wait_sourced(api, stream, len(evs) + len(BAD))
         finally:
             faults_done.set()
 
@@ -87,7 +113,7 @@ async def test_engine_survives_step_downs_and_leader_kill(
             done_before = faults_done.is_set()
             try:
                 r = await run_partition(cnc, stream, "g", p, keyed.processor(), sink, OPTIONS,
-                                        hook=hook)
+                                        hook=hook_for(p))
             except Exception as e:  # noqa: BLE001 - a failed run is retried, as Dagster would
                 errors.append(f"partition {p}: {type(e).__name__}: {e}")
                 await asyncio.sleep(0.5)
@@ -99,11 +125,11 @@ async def test_engine_survives_step_downs_and_leader_kill(
                 await asyncio.sleep(0.1)
 
     await asyncio.wait_for(asyncio.gather(inject(), *(drive(p) for p in range(P))), 150)
-    await checks.wait_sourced(api, stream, len(evs) + len(BAD))
-    # The queue is drained once the last publish is sourced: a final pass finds nothing.
+    # Each loop ended on an empty run that started after the last publish was sourced: a
+    # final pass finds nothing.
     for p in range(P):
         r = await run_partition(cnc, stream, "g", p, keyed.processor(), sink, OPTIONS)
-        assert r.status == "empty", r
+        assert r.status == "empty", f"{r}\n{await state()}"
 
     got = checks.effects(sink.read(), evs)
     report.append(f"cluster engine: {len(results)} runs, {commits['n']} commits, faults: "
