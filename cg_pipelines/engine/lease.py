@@ -43,7 +43,6 @@ from cg_pipelines.engine.options import EngineConfigError, EngineOptions
 from cg_pipelines.jetstream.api import JetStreamAPI, PullResult, consumer_config
 from cg_pipelines.jetstream.errors import (
     ConsumerAlreadyExistsError,
-    JetStreamUnavailableError,
     RequestTimeoutError,
     WorkQueueConsumerNotUniqueError,
 )
@@ -198,13 +197,15 @@ class LeaseHolder:
 
     async def pull(self, step: str, **kw: Any) -> PullResult:
         """A pull request, retried while NATS is unreachable. A pull the server never
-        answered (no message, no status) or answered 503 counts as unreachable."""
+        answered (no message, no status) counts as unreachable, and so does one it answered
+        with :attr:`~cg_pipelines.jetstream.api.PullResult.unavailable` (503, or 409
+        ``Leadership Change`` when the consumer's leader moved while the pull waited)."""
         ctx = self.ctx
 
         async def once() -> PullResult:
             got = await ctx.api.pull(ctx.wq, self.cname, **kw)
-            if not got.messages and got.status == 503:
-                raise JetStreamUnavailableError(503, 0, got.description)
+            if got.unavailable:
+                got.raise_for_status()
             if not got.messages and got.status is None:
                 raise RequestTimeoutError(f"pull {ctx.wq} > {self.cname}",
                                           float(kw.get("expires_s") or 0) + ctx.opt.timeout_s)

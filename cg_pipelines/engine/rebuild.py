@@ -68,7 +68,7 @@ from cg_pipelines.engine.model import (
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream import admin
-from cg_pipelines.jetstream.api import consumer_config
+from cg_pipelines.jetstream.api import PullResult, consumer_config
 from cg_pipelines.jetstream.rangeread import fast_path_available, read_range
 
 __all__ = ["RebuildError", "rebuild_partition"]
@@ -319,6 +319,16 @@ class _Rebuild:
         idx = enc.indices.to_numpy(zero_copy_only=False)
         return pa.array(keep[idx])
 
+    async def _pull(self, consumer: str, batch: int) -> PullResult:
+        """One no-wait pull of the replay consumer; a pull JetStream could not serve just now
+        (:attr:`~cg_pipelines.jetstream.api.PullResult.unavailable`) raises, so the caller's
+        retry sends it again."""
+        got = await self.ctx.api.pull(self.ctx.stream, consumer, batch=batch, expires_s=0,
+                                      no_wait=True, group=None)
+        if got.unavailable:
+            got.raise_for_status()
+        return got
+
     async def _replay(self, first: int, last: int, part: SubjectPartitioner,
                       config: ElasticConfig) -> AsyncIterator[pa.Table]:
         """The origin stream's messages of this partition from ``first`` to ``last``, in order,
@@ -345,9 +355,8 @@ class _Rebuild:
             done = False
             while not done:
                 t = time.monotonic()
-                got = await self.ctx.retry.call("read the origin stream", lambda: self.ctx.api.pull(
-                    self.ctx.stream, name, batch=opt.read_chunk, expires_s=0, no_wait=True,
-                    group=None))
+                got = await self.ctx.retry.call("read the origin stream", lambda: self._pull(
+                    name, opt.read_chunk))
                 self.ctx.timed("read", t)
                 if not got.messages:
                     if got.status not in (404, 408):

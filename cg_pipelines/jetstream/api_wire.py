@@ -16,7 +16,11 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from cg_pipelines.jetstream.errors import JetStreamError, error_from_status
+from cg_pipelines.jetstream.errors import (
+    JetStreamError,
+    JetStreamUnavailableError,
+    error_from_status,
+)
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -189,6 +193,13 @@ class PullResult:
         if self.status == 409 and self.messages and "MaxBytes" in self.description:
             return None
         return error_from_status(self.status, self.description)
+
+    @property
+    def unavailable(self) -> bool:
+        """True when nothing was delivered and the status says JetStream could not serve the
+        pull just now (503; 409 ``Leadership Change`` or ``Server Shutdown``): the same pull,
+        sent again, is expected to succeed (:class:`JetStreamUnavailableError`)."""
+        return not self.messages and isinstance(self.error, JetStreamUnavailableError)
 
     def raise_for_status(self) -> PullResult:
         """Return ``self``, or raise :attr:`error` if there is one.

@@ -23,8 +23,12 @@ Error codes seen from nats-server 2.15.1 (by experiment; status in brackets):
 
 Pull statuses: 423 ``Nats-Pin-Id mismatch`` (a pull carried an id that is not the current pin)
 and 423 ``Nats-Wrong-Pin-Id`` (the pin was released: unpin or ``priority_timeout``) ->
-:class:`NotPinnedError`; 400 ``Bad Request - Priority Group missing`` / ``Invalid Priority
-Group`` -> :class:`JetStreamError`.
+:class:`NotPinnedError`; 409 ``Leadership Change`` (a clustered consumer's new leader ends the
+pulls that were waiting at the old one) and 409 ``Server Shutdown`` (the node serving the pull
+stops) -> :class:`JetStreamUnavailableError`, like 503: the same pull succeeds again once the
+consumer has its leader (nats-server ``server/consumer.go`` ``checkPendingRequests``,
+``server/jetstream.go``); 400 ``Bad Request - Priority Group missing`` / ``Invalid Priority
+Group`` and other 409s (``Consumer Deleted``...) -> :class:`JetStreamError`.
 """
 
 from __future__ import annotations
@@ -172,14 +176,20 @@ def error_from_response(resp: dict[str, Any]) -> JetStreamError:
     return cls(status, err_code, description)
 
 
+#: 409 status descriptions that mean "JetStream is between leaders here: ask again" (see the
+#: module docstring).
+TRANSIENT_409 = frozenset({"leadership change", "server shutdown"})
+
+
 def error_from_status(status: int, description: str = "") -> JetStreamError:
     """Typed error for a status message (pull / direct get): 423 -> :class:`NotPinnedError`,
-    404 -> :class:`NoMessageFoundError`, 503 -> :class:`JetStreamUnavailableError`, else the
-    base class. Returned, not raised."""
+    404 -> :class:`NoMessageFoundError`, 503 and 409 ``Leadership Change`` / ``Server
+    Shutdown`` -> :class:`JetStreamUnavailableError`, else the base class. Returned, not
+    raised."""
     if status == 423:
         return NotPinnedError(status, 0, description)
     if status == 404:
         return NoMessageFoundError(status, 0, description)
-    if status == 503:
+    if status == 503 or (status == 409 and description.strip().lower() in TRANSIENT_409):
         return JetStreamUnavailableError(status, 0, description)
     return JetStreamError(status, 0, description)

@@ -326,17 +326,18 @@ class NatsCluster:
             NatsClusterError: an error answer (e.g. stream not found).
             TimeoutError: no answer within ``timeout_s``.
         """
-        import nats.errors
+        return await self._info(f"$JS.API.STREAM.INFO.{stream}", timeout_s)
 
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return await self.request(f"$JS.API.STREAM.INFO.{stream}",
-                                          timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
-            except (TimeoutError, nats.errors.NoRespondersError, nats.errors.NoServersError):
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(0.2)
+    async def consumer_info(self, stream: str, consumer: str, timeout_s: float = 15.0
+                            ) -> dict[str, Any]:
+        """``$JS.API.CONSUMER.INFO.<stream>.<consumer>`` as a dict (``cluster.leader``,
+        ``num_pending``, ``priority_groups`` ...), retried as :meth:`stream_info`.
+
+        Raises:
+            NatsClusterError: an error answer (e.g. consumer not found).
+            TimeoutError: no answer within ``timeout_s``.
+        """
+        return await self._info(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}", timeout_s)
 
     async def stream_leader(self, stream: str, timeout_s: float = 15.0) -> int:
         """Index of the node leading ``stream``, waiting up to ``timeout_s`` seconds for one
@@ -345,21 +346,18 @@ class NatsCluster:
         Raises:
             NatsClusterError: no leader in time.
         """
-        deadline = time.monotonic() + timeout_s
-        last: Any = None
-        while True:
-            try:
-                info = await self.stream_info(
-                    stream, timeout_s=max(0.5, deadline - time.monotonic()))
-                leader = (info.get("cluster") or {}).get("leader")
-                if leader:
-                    return self.index_of(str(leader))
-            except Exception as e:  # noqa: BLE001 - retried until the deadline
-                last = e
-            if time.monotonic() >= deadline:
-                raise NatsClusterError(f"stream {stream} has no leader after {timeout_s:g} s"
-                                       + (f" (last error: {last})" if last else ""))
-            await asyncio.sleep(0.1)
+        return await self._leader(f"$JS.API.STREAM.INFO.{stream}", f"stream {stream}",
+                                  timeout_s)
+
+    async def consumer_leader(self, stream: str, consumer: str, timeout_s: float = 15.0) -> int:
+        """Index of the node leading consumer ``consumer`` of ``stream`` (a clustered
+        consumer has its own leader), waiting up to ``timeout_s`` seconds for one.
+
+        Raises:
+            NatsClusterError: no leader in time.
+        """
+        return await self._leader(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
+                                  f"consumer {stream} > {consumer}", timeout_s)
 
     async def step_down_stream(self, stream: str, timeout_s: float = 15.0) -> int:
         """Make the leader of ``stream`` step down (``$JS.API.STREAM.LEADER.STEPDOWN``), wait
@@ -368,19 +366,73 @@ class NatsCluster:
         Raises:
             NatsClusterError: the request failed, or no new leader within ``timeout_s``.
         """
-        old = await self.stream_leader(stream, timeout_s)
-        await self.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}")
+        return await self._step_down(f"$JS.API.STREAM.INFO.{stream}",
+                                     f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
+                                     f"stream {stream}", timeout_s)
+
+    async def step_down_consumer(self, stream: str, consumer: str, timeout_s: float = 15.0
+                                 ) -> int:
+        """Make the leader of consumer ``consumer`` of ``stream`` step down
+        (``$JS.API.CONSUMER.LEADER.STEPDOWN``), wait until another node leads it, and return
+        that node's index. Pulls waiting at the old leader are ended by the new one with
+        status 409 ``Leadership Change``.
+
+        Raises:
+            NatsClusterError: the request failed, or no new leader within ``timeout_s``.
+        """
+        return await self._step_down(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
+                                     f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}",
+                                     f"consumer {stream} > {consumer}", timeout_s)
+
+    async def _info(self, subject: str, timeout_s: float) -> dict[str, Any]:
+        """A JetStream info request, retried while unanswered for up to ``timeout_s``."""
+        import nats.errors
+
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                new = await self.stream_leader(stream, max(0.1, deadline - time.monotonic()))
+                return await self.request(subject,
+                                          timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+            except (TimeoutError, nats.errors.NoRespondersError, nats.errors.NoServersError):
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+    async def _leader(self, info_subject: str, what: str, timeout_s: float) -> int:
+        """The node named as ``cluster.leader`` by the info at ``info_subject``."""
+        deadline = time.monotonic() + timeout_s
+        last: Any = None
+        while True:
+            try:
+                info = await self._info(info_subject,
+                                        max(0.5, deadline - time.monotonic()))
+                leader = (info.get("cluster") or {}).get("leader")
+                if leader:
+                    return self.index_of(str(leader))
+            except Exception as e:  # noqa: BLE001 - retried until the deadline
+                last = e
+            if time.monotonic() >= deadline:
+                raise NatsClusterError(f"{what} has no leader after {timeout_s:g} s"
+                                       + (f" (last error: {last})" if last else ""))
+            await asyncio.sleep(0.1)
+
+    async def _step_down(self, info_subject: str, step_down_subject: str, what: str,
+                         timeout_s: float) -> int:
+        """Ask the leader named by ``info_subject`` to step down; the new leader's index."""
+        old = await self._leader(info_subject, what, timeout_s)
+        await self.request(step_down_subject)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                new = await self._leader(info_subject, what,
+                                         max(0.1, deadline - time.monotonic()))
             except NatsClusterError:
                 new = old
             if new != old:
                 return new
             if time.monotonic() >= deadline:
-                raise NatsClusterError(f"stream {stream} still led by "
-                                       f"{self.server_name(old)} after its step-down")
+                raise NatsClusterError(f"{what} still led by {self.server_name(old)} after "
+                                       "its step-down")
             await asyncio.sleep(0.1)
 
     async def step_down_meta(self, timeout_s: float = 15.0) -> int:

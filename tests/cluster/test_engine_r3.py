@@ -17,8 +17,14 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.deadletter import dlq_stream_name, ensure_dlq_stream
-from cg_pipelines.engine.lease import lease_consumer_name, pinned_id
+from cg_pipelines.engine.lease import (
+    LeaseHolder,
+    ensure_lease_consumer,
+    lease_consumer_name,
+    pinned_id,
+)
 from cg_pipelines.engine.model import RunResult
 from cg_pipelines.engine.runner import EngineOptions, run_partition
 from cg_pipelines.jetstream.api import JetStreamAPI
@@ -69,8 +75,16 @@ async def test_engine_survives_step_downs_and_leader_kill(
 
     async def state() -> str:
         """What the runs and the lease consumers looked like, for a timeout's message."""
-        lines = [f"last step per partition: {last_step}", f"errors: {errors[-8:]}"]
-        lines += [f"  {r.partition}: {r.status} {r.processed} {r.detail}" for r in results[-8:]]
+        lines = [f"faults so far: {faults}", f"last step per partition: {last_step}",
+                 f"errors: {errors[-8:]}"]
+        lines += [f"  {r.partition}: {r.status} {r.processed} in {r.seconds:.1f} s, "
+                  f"{r.nats_retries} NATS retries, {r.repins} repins {r.detail}"
+                  for r in results[-8:]]
+        with contextlib.suppress(Exception):
+            cluster = (await api.stream_info(wq)).get("cluster") or {}
+            lines.append(f"  {wq}: leader {cluster.get('leader')}, replicas "
+                         + ", ".join(f"{r.get('name')} current {r.get('current')} lag "
+                                     f"{r.get('lag')}" for r in cluster.get("replicas") or []))
         for p in range(P):
             with contextlib.suppress(Exception):
                 i = await api.consumer_info(wq, lease_consumer_name(p))
@@ -104,7 +118,9 @@ async def test_engine_survives_step_downs_and_leader_kill(
             await keyed.publish(cjs, stream, second)
             # A run that finds the partition empty ends its loop only once everything
             # published is in the work queue (sourcing is asynchronous).
-            await checks.wait_sourced(api, stream, len(evs) + len(BAD))
+            # After a restart the work queue's source can back off for tens of seconds
+            # (37 s seen under load): sourcing is the server's, not the engine's.
+            await checks.wait_sourced(api, stream, len(evs) + len(BAD), timeout_s=120)
         finally:
             faults_done.set()
 
@@ -124,7 +140,7 @@ async def test_engine_survives_step_downs_and_leader_kill(
             if r.status in ("empty", "held"):
                 await asyncio.sleep(0.1)
 
-    await asyncio.wait_for(asyncio.gather(inject(), *(drive(p) for p in range(P))), 150)
+    await asyncio.wait_for(asyncio.gather(inject(), *(drive(p) for p in range(P))), 300)
     # Each loop ended on an empty run that started after the last publish was sourced: a
     # final pass finds nothing.
     for p in range(P):
@@ -174,4 +190,36 @@ async def test_kv_bucket_made_r1_is_raised_by_an_r3_group(cnc: Client,
     assert (await api.stream_info(checks.KV_STREAM))["config"]["num_replicas"] == 1
     await checks.create_r3_group(cjs, "KvR3b", 2)
     assert (await api.stream_info(checks.KV_STREAM))["config"]["num_replicas"] == 3
+    await api.close()
+
+
+async def test_a_pull_ended_by_a_consumer_leader_change_is_sent_again(
+        cnc: Client, cjs: JetStreamContext, nats_cluster: NatsCluster, tmp_path: Path) -> None:
+    """The wire fact: a pull waiting at a clustered lease consumer whose leader steps down is
+    ended by the new leader with 409 ``Leadership Change`` (nothing delivered). The engine
+    sends such a pull again (a NATS retry), as it does after a 503, instead of failing the
+    run with it."""
+    stream = "ConsLeader"
+    wq = work_queue_stream_name(stream, "g")
+    api = JetStreamAPI(cnc, timeout=5)
+    await checks.create_r3_group(cjs, stream, 1)
+    await ensure_lease_consumer(api, wq, 0, OPTIONS)
+    cname = lease_consumer_name(0)
+
+    waiting = asyncio.create_task(api.pull(wq, cname, batch=1, expires_s=5.0))
+    await asyncio.sleep(0.5)  # the pull waits at the leader: the partition is empty
+    await nats_cluster.step_down_consumer(wq, cname)
+    got = await waiting
+    assert (got.status, got.description, got.unavailable) == (409, "Leadership Change", True)
+
+    ctx = RunContext(cnc, stream, "g", 0, keyed.processor(),
+                     DeltaSink(str(tmp_path / "t"), schema=keyed.OUT_SCHEMA), OPTIONS, None)
+    holder = LeaseHolder(ctx, cname)
+    pulling = asyncio.create_task(holder.pull("pull the lease", batch=1, expires_s=3.0))
+    await asyncio.sleep(0.5)
+    await nats_cluster.step_down_consumer(wq, cname)
+    again = await pulling  # sent again after the 409, then expired with nothing to deliver
+    assert again.status in (404, 408) and not again.messages, again
+    assert ctx.res.nats_retries >= 1
+    await ctx.api.close()
     await api.close()

@@ -139,6 +139,11 @@ def test_error_from_status_and_timeout() -> None:
     assert isinstance(error_from_status(404, "No Messages"), NoMessageFoundError)
     assert isinstance(error_from_status(503), JetStreamUnavailableError)
     assert type(error_from_status(409, "Consumer Deleted")) is JetStreamError
+    # a clustered consumer's new leader ends the pulls waiting at the old one; a stopping
+    # node ends its pulls: both are "ask again", like 503
+    for text in ("Leadership Change", "Server Shutdown", "leadership change"):
+        assert isinstance(error_from_status(409, text), JetStreamUnavailableError), text
+    assert type(error_from_status(409, "Consumer is push based")) is JetStreamError
     t = RequestTimeoutError("$JS.API.STREAM.INFO.S", 0.5)
     assert t.subject == "$JS.API.STREAM.INFO.S" and t.timeout_s == 0.5
     assert "$JS.API.STREAM.INFO.S" in str(t) and isinstance(t, JetStreamError)
@@ -155,3 +160,22 @@ def test_pull_result_error() -> None:
         PullResult(status=400, description="Bad Request").raise_for_status()
     ok = PullResult(status=408)
     assert ok.raise_for_status() is ok
+
+
+@pytest.mark.parametrize(("status", "description", "delivered", "unavailable"), [
+    (503, "No Responders", False, True),
+    (409, "Leadership Change", False, True),
+    (409, "Server Shutdown", False, True),
+    (409, "Leadership Change", True, False),  # something came: use it
+    (409, "Consumer Deleted", False, False),
+    (409, "Message Size Exceeds MaxBytes", False, False),
+    (423, "Nats-Wrong-Pin-Id", False, False),
+    (404, "No Messages", False, False),
+    (408, "Request Timeout", False, False),
+    (None, "", False, False),
+])
+def test_pull_result_unavailable(status: int | None, description: str, delivered: bool,
+                                 unavailable: bool) -> None:
+    got = PullResult(messages=[object()] if delivered else [],  # type: ignore[list-item]
+                     status=status, description=description)
+    assert got.unavailable is unavailable
