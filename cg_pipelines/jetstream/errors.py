@@ -178,7 +178,7 @@ def error_from_response(resp: dict[str, Any]) -> JetStreamError:
 
 #: 409 status descriptions that mean "JetStream is between leaders here: ask again" (see the
 #: module docstring).
-TRANSIENT_409 = frozenset({"leadership change", "server shutdown"})
+_TRANSIENT_409 = frozenset({"leadership change", "server shutdown"})
 
 
 def error_from_status(status: int, description: str = "") -> JetStreamError:
@@ -190,6 +190,6 @@ def error_from_status(status: int, description: str = "") -> JetStreamError:
         return NotPinnedError(status, 0, description)
     if status == 404:
         return NoMessageFoundError(status, 0, description)
-    if status == 503 or (status == 409 and description.strip().lower() in TRANSIENT_409):
+    if status == 503 or (status == 409 and description.strip().lower() in _TRANSIENT_409):
         return JetStreamUnavailableError(status, 0, description)
     return JetStreamError(status, 0, description)
