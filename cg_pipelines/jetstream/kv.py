@@ -14,11 +14,14 @@ names) fails every read with a ``ConfigError`` and nothing is written.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
+import nats.errors
 import nats.js.errors as jserr
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
@@ -41,6 +44,14 @@ from cg_pipelines.core.errors import (
 
 Kind = Literal["static", "elastic"]
 C = TypeVar("C", StaticConfig, ElasticConfig)
+T = TypeVar("T")
+
+#: What a KV call gets while the bucket's stream has no leader: just after the bucket was made
+#: on a cluster (its replicas are still electing one) or while a killed leader is replaced
+#: (seconds: the raft election timeout): no responders, 503, or no answer at all. The call is
+#: sent again (a write is a compare-and-set: one that did land is found by the next attempt).
+_NO_LEADER = (nats.errors.NoRespondersError, jserr.NoStreamResponseError,
+              jserr.ServiceUnavailableError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,21 +69,49 @@ class ConfigStore(Generic[C]):
         js: a nats-py JetStream context.
         kind: ``"static"`` or ``"elastic"``.
         timeout: seconds allowed for each KV call (``asyncio.TimeoutError`` past it).
+        no_leader_s: seconds a KV read or write is sent again while the bucket's stream has no
+            leader (no responders, 503 or no answer: a bucket just made on a cluster, a leader
+            being replaced); past it the last such error is raised, with a note naming the
+            bucket.
     """
 
-    def __init__(self, js: JetStreamContext, kind: Kind, timeout: float = 5.0) -> None:
+    def __init__(self, js: JetStreamContext, kind: Kind, timeout: float = 5.0,
+                 no_leader_s: float = 20.0) -> None:
         self.js = js
         self.kind: Kind = kind
         self.bucket_name = STATIC_BUCKET if kind == "static" else ELASTIC_BUCKET
         self.cls: type[C] = StaticConfig if kind == "static" else ElasticConfig  # type: ignore[assignment]
         self.timeout = timeout
+        self.no_leader_s = no_leader_s
         self._kv: KeyValue | None = None
+
+    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        """``await op()`` within ``timeout``, sent again while the bucket's stream has no leader
+        (for up to ``no_leader_s`` seconds, backing off from 50 ms to 1 s). Safe for writes
+        too: every write here is a compare-and-set on the key's revision (``create``: none
+        yet), so an attempt that did land makes the next one conflict, which the caller
+        resolves by reading."""
+        deadline = time.monotonic() + self.no_leader_s
+        delay = 0.05
+        while True:
+            try:
+                return await asyncio.wait_for(op(), self.timeout)
+            except _NO_LEADER as e:
+                if time.monotonic() + delay > deadline:
+                    e.add_note(f"no answer from stream KV_{self.bucket_name} (the "
+                               f"{self.bucket_name} KV bucket) for {self.no_leader_s:g} s: it "
+                               f"has no leader, or its servers do not answer; check it with "
+                               f"`nats stream info KV_{self.bucket_name}`")
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
 
     async def bucket(self, *, create_with_replicas: int | None = None) -> KeyValue | None:
         """The KV bucket, or ``None`` if it does not exist (created if ``create_with_replicas``)."""
         if self._kv is None:
             try:
-                self._kv = await asyncio.wait_for(self.js.key_value(self.bucket_name), self.timeout)
+                self._kv = await self._call(functools.partial(self.js.key_value,
+                                                              self.bucket_name))
             except jserr.BucketNotFoundError:
                 if create_with_replicas is None:
                     return None
@@ -107,7 +146,7 @@ class ConfigStore(Generic[C]):
         """
         kv = await self._require(stream, group)
         try:
-            entry = await asyncio.wait_for(kv.get(config_key(stream, group)), self.timeout)
+            entry = await self._call(lambda: kv.get(config_key(stream, group)))
         except jserr.KeyNotFoundError:
             raise GroupNotFoundError(self.kind, stream, group) from None
         try:
@@ -124,7 +163,7 @@ class ConfigStore(Generic[C]):
         e.g. to delete it). Raises ``GroupNotFoundError`` if absent."""
         kv = await self._require(stream, group)
         try:
-            entry = await asyncio.wait_for(kv.get(config_key(stream, group)), self.timeout)
+            entry = await self._call(lambda: kv.get(config_key(stream, group)))
         except jserr.KeyNotFoundError:
             raise GroupNotFoundError(self.kind, stream, group) from None
         return entry.value or b"", entry.revision
@@ -138,9 +177,7 @@ class ConfigStore(Generic[C]):
         kv = await self.bucket(create_with_replicas=replicas)
         assert kv is not None
         try:
-            rev = await asyncio.wait_for(
-                kv.create(config_key(stream, group), cfg.to_json()), self.timeout
-            )
+            rev = await self._call(lambda: kv.create(config_key(stream, group), cfg.to_json()))
             return Versioned(cfg, rev)
         except jserr.KeyWrongLastSequenceError:
             pass
@@ -175,10 +212,8 @@ class ConfigStore(Generic[C]):
             if new == cur.config or equivalent(new, cur.config):
                 return cur
             try:
-                rev = await asyncio.wait_for(
-                    kv.update(config_key(stream, group), new.to_json(), last=cur.revision),
-                    self.timeout,
-                )
+                rev = await self._call(functools.partial(
+                    kv.update, config_key(stream, group), new.to_json(), last=cur.revision))
                 return Versioned(new, rev)
             except jserr.KeyWrongLastSequenceError:
                 continue
@@ -193,10 +228,10 @@ class ConfigStore(Generic[C]):
         if kv is None:
             return False
         try:
-            await asyncio.wait_for(kv.get(config_key(stream, group)), self.timeout)
+            await self._call(lambda: kv.get(config_key(stream, group)))
         except jserr.KeyNotFoundError:
             return False
-        await asyncio.wait_for(kv.delete(config_key(stream, group)), self.timeout)
+        await self._call(lambda: kv.delete(config_key(stream, group)))
         return True
 
     async def list_groups(self, stream: str) -> list[str]:
@@ -217,7 +252,7 @@ class ConfigStore(Generic[C]):
         for subject in sorted(info.state.subjects or {}):
             group = subject[len(prefix):]
             try:
-                await asyncio.wait_for(kv.get(config_key(stream, group)), self.timeout)
+                await self._call(functools.partial(kv.get, config_key(stream, group)))
             except jserr.KeyNotFoundError:  # a delete or purge marker
                 continue
             out.append(group)
