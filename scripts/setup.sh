@@ -24,6 +24,19 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   fi
 fi
 
+# Debian's PostgreSQL for the tests' throwaway servers (a Postgres-backed Dagster instance, an
+# Iceberg SQL catalog): cg_pipelines.local.PostgresServer runs initdb/postgres from it.
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's postgresql (tests start throwaway servers from it)" >&2
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql
+  else
+    echo "setup: warning: PostgreSQL (initdb, postgres) is needed by the Postgres-backed tests" >&2
+  fi
+fi
+
 PY="${PYTHON:-python3}"
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "Python 3.11+ is required ($PY)"
 

