@@ -1,8 +1,8 @@
 """A throwaway PostgreSQL server on 127.0.0.1, for tests and local development.
 
 Uses the PostgreSQL binaries on the machine (Debian's ``postgresql`` package: ``initdb`` and
-``postgres`` on ``PATH`` or under ``/usr/lib/postgresql/<version>/bin``; ``CG_PG_BIN`` names
-the directory explicitly). PostgreSQL refuses to run as root, so when this process is root the
+``postgres`` on ``PATH`` or under ``/usr/lib/postgresql/<version>/bin``; ``bin_dir`` names the
+directory explicitly). PostgreSQL refuses to run as root, so when this process is root the
 cluster is created and run as the ``postgres`` user (or ``nobody``) in a new directory under
 the system temp dir that this user owns.
 
@@ -36,18 +36,21 @@ class PostgresServerError(CgError, RuntimeError):
     """PostgreSQL binaries are missing, or the server did not start."""
 
 
-def find_postgres_bin() -> Path:
+def find_postgres_bin(bin_dir: str | Path | None = None) -> Path:
     """The directory holding ``initdb`` and ``postgres``.
 
-    Looks at ``$CG_PG_BIN``, then ``initdb`` on ``PATH`` (resolving symlinks, as Debian's
-    wrappers are), then the newest ``/usr/lib/postgresql/*/bin``.
+    Looks at ``bin_dir`` when given (and only there), else ``initdb``/``pg_ctl`` on ``PATH``
+    (resolving symlinks, as Debian's wrappers are), then the newest
+    ``/usr/lib/postgresql/*/bin``.
 
     Raises:
         PostgresServerError: none found (install Debian's ``postgresql`` package).
     """
+    if bin_dir is not None:
+        if (Path(bin_dir) / "initdb").is_file() and (Path(bin_dir) / "postgres").is_file():
+            return Path(bin_dir)
+        raise PostgresServerError(f"{bin_dir}: no initdb and postgres binaries there")
     candidates: list[Path] = []
-    if os.environ.get("CG_PG_BIN"):
-        candidates.append(Path(os.environ["CG_PG_BIN"]))
     for name in ("pg_ctl", "initdb"):
         found = shutil.which(name)
         if found:
@@ -59,7 +62,7 @@ def find_postgres_bin() -> Path:
             return c
     raise PostgresServerError(
         "PostgreSQL binaries (initdb, postgres) not found: install Debian's postgresql "
-        "package (apt-get install postgresql) or set CG_PG_BIN to their directory")
+        "package (apt-get install postgresql) or pass their directory as bin_dir")
 
 
 def _version_key(path: str) -> tuple[int, ...]:
@@ -98,6 +101,8 @@ class PostgresServer:
 
     Args:
         port: TCP port; 0 picks a free one.
+        bin_dir: the directory of ``initdb`` and ``postgres`` (default: found by
+            :func:`find_postgres_bin`).
         ready_timeout_s: seconds to wait for the server to accept connections.
         stop_timeout_s: seconds between SIGINT (fast shutdown) and SIGKILL on :meth:`stop`.
 
@@ -106,8 +111,8 @@ class PostgresServer:
     """
 
     def __init__(self, port: int = 0, ready_timeout_s: float = 30.0,
-                 stop_timeout_s: float = 10.0) -> None:
-        self.port = port
+                 stop_timeout_s: float = 10.0, bin_dir: str | Path | None = None) -> None:
+        self.port, self.bin_dir = port, bin_dir
         self.ready_timeout_s, self.stop_timeout_s = ready_timeout_s, stop_timeout_s
         self._bin: Path | None = None
         self._dir: Path | None = None
@@ -147,7 +152,7 @@ class PostgresServer:
         """
         if self.pid is not None:
             return self
-        self._bin = find_postgres_bin()
+        self._bin = find_postgres_bin(self.bin_dir)
         self._dir = Path(tempfile.mkdtemp(prefix="cg-pg-"))
         user = _run_as()
         if user is not None:

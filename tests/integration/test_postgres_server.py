@@ -35,8 +35,12 @@ def test_unsafe_database_name_is_refused(postgres_server: PostgresServer) -> Non
 
 def test_missing_binaries_fail_with_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     from cg_pipelines.local import postgres
-    monkeypatch.setenv("CG_PG_BIN", "/nonexistent")
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setattr(postgres.glob, "glob", lambda pattern: [])
     with pytest.raises(PostgresServerError, match="apt-get install postgresql"):
         postgres.find_postgres_bin()
+
+
+def test_an_explicit_directory_without_binaries_is_named() -> None:
+    with pytest.raises(PostgresServerError, match="/nonexistent: no initdb"):
+        PostgresServer(bin_dir="/nonexistent").start()
