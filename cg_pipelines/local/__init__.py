@@ -26,7 +26,7 @@ from cg_pipelines.local.nats_server import (
     nats_server_version,
     server_version,
 )
-from cg_pipelines.local.postgres import PostgresServer, PostgresServerError
+from cg_pipelines.local.postgres import PostgresServer, PostgresServerError, find_postgres_bin
 from cg_pipelines.local.spark_cluster import (
     CONNECT_SERVER_CONF,
     SparkConnectServer,
@@ -47,6 +47,7 @@ __all__ = [
     "SparkConnectServer",
     "SparkStandaloneCluster",
     "find_nats_server",
+    "find_postgres_bin",
     "nats_server_version",
     "server_version",
     "spark_home",

@@ -11,6 +11,7 @@ import pytest
 
 import cg_pipelines.local as local
 import cg_pipelines.local.nats_server as local_nats
+import cg_pipelines.local.postgres as local_postgres
 import cg_pipelines.local.spark_cluster as local_spark
 import cg_pipelines.testing as testing
 import cg_pipelines.testing.nats_server as old_nats
@@ -31,7 +32,8 @@ def test_packages_export_the_same_objects() -> None:
     for name in ("NatsServer", "NatsServerError", "NatsServerNotFoundError", "find_nats_server",
                  "SparkConnectServer", "SparkStandaloneCluster"):
         assert getattr(testing, name) is getattr(local, name), name
-    assert set(local.__all__) == set(local_nats.__all__) | set(local_spark.__all__)
+    assert set(local.__all__) == (set(local_nats.__all__) | set(local_spark.__all__)
+                                  | set(local_postgres.__all__))
 
 
 def _imports(path: Path) -> set[str]:
