@@ -4,15 +4,20 @@ run with one-line errors and exit codes, and output as text or JSON.
 
 Exit codes: 0 ok; 2 invalid input or a missing/conflicting group (one-line error, nothing
 written); 1 server or connection failure.
+
+Errors: one line ``cg: error: <message>`` on stderr; with ``--json`` instead one JSON object
+``{"error": "<message>", "exit_code": <n>}`` on **stdout** (where a script reads the JSON
+output), nothing on stderr. Tables are drawn by ``rich`` (:func:`table`), aligned.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NoReturn, TypeVar
 
 import click
 import nats.errors
@@ -91,6 +96,9 @@ class Ctx:
 
         try:
             return asyncio.run(main())
+        except GroupNotFoundError as e:
+            fail(f"{e}: check the stream and group names (`cg {e.kind} ls {e.stream}` lists "
+                 "the stream's groups)", 2)
         except INPUT_ERRORS as e:
             fail(str(e), 2)
         except JetStreamError as e:
@@ -106,10 +114,44 @@ class Ctx:
         click.echo(json.dumps(obj, indent=2, sort_keys=True) if self.as_json else text)
 
 
-def fail(msg: str, code: int) -> Any:
-    """Print ``cg: error: <msg>`` on stderr and exit with ``code``."""
-    click.echo(f"cg: error: {msg}", err=True)
+def json_wanted() -> bool:
+    """Whether this invocation asked for ``--json`` (given before or after the command)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_object(Ctx) if ctx is not None else None
+    if obj is not None:
+        return obj.as_json
+    return "--json" in sys.argv[1:]
+
+
+def fail(msg: str, code: int) -> NoReturn:
+    """Print ``cg: error: <msg>`` on stderr (with ``--json``: ``{"error": msg, "exit_code":
+    code}`` on stdout) and exit with ``code``."""
+    if json_wanted():
+        click.echo(json.dumps({"error": msg, "exit_code": code}))
+    else:
+        click.echo(f"cg: error: {msg}", err=True)
     sys.exit(code)
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[object]],
+          right: Sequence[str] = ()) -> str:
+    """``rows`` under ``columns`` as an aligned text table (rich, no box, a rule under the
+    header, no colour, never wrapped: a long cell widens its column). Columns named in
+    ``right`` are right-aligned (numbers). ``None`` cells print as ``-``."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="",
+              expand=False)
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left", no_wrap=True)
+    for r in rows:
+        t.add_row(*("-" if v is None else str(v) for v in r))
+    out = io.StringIO()
+    Console(file=out, width=100_000, color_system=None, highlight=False, markup=False,
+            emoji=False).print(t)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines() if line.strip())
 
 
 def group_connection_options(f: Callable) -> Callable:
