@@ -9,9 +9,11 @@
   the origin stream (they are processed after everything already in their partition: later
   than newer events of the same key), then remove them from the dead-letter stream;
   ``cg dlq purge S G [-p P | --seq N] --force``.
-- ``cg halt show S G P``: the message a partition stops at (its first pending one);
-  ``cg halt skip S G P --seq N --reason TEXT``: move it to the dead-letter stream with that
-  reason, so the partition's next run goes on after it.
+- ``cg halt show S G P``: the message a partition stops at (its first pending one) and, when
+  the halted run left its note, the error it halted with;
+  ``cg halt skip S G P --seq N --reason TEXT``: move it to the dead-letter stream (``Cg-Error``:
+  the error it halted with; ``Cg-Skip-Reason``: TEXT), so the partition's next run goes on
+  after it.
 - ``cg reconcile S G``: origin messages the group's filters match that never reached the work
   queue (exit 1 with the origin ranges and partitions when there are any).
 
@@ -164,7 +166,8 @@ def dlq_ls(c: Ctx, stream: str, group: str, partition: int | None, start_seq: in
     name = dl.dlq_stream_name(stream, group)
     text = table(["seq", "partition", "source seq", "subject", "reason"],
                  [[d.seq, d.partition, d.source_seq, d.origin_subject or d.subject,
-                   d.reason or ""] for d in rows], right=["seq", "partition", "source seq"])
+                   (d.reason or "") + (f" [skipped: {d.skip_reason}]" if d.skip_reason else "")]
+                  for d in rows], right=["seq", "partition", "source seq"])
     c.out([d.as_dict() for d in rows], text if rows else f"no dead letters in {name}")
 
 
@@ -195,6 +198,7 @@ def dlq_show(c: Ctx, stream: str, group: str, seq: int, preview_bytes: int) -> N
              f"  source:     {d.source_stream} sequence {d.source_seq}",
              f"  subject:    {d.origin_subject}",
              f"  reason:     {d.reason}",
+             *([f"  skipped:    {d.skip_reason}"] if d.skip_reason else []),
              f"  stored:     {d.as_dict()['time']}",
              "  headers:"]
     lines += [f"    {k}: {v}" for k, v in sorted(d.headers.items())]
@@ -301,16 +305,19 @@ def halt_show(c: Ctx, stream: str, group: str, partition: int) -> None:
         if got is None:
             return {"partition": partition, "seq": None}
         d = dl.StoredDeadLetter.of(got)
+        note = await dl.halt_note(api, stream, group, partition, got.seq)
         return {"partition": partition, "seq": got.seq, "subject": got.subject.partition(".")[2],
                 "size": len(got.data), "payload_preview": d.preview(512),
-                "headers": {k: v for k, v in (got.headers or {}).items()}}
+                "headers": {k: v for k, v in (got.headers or {}).items()},
+                "halted_with": (note.headers or {}).get("Cg-Error") if note else None}
 
     r = _run(c, go)
     if r["seq"] is None:
         c.out(r, f"partition {partition} has no pending message")
         return
     c.out(r, f"partition {partition} stops at work-queue sequence {r['seq']} on "
-             f"{r['subject']} ({r['size']} bytes): {r['payload_preview']}")
+             f"{r['subject']} ({r['size']} bytes): {r['payload_preview']}"
+             + (f"\nthe run halted with: {r['halted_with']}" if r["halted_with"] else ""))
 
 
 @halt.command("skip")
@@ -320,7 +327,9 @@ def halt_show(c: Ctx, stream: str, group: str, partition: int) -> None:
 @click.option("--seq", type=int, default=None,
               help="Work-queue sequence the run halted at (its 'halted at sequence N'); "
                    "default: the partition's first pending message.")
-@click.option("--reason", required=True, help="Why (stored as the dead letter's Cg-Error).")
+@click.option("--reason", required=True,
+              help="Why (stored as the dead letter's Cg-Skip-Reason; its Cg-Error keeps the "
+                   "error the run halted with).")
 @click.pass_obj
 def halt_skip(c: Ctx, stream: str, group: str, partition: int, seq: int | None,
               reason: str) -> None:
