@@ -172,10 +172,11 @@ def dlq_ls(c: Ctx, stream: str, group: str, partition: int | None, start_seq: in
 
 
 async def _dlq(c: Ctx, js: JetStreamContext, stream: str, group: str,
-               call: Callable[[], Awaitable[T]]) -> T:
-    """``call`` on the group's dead-letter stream after checking the group exists; a missing
-    dead-letter stream is a ``ValueError`` saying there are none."""
-    await _partitions(c, js, stream, group)
+               call: Callable[[], Awaitable[T]], partition: int | None = None) -> T:
+    """``call`` on the group's dead-letter stream after checking the group exists (and
+    ``partition`` is one of its partitions); a missing dead-letter stream is a ``ValueError``
+    saying there are none."""
+    await _partitions(c, js, stream, group, [] if partition is None else [partition])
     try:
         return await call()
     except StreamNotFoundError:
@@ -276,7 +277,7 @@ def dlq_purge(c: Ctx, stream: str, group: str, partition: int | None, seq: int |
         fail(f"this removes {what} of {dl.dlq_stream_name(stream, group)} for good; pass "
              "--force", 2)
     n = _run(c, lambda js, api: _dlq(c, js, stream, group, lambda: dl.purge_dead_letters(
-        api, stream, group, partition=partition, seq=seq)))
+        api, stream, group, partition=partition, seq=seq), partition))
     c.out({"purged": n}, f"purged {n} dead letter(s) from {dl.dlq_stream_name(stream, group)}")
 
 

@@ -77,13 +77,14 @@ def test_new_group_has_no_dead_letters(nats_url: str, group: str) -> None:
                         f"on stream {group} never dead-lettered a message)\n")
 
 
-@pytest.mark.parametrize("args", [("halt", "show"), ("halt", "skip"), ("dlq", "ls", "-p")])
+@pytest.mark.parametrize("cmd", [
+    ["halt", "show", "{s}", "g", "9"], ["halt", "skip", "{s}", "g", "9", "--reason", "r"],
+    ["dlq", "ls", "{s}", "g", "-p", "9"], ["dlq", "purge", "{s}", "g", "-p", "9", "--force"],
+    ["backlog", "{s}", "g", "-p", "9"],
+], ids=lambda c: "-".join(c[:2]))
 def test_partition_out_of_range_names_the_range(nats_url: str, group: str,
-                                                args: tuple[str, ...]) -> None:
-    extra = ["--reason", "r"] if args[1] == "skip" else []
-    cmd = [*args[:2], group, "g", "9", *extra] if args[0] == "halt" else \
-        [*args[:2], group, "g", "-p", "9"]
-    r = cg(nats_url, *cmd)
+                                                cmd: list[str]) -> None:
+    r = cg(nats_url, *(a.format(s=group) for a in cmd))
     assert r.exit_code == 2, r.output
     assert r.stderr == f"cg: error: partition 9 out of range: {group}.g has partitions 0..3\n"
 
