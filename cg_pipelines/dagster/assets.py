@@ -437,7 +437,7 @@ def run_failure(error: Exception, spec: ConsumerGroupAsset, partition: int) -> F
 
 
 _PLUMBING = tuple(str(Path(m.__file__).parent) + os.sep for m in (asyncio, concurrent.futures)) + (
-    threading.__file__, str(Path(__file__).resolve().parents[1]) + os.sep)
+    threading.__file__, str(Path(__file__).parents[1]) + os.sep)
 
 
 def trim_traceback(error: BaseException) -> BaseException:
