@@ -7,13 +7,12 @@ written); 1 server or connection failure.
 
 Errors: one line ``cg: error: <message>`` on stderr; with ``--json`` instead one JSON object
 ``{"error": "<message>", "exit_code": <n>}`` on **stdout** (where a script reads the JSON
-output), nothing on stderr. Tables are drawn by ``rich`` (:func:`table`), aligned.
+output), nothing on stderr. Tables are aligned (:func:`table`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -135,23 +134,22 @@ def fail(msg: str, code: int) -> NoReturn:
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[object]],
           right: Sequence[str] = ()) -> str:
-    """``rows`` under ``columns`` as an aligned text table (rich, no box, a rule under the
-    header, no colour, never wrapped: a long cell widens its column). Columns named in
-    ``right`` are right-aligned (numbers). ``None`` cells print as ``-``."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
+    """``rows`` under ``columns`` as an aligned text table in the ``nats`` CLI's plain style: a
+    header, a rule (``─``) under it, one line per row, columns three spaces apart, each as
+    wide as its widest cell (never wrapped or cut), no trailing blanks. Columns named in
+    ``right`` are right-aligned (numbers). ``None`` cells print as ``-``.
 
-    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="",
-              expand=False)
-    for c in columns:
-        t.add_column(c, justify="right" if c in right else "left", no_wrap=True)
-    for r in rows:
-        t.add_row(*("-" if v is None else str(v) for v in r))
-    out = io.StringIO()
-    Console(file=out, width=100_000, color_system=None, highlight=False, markup=False,
-            emoji=False).print(t)
-    return "\n".join(line.rstrip() for line in out.getvalue().splitlines() if line.strip())
+    Own code rather than ``rich``: rich's tables took ~5 s for a 4096-partition
+    ``cg backlog`` on this machine; this takes milliseconds."""
+    cells = [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        return "   ".join(v.rjust(w) if c in right else v.ljust(w)
+                          for v, w, c in zip(values, widths, columns, strict=True)).rstrip()
+
+    return "\n".join([line(list(columns)), "─" * (sum(widths) + 3 * (len(widths) - 1)),
+                      *(line(r) for r in cells)])
 
 
 def group_connection_options(f: Callable) -> Callable:
