@@ -17,6 +17,11 @@
 - ``cg reconcile S G``: origin messages the group's filters match that never reached the work
   queue (exit 1 with the origin ranges and partitions when there are any).
 
+Every command first checks the group exists (a typo names stream and group and says how to
+list the groups) and that a named partition is one of its partitions (the error names the
+valid range). A group that never dead-lettered a message has no dead-letter stream:
+``dlq ls`` says there are none, ``dlq show|replay|purge`` say so with exit 2.
+
 Exit codes as every ``cg`` command: 0 ok; 2 invalid input or missing group/stream/message;
 1 server or connection failure (and, for ``reconcile``, a gap found).
 """
