@@ -4,6 +4,10 @@ run with one-line errors and exit codes, and output as text or JSON.
 
 Exit codes: 0 ok; 2 invalid input or a missing/conflicting group (one-line error, nothing
 written); 1 server or connection failure.
+
+Errors: one line ``cg: error: <message>`` on stderr; with ``--json`` instead one JSON object
+``{"error": "<message>", "exit_code": <n>}`` on **stdout** (where a script reads the JSON
+output), nothing on stderr. Tables are aligned (:func:`table`).
 """
 
 from __future__ import annotations
@@ -11,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NoReturn, TypeVar
 
 import click
 import nats.errors
@@ -91,6 +95,9 @@ class Ctx:
 
         try:
             return asyncio.run(main())
+        except GroupNotFoundError as e:
+            fail(f"{e}: check the stream and group names (`cg {e.kind} ls {e.stream}` lists "
+                 "the stream's groups)", 2)
         except INPUT_ERRORS as e:
             fail(str(e), 2)
         except JetStreamError as e:
@@ -106,10 +113,43 @@ class Ctx:
         click.echo(json.dumps(obj, indent=2, sort_keys=True) if self.as_json else text)
 
 
-def fail(msg: str, code: int) -> Any:
-    """Print ``cg: error: <msg>`` on stderr and exit with ``code``."""
-    click.echo(f"cg: error: {msg}", err=True)
+def json_wanted() -> bool:
+    """Whether this invocation asked for ``--json`` (given before or after the command)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_object(Ctx) if ctx is not None else None
+    if obj is not None:
+        return obj.as_json
+    return "--json" in sys.argv[1:]
+
+
+def fail(msg: str, code: int) -> NoReturn:
+    """Print ``cg: error: <msg>`` on stderr (with ``--json``: ``{"error": msg, "exit_code":
+    code}`` on stdout) and exit with ``code``."""
+    if json_wanted():
+        click.echo(json.dumps({"error": msg, "exit_code": code}))
+    else:
+        click.echo(f"cg: error: {msg}", err=True)
     sys.exit(code)
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[object]],
+          right: Sequence[str] = ()) -> str:
+    """``rows`` under ``columns`` as an aligned text table in the ``nats`` CLI's plain style: a
+    header, a rule (``─``) under it, one line per row, columns three spaces apart, each as
+    wide as its widest cell (never wrapped or cut), no trailing blanks. Columns named in
+    ``right`` are right-aligned (numbers). ``None`` cells print as ``-``.
+
+    Own code rather than ``rich``: rich's tables took ~5 s for a 4096-partition
+    ``cg backlog`` on this machine; this takes milliseconds."""
+    cells = [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+
+    def line(values: Sequence[str]) -> str:
+        return "   ".join(v.rjust(w) if c in right else v.ljust(w)
+                          for v, w, c in zip(values, widths, columns, strict=True)).rstrip()
+
+    return "\n".join([line(list(columns)), "─" * (sum(widths) + 3 * (len(widths) - 1)),
+                      *(line(r) for r in cells)])
 
 
 def group_connection_options(f: Callable) -> Callable:

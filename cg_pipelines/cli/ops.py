@@ -9,11 +9,18 @@
   the origin stream (they are processed after everything already in their partition: later
   than newer events of the same key), then remove them from the dead-letter stream;
   ``cg dlq purge S G [-p P | --seq N] --force``.
-- ``cg halt show S G P``: the message a partition stops at (its first pending one);
-  ``cg halt skip S G P --seq N --reason TEXT``: move it to the dead-letter stream with that
-  reason, so the partition's next run goes on after it.
+- ``cg halt show S G P``: the message a partition stops at (its first pending one) and, when
+  the halted run left its note, the error it halted with;
+  ``cg halt skip S G P --seq N --reason TEXT``: move it to the dead-letter stream (``Cg-Error``:
+  the error it halted with; ``Cg-Skip-Reason``: TEXT), so the partition's next run goes on
+  after it.
 - ``cg reconcile S G``: origin messages the group's filters match that never reached the work
   queue (exit 1 with the origin ranges and partitions when there are any).
+
+Every command first checks the group exists (a typo names stream and group and says how to
+list the groups) and that a named partition is one of its partitions (the error names the
+valid range). A group that never dead-lettered a message has no dead-letter stream:
+``dlq ls`` says there are none, ``dlq show|replay|purge`` say so with exit 2.
 
 Exit codes as every ``cg`` command: 0 ok; 2 invalid input or missing group/stream/message;
 1 server or connection failure (and, for ``reconcile``, a gap found).
@@ -27,12 +34,13 @@ from typing import Any, TypeVar
 import click
 from nats.js import JetStreamContext
 
-from cg_pipelines.cli.context import Ctx, fail
+from cg_pipelines.cli.context import Ctx, fail, table
 from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.engine import deadletter as dl
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import partition_backlog, partition_holders
+from cg_pipelines.jetstream.errors import StreamNotFoundError
 
 __all__ = ["OPS_COMMANDS", "backlog", "dlq", "halt", "reconcile"]
 
@@ -57,7 +65,31 @@ def _run(c: Ctx, fn: Callable[[JetStreamContext, JetStreamAPI], Awaitable[T]]) -
         return c.run(go)
     except ValueError as e:
         fail(str(e), 2)
-        raise
+
+
+async def _partitions(c: Ctx, js: JetStreamContext, stream: str, group: str,
+                      partitions: tuple[int, ...] | list[int] = ()) -> int:
+    """The elastic group's partition count, after checking it exists (``GroupNotFoundError``
+    names it) and that every one of ``partitions`` is in range (``ValueError`` naming the
+    valid range)."""
+    n = (await admin.get_elastic(js, stream, group, timeout=c.timeout)).config.max_members
+    bad = [p for p in partitions if not 0 <= p < n]
+    if bad:
+        raise ValueError(f"partition {bad[0]} out of range: {stream}.{group} has partitions "
+                         f"0..{n - 1}")
+    return n
+
+
+def _no_work_queue(stream: str, group: str) -> ValueError:
+    return ValueError(f"work-queue stream {work_queue_stream_name(stream, group)} of group "
+                      f"{group} on stream {stream} does not exist: the group's config is there "
+                      "but its stream is not (recreate the group, e.g. `cg elastic delete` then "
+                      "`cg elastic create`)")
+
+
+def _no_dlq(stream: str, group: str) -> ValueError:
+    return ValueError(f"no dead letters: {dl.dlq_stream_name(stream, group)} does not exist "
+                      f"(group {group} on stream {stream} never dead-lettered a message)")
 
 
 # ------------------------------------------------------------------------------------- backlog
@@ -72,12 +104,7 @@ def _run(c: Ctx, fn: Callable[[JetStreamContext, JetStreamAPI], Awaitable[T]]) -
 def backlog(c: Ctx, stream: str, group: str, partitions: tuple[int, ...]) -> None:
     """Per-partition backlog of elastic GROUP: pending, oldest age, holder."""
     async def go(js: JetStreamContext, api: JetStreamAPI) -> list[dict[str, Any]]:
-        v = await admin.get_elastic(js, stream, group, timeout=c.timeout)
-        n = v.config.max_members
-        bad = [p for p in partitions if not 0 <= p < n]
-        if bad:
-            raise ValueError(f"partition {bad[0]} out of range: {stream}.{group} has "
-                             f"partitions 0..{n - 1}")
+        n = await _partitions(c, js, stream, group, partitions)
         parts = list(partitions) or list(range(n))
         rows = await partition_backlog(api, stream, group, parts)
         holders = await partition_holders(api, work_queue_stream_name(stream, group), parts)
@@ -94,7 +121,7 @@ def backlog(c: Ctx, stream: str, group: str, partitions: tuple[int, ...]) -> Non
         return out
 
     rows = _run(c, go)
-    lines = [f"{'partition':>9}  {'pending':>8}  {'first seq':>9}  {'oldest':>9}  holder"]
+    lines = []
     for r in rows:
         hs = r["holders"]
         if not hs:
@@ -106,10 +133,9 @@ def backlog(c: Ctx, stream: str, group: str, partitions: tuple[int, ...]) -> Non
             who += f", {h['ack_pending']} awaiting ack)" + (
                 f" +{len(hs) - 1} more" if len(hs) > 1 else "")
         age = f"{r['oldest_age_s']:.1f} s" if r["pending"] else "-"
-        lines.append(f"{r['partition']:>9}  {r['pending']:>8}  "
-                     f"{r['first_seq'] if r['first_seq'] is not None else '-':>9}  "
-                     f"{age:>9}  {who}")
-    c.out(rows, "\n".join(lines))
+        lines.append([r["partition"], r["pending"], r["first_seq"], age, who])
+    c.out(rows, table(["partition", "pending", "first seq", "oldest", "holder"], lines,
+                      right=["partition", "pending", "first seq", "oldest"]))
 
 
 # ------------------------------------------------------------------------------------------ dlq
@@ -133,15 +159,33 @@ def dlq_ls(c: Ctx, stream: str, group: str, partition: int | None, start_seq: in
     """List dead letters: sequence, partition, source sequence, subject, reason."""
     if limit < 1:
         fail("--limit must be >= 1", 2)
-    rows = _run(c, lambda js, api: dl.list_dead_letters(
-        api, stream, group, partition=partition, start_seq=start_seq, limit=limit))
+    async def go(js: JetStreamContext, api: JetStreamAPI) -> list[dl.StoredDeadLetter]:
+        await _partitions(c, js, stream, group, [] if partition is None else [partition])
+        try:
+            return await dl.list_dead_letters(api, stream, group, partition=partition,
+                                              start_seq=start_seq, limit=limit)
+        except StreamNotFoundError:
+            return []  # nothing was ever dead-lettered: no dead-letter stream yet
+
+    rows = _run(c, go)
     name = dl.dlq_stream_name(stream, group)
-    text = [f"{'seq':>6}  {'part':>4}  {'source seq':>10}  subject  reason"]
-    text += [f"{d.seq:>6}  {d.partition if d.partition is not None else '-':>4}  "
-             f"{d.source_seq if d.source_seq is not None else '-':>10}  "
-             f"{d.origin_subject or d.subject}  {d.reason or ''}" for d in rows]
-    c.out([d.as_dict() for d in rows],
-          "\n".join(text) if rows else f"no dead letters in {name}")
+    text = table(["seq", "partition", "source seq", "subject", "reason"],
+                 [[d.seq, d.partition, d.source_seq, d.origin_subject or d.subject,
+                   (d.reason or "") + (f" [skipped: {d.skip_reason}]" if d.skip_reason else "")]
+                  for d in rows], right=["seq", "partition", "source seq"])
+    c.out([d.as_dict() for d in rows], text if rows else f"no dead letters in {name}")
+
+
+async def _dlq(c: Ctx, js: JetStreamContext, stream: str, group: str,
+               call: Callable[[], Awaitable[T]], partition: int | None = None) -> T:
+    """``call`` on the group's dead-letter stream after checking the group exists (and
+    ``partition`` is one of its partitions); a missing dead-letter stream is a ``ValueError``
+    saying there are none."""
+    await _partitions(c, js, stream, group, [] if partition is None else [partition])
+    try:
+        return await call()
+    except StreamNotFoundError:
+        raise _no_dlq(stream, group) from None
 
 
 @dlq.command("show")
@@ -153,12 +197,14 @@ def dlq_ls(c: Ctx, stream: str, group: str, partition: int | None, start_seq: in
 @click.pass_obj
 def dlq_show(c: Ctx, stream: str, group: str, seq: int, preview_bytes: int) -> None:
     """Show dead letter SEQ: subject, reason, headers, payload preview."""
-    d = _run(c, lambda js, api: dl.get_dead_letter(api, stream, group, seq))
+    d = _run(c, lambda js, api: _dlq(c, js, stream, group,
+                                     lambda: dl.get_dead_letter(api, stream, group, seq)))
     lines = [f"dead letter {d.seq} of {dl.dlq_stream_name(stream, group)}",
              f"  partition:  {d.partition}",
              f"  source:     {d.source_stream} sequence {d.source_seq}",
              f"  subject:    {d.origin_subject}",
              f"  reason:     {d.reason}",
+             *([f"  skipped:    {d.skip_reason}"] if d.skip_reason else []),
              f"  stored:     {d.as_dict()['time']}",
              "  headers:"]
     lines += [f"    {k}: {v}" for k, v in sorted(d.headers.items())]
@@ -190,6 +236,11 @@ def dlq_replay(c: Ctx, stream: str, group: str, seqs: tuple[int, ...], replay_al
         fail(f"{REORDER_NOTE}; pass --reorder-ok to replay anyway", 2)
 
     async def go(js: JetStreamContext, api: JetStreamAPI) -> list[dl.Replayed]:
+        await _partitions(c, js, stream, group, [] if partition is None else [partition])
+        try:
+            await api.stream_info(dl.dlq_stream_name(stream, group))
+        except StreamNotFoundError:
+            raise _no_dlq(stream, group) from None
         todo = list(seqs)
         if replay_all:
             start = 1
@@ -230,8 +281,8 @@ def dlq_purge(c: Ctx, stream: str, group: str, partition: int | None, seq: int |
                 else "every dead letter")
         fail(f"this removes {what} of {dl.dlq_stream_name(stream, group)} for good; pass "
              "--force", 2)
-    n = _run(c, lambda js, api: dl.purge_dead_letters(api, stream, group, partition=partition,
-                                                      seq=seq))
+    n = _run(c, lambda js, api: _dlq(c, js, stream, group, lambda: dl.purge_dead_letters(
+        api, stream, group, partition=partition, seq=seq), partition))
     c.out({"purged": n}, f"purged {n} dead letter(s) from {dl.dlq_stream_name(stream, group)}")
 
 
@@ -251,21 +302,28 @@ def halt() -> None:
 def halt_show(c: Ctx, stream: str, group: str, partition: int) -> None:
     """The message PARTITION stops at: its first pending message in the work queue."""
     async def go(js: JetStreamContext, api: JetStreamAPI) -> dict[str, Any]:
+        await _partitions(c, js, stream, group, [partition])
         wq = work_queue_stream_name(stream, group)
-        got = await api.msg_get(wq, seq=1, next_by_subj=f"{partition}.>")
+        try:
+            got = await api.msg_get(wq, seq=1, next_by_subj=f"{partition}.>")
+        except StreamNotFoundError:
+            raise _no_work_queue(stream, group) from None
         if got is None:
             return {"partition": partition, "seq": None}
         d = dl.StoredDeadLetter.of(got)
+        note = await dl.halt_note(api, stream, group, partition, got.seq)
         return {"partition": partition, "seq": got.seq, "subject": got.subject.partition(".")[2],
                 "size": len(got.data), "payload_preview": d.preview(512),
-                "headers": {k: v for k, v in (got.headers or {}).items()}}
+                "headers": {k: v for k, v in (got.headers or {}).items()},
+                "halted_with": (note.headers or {}).get("Cg-Error") if note else None}
 
     r = _run(c, go)
     if r["seq"] is None:
         c.out(r, f"partition {partition} has no pending message")
         return
     c.out(r, f"partition {partition} stops at work-queue sequence {r['seq']} on "
-             f"{r['subject']} ({r['size']} bytes): {r['payload_preview']}")
+             f"{r['subject']} ({r['size']} bytes): {r['payload_preview']}"
+             + (f"\nthe run halted with: {r['halted_with']}" if r["halted_with"] else ""))
 
 
 @halt.command("skip")
@@ -275,13 +333,22 @@ def halt_show(c: Ctx, stream: str, group: str, partition: int) -> None:
 @click.option("--seq", type=int, default=None,
               help="Work-queue sequence the run halted at (its 'halted at sequence N'); "
                    "default: the partition's first pending message.")
-@click.option("--reason", required=True, help="Why (stored as the dead letter's Cg-Error).")
+@click.option("--reason", required=True,
+              help="Why (stored as the dead letter's Cg-Skip-Reason; its Cg-Error keeps the "
+                   "error the run halted with).")
 @click.pass_obj
 def halt_skip(c: Ctx, stream: str, group: str, partition: int, seq: int | None,
               reason: str) -> None:
     """Move the message PARTITION halted at to the dead-letter stream; the next run goes on."""
-    s = _run(c, lambda js, api: dl.skip_message(js, api, stream, group, partition, reason,
-                                                seq=seq, timeout=c.timeout))
+    async def go(js: JetStreamContext, api: JetStreamAPI) -> dl.Skipped:
+        await _partitions(c, js, stream, group, [partition])
+        try:
+            return await dl.skip_message(js, api, stream, group, partition, reason, seq=seq,
+                                         timeout=c.timeout)
+        except StreamNotFoundError:
+            raise _no_work_queue(stream, group) from None
+
+    s = _run(c, go)
     c.out({"partition": s.partition, "seq": s.seq, "subject": s.subject, "dlq_seq": s.dlq_seq,
            "dlq": dl.dlq_stream_name(stream, group)},
           f"moved work-queue sequence {s.seq} ({s.subject}) of partition {s.partition} to "

@@ -44,3 +44,117 @@ class MembershipError(CgError, ValueError):
 
 class ConcurrentUpdateError(CgError, RuntimeError):
     """A compare-and-set config update kept losing to concurrent writers and gave up."""
+
+
+CAUSE_CHARS = 1000
+"""The most characters of a cause's text (``<type>: <message>`` on one line) that a
+:class:`PartitionRunError` description, a Dagster failure or a check carries (longer ones end
+in ``…``)."""
+
+_ATTR = "partition_run_error"
+
+
+def one_line(text: str, limit: int = CAUSE_CHARS) -> str:
+    """``text`` with every run of whitespace made one space, cut to ``limit`` characters (the
+    last one ``…`` when cut)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:max(0, limit - 1)] + "…"
+
+
+def cause_text(error: BaseException, limit: int = CAUSE_CHARS) -> str:
+    """``"<ExceptionType>: <message>"`` on one line, at most ``limit`` characters (just the type
+    when the message is empty)."""
+    msg = str(error)
+    return one_line(f"{type(error).__name__}: {msg}" if msg.strip() else type(error).__name__,
+                    limit)
+
+
+class PartitionRunError(CgError, RuntimeError):
+    """What a failed partition run had done when it failed, and why it failed.
+
+    The engine (``run_partition``, ``run_static_partition``, ``rebuild_partition``) re-raises
+    the original exception unchanged — ``except EngineConfigError`` and the like keep
+    working — with one of these attached; :meth:`of` returns it. The Dagster asset raises its
+    ``Failure`` from the cause and builds the description from :meth:`description`.
+
+    Attributes:
+        cause: the exception the run failed with (the user's transform error, a sink or NATS
+            error); also ``__cause__``.
+        stream: the group's origin stream; ``group`` its name.
+        read_stream: the stream the run read and leased on (an elastic group's work queue
+            ``<stream>-<group>``; a static group's own stream).
+        partition: the group partition.
+        inflight: ``(first, last)`` stream sequences of the batch being processed when it
+            failed, or None (no batch in flight).
+        committed_through: the sink's committed watermark (a stream sequence) as last read or
+            written by the run, or None when the run had not read it yet.
+        acknowledged_through: the stream sequence the run had acknowledged/purged through
+            (0: none).
+        commits: sink commits made by this run.
+
+    ``str(err)`` is :meth:`description`: the cause first (``<type>: <message>``, at most
+    :data:`CAUSE_CHARS` characters), then, on a second line, the partition facts.
+    """
+
+    def __init__(self, cause: BaseException, *, stream: str, group: str, read_stream: str,
+                 partition: int, inflight: tuple[int, int] | None,
+                 committed_through: int | None, acknowledged_through: int,
+                 commits: int) -> None:
+        self.cause = cause
+        self.stream, self.group, self.read_stream = stream, group, read_stream
+        self.partition, self.inflight = partition, inflight
+        self.committed_through = committed_through
+        self.acknowledged_through = acknowledged_through
+        self.commits = commits
+        super().__init__(self.description())
+        self.__cause__ = cause
+
+    @property
+    def cause_text(self) -> str:
+        """The cause as ``"<type>: <message>"``, one line, at most :data:`CAUSE_CHARS`."""
+        return cause_text(self.cause)
+
+    def facts(self) -> str:
+        """One line: the partition, the range in flight, what was committed and acknowledged,
+        and that the partition was given back."""
+        inflight = (f"sequences {self.inflight[0]}..{self.inflight[1]} in flight"
+                    if self.inflight else "no batch in flight")
+        committed = (f"committed through sequence {self.committed_through}"
+                     if self.committed_through is not None
+                     else "nothing read from the sink yet")
+        return (f"partition {self.partition} of {self.read_stream}: run failed with "
+                f"{inflight}; {committed}, acknowledged through "
+                f"{self.acknowledged_through or 'none'} ({self.commits} commit(s) by this run); "
+                "nothing later was committed or acknowledged, the partition was given back "
+                "and the next run resumes from the committed watermark")
+
+    def description(self) -> str:
+        """The cause (one line), a newline, then :meth:`facts`."""
+        return f"{self.cause_text}\n{self.facts()}"
+
+    def attach(self) -> None:
+        """Attach this error to its cause (``cause.partition_run_error``), unless one is
+        attached already (the innermost run's facts win). Exceptions that refuse new
+        attributes are left as they are."""
+        if getattr(self.cause, _ATTR, None) is None:
+            try:
+                setattr(self.cause, _ATTR, self)
+            except (AttributeError, TypeError):
+                pass
+
+    @staticmethod
+    def of(error: BaseException) -> PartitionRunError | None:
+        """The :class:`PartitionRunError` attached to ``error`` or to an exception it was
+        raised from or during (``__cause__`` / ``__context__``, at most 10 deep); ``error``
+        itself when it is one; else None."""
+        seen: BaseException | None = error
+        for _ in range(10):
+            if seen is None:
+                return None
+            if isinstance(seen, PartitionRunError):
+                return seen
+            got = getattr(seen, _ATTR, None)
+            if isinstance(got, PartitionRunError):
+                return got
+            seen = seen.__cause__ or seen.__context__
+        return None

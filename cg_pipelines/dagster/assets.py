@@ -26,8 +26,14 @@ The engine's lease and fenced commit stay the last line: a second holder commits
 """
 
 
+import asyncio
+import concurrent.futures
+import os
+import threading
 import time
+import types
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import nats.errors
@@ -55,7 +61,12 @@ from pydantic import Field as PydanticField
 
 from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.config import ElasticConfig
-from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
+from cg_pipelines.core.errors import (
+    ConfigError,
+    GroupNotFoundError,
+    PartitionRunError,
+    cause_text,
+)
 from cg_pipelines.core.write import Merge
 from cg_pipelines.dagster.history import CODE_TAG, run_worker_tags
 from cg_pipelines.dagster.resources import (
@@ -356,11 +367,7 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
                                          runs.engine_options(), hook=progress),
                 timeout_s=runs.run_timeout_s)
     except Exception as e:
-        notes = [n for n in getattr(e, "__notes__", []) if n.startswith("partition ")]
-        where = notes[-1] if notes else (f"partition {p} of {spec.stream}.{spec.group}: run "
-                                         f"failed ({type(e).__name__})")
-        raise Failure(f"{where}. Error: {' '.join(str(e).split()) or type(e).__name__}",
-                      metadata={"partition": p, "error_type": type(e).__name__}) from e
+        raise run_failure(e, spec, p) from trim_traceback(e)
     context.log.info(summary_line(p, result))
     md = _run_metadata(result, owner, v.revision)
     md["mode"] = mode
@@ -375,7 +382,11 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
                    "rows_replaced": result.rows_replaced,
                    "rows_written": result.rows_written})
     if result.status == "halted":
-        raise Failure(f"partition {p} halted: {result.detail}", metadata=md)
+        raise Failure(f"{result.detail}\npartition {p} of {spec.stream}.{spec.group} halted "
+                      f"there (dead_letter_policy='halt'): see it with `cg halt show "
+                      f"{spec.stream} {spec.group} {p}`, move it to the dead letters with "
+                      f"`cg halt skip {spec.stream} {spec.group} {p} --reason TEXT`",
+                      metadata=md)
     if result.status == "held":
         # Not a materialization: nothing was processed. Failing makes the sensor retry it
         # after its backoff (the holder's lease returns within the ack wait).
@@ -402,3 +413,51 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
 def _stats(sink: DeltaSink, partition: int) -> TableStats | None:
     """The table's statistics, or ``None`` when it does not exist (nothing committed yet)."""
     return sink.stats(partition) if sink.exists() else None
+
+
+def run_failure(error: Exception, spec: ConsumerGroupAsset, partition: int) -> Failure:
+    """The ``Failure`` a failed partition run raises: its description starts with the cause
+    (``<type>: <message>``, at most :data:`~cg_pipelines.core.errors.CAUSE_CHARS`
+    characters), then the partition facts of the engine's
+    :class:`~cg_pipelines.core.errors.PartitionRunError` (or, when the engine never started,
+    that nothing was leased). Its metadata is those facts, once, as fields."""
+    pre = PartitionRunError.of(error)
+    md: dict[str, Any] = {"partition": partition, "cause_type": type(error).__name__,
+                          "cause": cause_text(error)}
+    if pre is None:
+        return Failure(f"{cause_text(error)}\npartition {partition} of {spec.stream}."
+                       f"{spec.group}: the run failed before it leased anything; nothing was "
+                       "committed or acknowledged", metadata=md)
+    if pre.inflight is not None:
+        md["inflight_first_seq"], md["inflight_last_seq"] = pre.inflight
+    if pre.committed_through is not None:
+        md["committed_through"] = pre.committed_through
+    md["acknowledged_through"] = pre.acknowledged_through
+    return Failure(pre.description(), metadata=md)
+
+
+_PLUMBING = tuple(str(Path(m.__file__).parent) + os.sep for m in (asyncio, concurrent.futures)) + (
+    threading.__file__, str(Path(__file__).parents[1]) + os.sep)
+
+
+def trim_traceback(error: BaseException) -> BaseException:
+    """``error`` with its traceback cut to the frames outside ``asyncio``,
+    ``concurrent.futures``, ``threading`` and this library (the transform's own frames), so a
+    run log shows the user's code, not the event loop. When every frame is such plumbing (the
+    error is the library's or NATS'), the frames outside ``asyncio``/``concurrent``/
+    ``threading`` are kept. Returns ``error``."""
+    frames: list[types.TracebackType] = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    keep = [f for f in frames if not f.tb_frame.f_code.co_filename.startswith(_PLUMBING)]
+    if not keep:
+        keep = [f for f in frames
+                if not f.tb_frame.f_code.co_filename.startswith(_PLUMBING[:-1])] or frames
+    if len(keep) == len(frames):
+        return error
+    trimmed: types.TracebackType | None = None
+    for f in reversed(keep):
+        trimmed = types.TracebackType(trimmed, f.tb_frame, f.tb_lasti, f.tb_lineno)
+    return error.with_traceback(trimmed)

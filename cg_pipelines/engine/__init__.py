@@ -1,5 +1,6 @@
 """The ordered partition engine: lease-and-range drains with fenced, exactly-once commits."""
 
+from cg_pipelines.core.errors import PartitionRunError
 from cg_pipelines.engine.model import (
     PARTITION_COLUMN,
     BatchContext,
@@ -34,6 +35,7 @@ __all__ = [
     "EngineOptions",
     "FenceConflictError",
     "NatsUnavailableError",
+    "PartitionRunError",
     "Processed",
     "Processor",
     "ProcessorBase",

@@ -15,6 +15,7 @@ from nats.aio.client import Client
 
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.errors import PartitionRunError
 from cg_pipelines.engine.model import (
     Processor,
     RunResult,
@@ -102,19 +103,16 @@ class RunContext:
             return True
         return o.max_seconds is not None and time.monotonic() - self.t0 >= o.max_seconds
 
-    def failure_summary(self, error: BaseException) -> str:
-        """One line for a failed run: the partition, the sequence range in flight, and what
-        was committed and acknowledged (so an operator knows nothing was lost)."""
+    def failure(self, error: BaseException) -> PartitionRunError:
+        """The run's :class:`~cg_pipelines.core.errors.PartitionRunError` for ``error``: the
+        partition, the sequence range in flight, and what was committed and acknowledged (so
+        an operator knows nothing was lost), with ``error`` as its cause."""
         res = self.res
-        inflight = (f"sequences {self.inflight[0]}..{self.inflight[1]} in flight"
-                    if self.inflight else "no batch in flight")
-        committed = (f"committed through sequence {res.watermark}" if self.watermark_read
-                     else "nothing read from the sink yet")
-        return (f"partition {self.partition} of {self.wq}: run failed "
-                f"({type(error).__name__}) with {inflight}; {committed}, acknowledged through "
-                f"{self.settled_through or 'none'} ({res.commits} commit(s) by this run); "
-                "nothing later was committed or acknowledged, the partition was given back "
-                "and the next run resumes from the committed watermark")
+        return PartitionRunError(
+            error, stream=self.stream, group=self.group, read_stream=self.wq,
+            partition=self.partition, inflight=self.inflight,
+            committed_through=res.watermark if self.watermark_read else None,
+            acknowledged_through=self.settled_through, commits=res.commits)
 
 
 def state_cache(processor: Processor, sink: Sink, partition: int) -> KeyStateCache | None:

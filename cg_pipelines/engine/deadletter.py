@@ -5,6 +5,13 @@ Each dead letter keeps the original payload and headers and adds ``Cg-Origin-Str
 stripped), ``Cg-Partition`` and ``Cg-Error``. It is published with ``Nats-Msg-Id =
 <stream read from>:<sequence>`` so a batch re-processed after a crash or by a newer holder
 dead-letters each message once (within the stream's duplicate window, default 7 days).
+
+A run stopped by ``dead_letter_policy="halt"`` leaves a **halt note** (no payload) on
+``<stream>-<group>-dlq.halted.<partition>``: the work-queue sequence it halted at and why
+(``Cg-Sequence``, ``Cg-Error``), at most one per partition (the newest). ``cg halt skip`` reads
+it so the dead letter keeps the original error next to the operator's reason, then deletes it.
+Dead letters themselves are on ``<stream>-<group>-dlq.<partition>`` (one token): listing and
+purging dead letters never meets a halt note.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from cg_pipelines.jetstream.errors import (
     ERR_NO_MESSAGE_FOUND,
     JetStreamError,
     NoMessageFoundError,
+    StreamNotFoundError,
 )
 
 DLQ_DUPLICATE_WINDOW_S = 7 * 24 * 3600.0
@@ -181,6 +189,8 @@ class StoredDeadLetter:
             work-queue stream and sequence for an elastic group).
         origin_subject: ``Cg-Subject``, the subject it was published on.
         reason: ``Cg-Error``.
+        skip_reason: ``Cg-Skip-Reason`` (moved by ``cg halt skip``: the operator's reason), or
+            None.
         time_ns: when it was dead-lettered, ns since the epoch.
         headers: all its headers (server ``Nats-*`` ones included when read from the leader).
         data: the payload, as published.
@@ -196,6 +206,11 @@ class StoredDeadLetter:
     time_ns: int
     headers: dict[str, str]
     data: bytes
+
+    @property
+    def skip_reason(self) -> str | None:
+        """``Cg-Skip-Reason``: why an operator moved it here (``cg halt skip``), or None."""
+        return self.headers.get(SKIP_REASON_HEADER)
 
     @classmethod
     def of(cls, msg: StoredMessage) -> StoredDeadLetter:
@@ -219,6 +234,7 @@ class StoredDeadLetter:
             "seq": self.seq, "subject": self.subject, "partition": self.partition,
             "source_stream": self.source_stream, "source_seq": self.source_seq,
             "origin_subject": self.origin_subject, "reason": self.reason,
+            "skip_reason": self.skip_reason,
             "time": _rfc3339(self.time_ns), "headers": self.headers, "size": len(self.data),
             "payload_preview": self.preview(preview_bytes),
         }
@@ -227,6 +243,50 @@ class StoredDeadLetter:
 def _rfc3339(ns: int) -> str:
     return datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC).isoformat().replace(
         "+00:00", "Z")
+
+
+HALT_TOKEN = "halted"
+SKIP_REASON_HEADER = "Cg-Skip-Reason"
+"""Header of a dead letter moved by ``cg halt skip``: the operator's reason (``Cg-Error``
+keeps the error the run halted with, when its halt note was found)."""
+
+
+def halt_note_subject(stream: str, group: str, partition: int) -> str:
+    """``<stream>-<group>-dlq.halted.<partition>``: where a halted run notes why."""
+    return f"{dlq_stream_name(stream, group)}.{HALT_TOKEN}.{partition}"
+
+
+async def record_halt(js: JetStreamContext, api: JetStreamAPI, *, origin_stream: str,
+                      read_stream: str, group: str, partition: int, seq: int, reason: str,
+                      timeout: float = 5.0) -> None:
+    """Leave the partition's halt note: it halted at ``seq`` of ``read_stream`` because of
+    ``reason`` (one line, at most 1,000 characters). ``Nats-Msg-Id = halted:<read_stream>:
+    <seq>``: a retried run halting at the same message stores it once; older notes of the
+    partition are purged (at most one per partition). The dead-letter stream must exist.
+
+    Raises:
+        JetStreamError / TimeoutError: the publish or the purge failed.
+    """
+    subject = halt_note_subject(origin_stream, group, partition)
+    await js.publish(subject, b"", timeout=timeout, headers={
+        "Nats-Msg-Id": f"halted:{read_stream}:{seq}", "Cg-Stream": read_stream,
+        "Cg-Sequence": str(seq), "Cg-Partition": str(partition),
+        "Cg-Error": " ".join(reason.split())[:1000]})
+    await api.purge(dlq_stream_name(origin_stream, group), filter=subject, keep=1)
+
+
+async def halt_note(api: JetStreamAPI, stream: str, group: str, partition: int,
+                    seq: int) -> StoredMessage | None:
+    """The partition's halt note when it is about work-queue sequence ``seq``, else None
+    (also when the group has no dead-letter stream)."""
+    try:
+        got = await api.msg_get(dlq_stream_name(stream, group),
+                                last_by_subj=halt_note_subject(stream, group, partition))
+    except StreamNotFoundError:
+        return None
+    if got is None or (got.headers or {}).get("Cg-Sequence") != str(seq):
+        return None
+    return got
 
 
 async def list_dead_letters(
@@ -243,7 +303,7 @@ async def list_dead_letters(
     """
     name = dlq_stream_name(stream, group)
     await api.stream_info(name)  # a clear StreamNotFoundError rather than no responders
-    subject = f"{name}.{partition}" if partition is not None else f"{name}.>"
+    subject = f"{name}.{partition}" if partition is not None else f"{name}.*"
     out: list[StoredDeadLetter] = []
     seq = max(1, start_seq)
     while len(out) < limit:
@@ -325,7 +385,8 @@ async def purge_dead_letters(api: JetStreamAPI, stream: str, group: str, *,
     name = dlq_stream_name(stream, group)
     if seq is not None:
         return 1 if await api.delete_msg(name, seq) else 0
-    return await api.purge(name, filter=f"{name}.{partition}" if partition is not None else None)
+    return await api.purge(name, filter=f"{name}.{partition}" if partition is not None
+                           else f"{name}.*")
 
 
 @dataclass(frozen=True)
@@ -349,9 +410,10 @@ async def skip_message(
 
     ``seq`` is the work-queue sequence (a halted run's ``halted_at``); ``None`` takes the
     partition's first pending message. The message is read from the stream's leader, checked
-    to belong to ``partition``, stored as a dead letter with ``Cg-Error = reason`` (the same
-    ``Nats-Msg-Id`` a run would use: never twice), and deleted from the work queue. It stays
-    in the origin stream.
+    to belong to ``partition``, stored as a dead letter (the same ``Nats-Msg-Id`` a run would
+    use: never twice) with ``Cg-Skip-Reason = reason`` and ``Cg-Error`` = the error the run
+    halted with (from its halt note, :func:`record_halt`; ``reason`` when there is none), and
+    deleted from the work queue (the halt note too). It stays in the origin stream.
 
     Raises:
         NoMessageFoundError: the partition has no pending message, or none at ``seq``.
@@ -375,10 +437,17 @@ async def skip_message(
     if token != str(partition):
         raise ValueError(f"sequence {got.seq} of {wq} is in partition {token}, not {partition}")
     await ensure_dlq_stream(api, stream, group)
+    note = await halt_note(api, stream, group, partition, got.seq)
+    halted_with = (note.headers or {}).get("Cg-Error") if note is not None else None
     headers = dead_letter_headers(got.headers, origin_stream=stream, read_stream=wq,
                                   seq=got.seq, subject=rest, partition=partition,
-                                  reason=reason, origin_seq=source_seq(got.headers))
+                                  reason=halted_with or reason,
+                                  origin_seq=source_seq(got.headers))
+    headers[SKIP_REASON_HEADER] = " ".join(reason.split())[:1000]
     ack = await js.publish(f"{dlq_stream_name(stream, group)}.{partition}", got.data,
                            timeout=timeout, headers=headers)
     await api.delete_msg(wq, got.seq)
+    if note is not None:
+        with contextlib.suppress(JetStreamError):
+            await api.delete_msg(dlq_stream_name(stream, group), note.seq)
     return Skipped(partition, got.seq, rest, None if ack.duplicate else ack.seq)

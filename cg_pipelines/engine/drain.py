@@ -48,7 +48,11 @@ import pyarrow.compute as pc
 from cg_pipelines.core.batching import next_batch_size
 from cg_pipelines.core.contract import check_output
 from cg_pipelines.engine.context import RunContext
-from cg_pipelines.engine.deadletter import ensure_dlq_stream, publish_dead_letters
+from cg_pipelines.engine.deadletter import (
+    ensure_dlq_stream,
+    publish_dead_letters,
+    record_halt,
+)
 from cg_pipelines.engine.executor_read import (
     RangeProcessor,
     check_range,
@@ -393,14 +397,21 @@ class Drain:
         self.ctx.timed("settle", t)
         if prep.halted is not None:
             # The bad message is now the partition's first: leave it for an operator.
-            self._halt(prep.halted.seq, prep.halted.reason)
+            await self._halt(prep.halted.seq, prep.halted.reason)
             return True
         self.ctx.step("acked", first_seq=first, last_seq=last)
         return False
 
-    def _halt(self, seq: int, reason: str) -> None:
-        self.ctx.res.status, self.ctx.res.halted_at = "halted", seq
-        self.ctx.res.detail = f"halted at sequence {seq}: {reason}"
+    async def _halt(self, seq: int, reason: str) -> None:
+        c = self.ctx
+        c.res.status, c.res.halted_at = "halted", seq
+        c.res.detail = f"halted at sequence {seq}: {reason}"
+        # The halt note, for `cg halt skip` (best effort: the halt stands without it).
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(record_halt(
+                c.js, c.api, origin_stream=c.stream, read_stream=c.wq, group=c.group,
+                partition=c.partition, seq=seq, reason=reason, timeout=c.opt.timeout_s),
+                2 * c.opt.timeout_s)
 
     async def process_and_commit(
         self, lease: Lease, records: pa.Table, watermark: int
@@ -412,7 +423,7 @@ class Drain:
         if prep.records.num_rows == 0:  # halted at the batch's first message
             await self.lease.put_back(lease)
             assert prep.halted is not None
-            self._halt(prep.halted.seq, prep.halted.reason)
+            await self._halt(prep.halted.seq, prep.halted.reason)
             return True
         await self._dead_letter(prep)
         return await self._commit_batch(lease, prep, watermark)
@@ -457,7 +468,7 @@ class Drain:
                 if prep.records.num_rows == 0:  # halted at the batch's first message
                     await self.lease.put_back(lease)
                     assert prep.halted is not None
-                    self._halt(prep.halted.seq, prep.halted.reason)
+                    await self._halt(prep.halted.seq, prep.halted.reason)
                     return None, prefetch
                 # 4. Dead-letter.
                 await self._dead_letter(prep)

@@ -146,8 +146,10 @@ class LeaseHolder:
                     body: Callable[[], Awaitable[None]]) -> RunResult:
         """Ensure the consumer, run ``body``, unpin; on any failure (the transform's, the
         sink's, NATS', a cancellation) give the partition back on the way out, so a retry
-        starts at once instead of finding it ``held`` until the ack wait / pin timeout, and
-        note on the exception what was committed and acknowledged."""
+        starts at once instead of finding it ``held`` until the ack wait / pin timeout. The
+        exception is re-raised as it is, with a :class:`~cg_pipelines.core.errors.
+        PartitionRunError` attached (what was in flight, committed and acknowledged; read it
+        with ``PartitionRunError.of(exc)``)."""
         ctx = self.ctx
         try:
             await ensure()
@@ -156,7 +158,7 @@ class LeaseHolder:
         except BaseException as e:
             await self.give_back()
             if isinstance(e, Exception):
-                e.add_note(ctx.failure_summary(e))
+                ctx.failure(e).attach()
             raise
         finally:
             await ctx.api.close()

@@ -128,8 +128,9 @@ async def run_partition(
 
     On any failure (a cancellation included) the run gives the partition back before raising:
     the held lease is nak'ed and the pin released, so an immediate retry is not ``held``. The
-    raised exception carries a note (:pep:`678`) naming the partition, the sequences in flight
-    and what was committed and acknowledged.
+    exception is raised as it was, with a :class:`~cg_pipelines.core.errors.PartitionRunError`
+    attached (``PartitionRunError.of(exc)``): the partition, the sequences in flight and what
+    was committed and acknowledged, the exception as its cause.
     """
     if partition < 0:
         raise ValueError(f"partition must be >= 0, got {partition}")

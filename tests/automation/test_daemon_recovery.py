@@ -13,6 +13,13 @@ One code location, one elastic group of 3 partitions, the backlog sensor on, nob
   the partition resumes by itself.
 
 The table then equals the pandas reference (exactly once, per-key order).
+
+On a SQLite instance (Dagster's default) and on a **PostgreSQL-backed** one
+(``storage: postgres:`` with dagster-postgres, the database from the ``postgres_database``
+fixture), as production runs. The Postgres variant is the most telling part only, to keep CI
+time down (the whole scenario takes ~200 s on this machine): one partition, flaky (fails once
+with its cause first in the stored failure, retried under a new run key after its backoff,
+then drains); no broken partition, no redeploy.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 from dagster import (
     AssetCheckKey,
     AssetKey,
+    DagsterEventType,
     DagsterInstance,
     DagsterRunStatus,
 )
@@ -46,11 +54,11 @@ from cg_pipelines.dagster import (ConsumerGroupAsset, DeltaWarehouseResource, Na
 from cg_pipelines.engine.processing import ArrowProcessor
 from tests.support import keyed
 
-FLAKY = Path(os.environ["CG_TEST_FLAKY"])  # failures partition 1 has left
+FLAKY = Path(os.environ["CG_TEST_FLAKY"])  # failures the flaky partition has left
 
 
 def transform(table, ctx):
-    if ctx.partition == 1:
+    if ctx.partition == __FLAKY_P__:
         left = int(FLAKY.read_text() or 0)
         if left > 0:
             FLAKY.write_text(str(left - 1))
@@ -60,23 +68,27 @@ def transform(table, ctx):
 
 
 devices = ConsumerGroupAsset(
-    name="devices", stream=os.environ["CG_TEST_STREAM"], group="g", partitions=3,
+    name="devices", stream=os.environ["CG_TEST_STREAM"], group="g", partitions=__PARTITIONS__,
     processor=ArrowProcessor(keyed.DECODER, transform, state=keyed.STATE),
     sensor_interval_s=1, schedule_cron=None, lag_objective_s=3600.0)
 
 defs = build_definitions([devices], resources={
     "nats": NatsResource(servers=os.environ["CG_TEST_NATS"]),
     "warehouse": DeltaWarehouseResource(root=os.environ["CG_TEST_WAREHOUSE"]),
-    "partition_runs": PartitionRunsResource(hold_wait_s=2.0, retry_max_failures=3,
+    "partition_runs": PartitionRunsResource(hold_wait_s=2.0, retry_max_failures=__MAX_FAILURES__,
                                             retry_backoff_s=2.0, retry_max_backoff_s=4.0),
 })
 '''
-BUG = 'if ctx.partition == 2:\n        raise ValueError("bad transform: unit mix-up (v1)")'
+BUG = 'if ctx.partition == __BUG_P__:\n        raise ValueError("bad transform: unit mix-up (v1)")'
 FIXED = "pass  # v2: the unit mix-up is fixed"
 
 
-def _write_location(path: Path, bug: str) -> None:
-    path.write_text(LOCATION.replace("__BUG__", bug))
+def _write_location(path: Path, bug: str, partitions: int = 3, flaky: int = 1,
+                    broken: int = 2, max_failures: int = 3) -> None:
+    path.write_text(LOCATION.replace("__BUG__", bug).replace("__BUG_P__", str(broken))
+                    .replace("__FLAKY_P__", str(flaky))
+                    .replace("__PARTITIONS__", str(partitions))
+                    .replace("__MAX_FAILURES__", str(max_failures)))
 
 
 def _statuses(instance: DagsterInstance, key: str) -> list[DagsterRunStatus]:
@@ -100,10 +112,10 @@ def _skip_reasons(instance: DagsterInstance) -> list[str]:
     return out
 
 
-async def _setup(js, stream: str, evs: list[tuple[str, int]]) -> None:
+async def _setup(js, stream: str, evs: list[tuple[str, int]], partitions: int = 3) -> None:
     await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
     await admin.create_elastic(js, stream, "g", ElasticConfig(
-        3, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
+        partitions, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
     await keyed.publish(js, stream, evs)
 
 
@@ -173,3 +185,49 @@ async def test_failed_partitions_recover_without_a_human(js, nats_server, unique
     await asyncio.to_thread(run)
     sink = DeltaSink(str(warehouse / "devices"))
     assert keyed.mismatches(sink.read(), evs) is None
+
+
+async def test_recovery_on_a_postgres_instance(js, nats_server, unique_name, tmp_path,
+                                               postgres_database: str) -> None:
+    """The retry rule with every Dagster storage in PostgreSQL: the group's one partition is
+    flaky (fails once; the stored failure starts with the cause); the sensor retries it after
+    2 s under a new run key, and the retry drains at once; the table equals the reference."""
+    stream = unique_name
+    evs = keyed.events(n_keys=8, n_events=200)
+    await _setup(js, stream, evs, partitions=1)
+    # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; dagster-postgres brings psycopg2.
+    url = postgres_database.replace("postgresql://", "postgresql+psycopg2://", 1)
+    home = make_home(tmp_path / "home", postgres_url=url)
+    location = tmp_path / "location.py"
+    flaky = tmp_path / "flaky"
+    flaky.write_text("1")
+    warehouse = tmp_path / "warehouse"
+    env = {"CG_TEST_STREAM": stream, "CG_TEST_NATS": nats_server.url,
+           "CG_TEST_WAREHOUSE": str(warehouse), "CG_TEST_FLAKY": str(flaky)}
+    _write_location(location, FIXED, partitions=1, flaky=0, broken=1)
+    start_sensor(home, location, env, "devices_backlog")
+
+    def run() -> None:
+        instance = DagsterInstance.from_config(str(home))
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+        with daemon(home, location, env):
+            wait_until("partition 0 succeeded", lambda: DagsterRunStatus.SUCCESS in _statuses(
+                instance, "g-0"), 240, home)
+            runs0 = partition_runs(instance, "g-0")
+            assert [r.status for r in runs0] == [DagsterRunStatus.FAILURE,
+                                                 DagsterRunStatus.SUCCESS], \
+                [(r.status, r.tags) for r in runs0]
+            assert runs0[1].tags.get("dagster/run_key", "").endswith(":1"), runs0[1].tags
+            # the failed run's error, as stored in PostgreSQL: the cause first
+            (failed,) = instance.all_logs(runs0[0].run_id,
+                                          of_type=DagsterEventType.STEP_FAILURE)
+            err = failed.dagster_event.event_specific_data.error
+            assert err.message.startswith("dagster._core.definitions.events.Failure: "
+                                          "ConnectionError: flaky dependency (0 failures "
+                                          "left)\npartition 0 of "), err.message
+        instance.dispose()
+
+    await asyncio.to_thread(run)
+    assert flaky.read_text() == "0"
+    assert keyed.mismatches(DeltaSink(str(warehouse / "devices")).read(), evs) is None

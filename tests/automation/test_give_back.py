@@ -15,6 +15,7 @@ import pytest
 from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.errors import PartitionRunError
 from cg_pipelines.engine.model import BatchContext
 from cg_pipelines.engine.processing import ArrowProcessor
 from cg_pipelines.engine.runner import EngineOptions, run_partition
@@ -70,12 +71,22 @@ async def test_failed_run_gives_partition_back(nc, js, unique_name, tmp_path,
     with pytest.raises(Boom) as failed:
         await run_partition(nc, stream, "g", 0, failing_processor(fail_after_batches), sink,
                             opts)
-    note = " ".join(getattr(failed.value, "__notes__", []))
-    assert f"partition 0 of {stream}-g: run failed (Boom) with sequences" in note
-    assert "nothing later was committed or acknowledged" in note
+    # The original exception, unchanged, with the run's facts attached as a typed error.
+    err = PartitionRunError.of(failed.value)
+    assert err is not None and err.cause is failed.value and err.__cause__ is failed.value
+    assert err.partition == 0 and err.read_stream == f"{stream}-g"
     committed = sink.watermark(f"{stream}/g/0") if sink.exists() else 0
-    assert f"committed through sequence {committed}," in note
+    assert err.committed_through == committed and err.acknowledged_through <= committed
+    assert (err.commits > 0) == (committed > 0)
+    assert err.inflight is not None and err.inflight[0] > committed
     assert (committed > 0) == (fail_after_batches > 0)
+    cause, facts = str(err).split("\n")
+    assert cause == f"Boom: {failed.value}"  # the cause first
+    assert facts.startswith(f"partition 0 of {stream}-g: run failed with sequences "
+                            f"{err.inflight[0]}..{err.inflight[1]} in flight; committed "
+                            f"through sequence {committed}, acknowledged through "), facts
+    assert "nothing later was committed or acknowledged" in facts
+    assert not getattr(failed.value, "__notes__", None)  # no text note to parse any more
 
     # Nobody pinned (the lease was nak'ed: the server delivers it again to the next pull).
     info = await api.consumer_info(f"{stream}-g", "partition-0")

@@ -38,6 +38,18 @@ def cg_json(url: str, *args: str) -> object:
     return json.loads(r.stdout)
 
 
+def assert_aligned(text: str) -> None:
+    """A ``cg`` table: a header, a rule, rows; each right-aligned column's cells end where
+    its header ends (``partition``, ``pending`` ...)."""
+    header, rule, *rows = text.splitlines()
+    assert set(rule) == {"─"}, rule
+    assert rows
+    for name in ("partition", "pending"):
+        end = header.index(name) + len(name)
+        for row in rows:
+            assert row[end - 1] != " " and (len(row) == end or row[end] == " "), (name, text)
+
+
 async def test_backlog_halt_skip_resume_dead_letters_and_reconcile(
         nats_server: NatsServer, nc: Client, js: JetStreamContext, unique_name: str,
         tmp_path: Path) -> None:
@@ -66,6 +78,7 @@ async def test_backlog_halt_skip_resume_dead_letters_and_reconcile(
     text = cg(url, "backlog", s, "g").stdout
     assert text.splitlines()[0].split() == ["partition", "pending", "first", "seq", "oldest",
                                            "holder"]
+    assert_aligned(text)
 
     # halt: the run stops at the bad message (work-queue sequence == origin sequence here)
     sink = DeltaSink(str(tmp_path / "t"))
@@ -76,6 +89,10 @@ async def test_backlog_halt_skip_resume_dead_letters_and_reconcile(
     assert [h["consumer"] for h in holders] == [f"partition-{p}"]
     shown = cg_json(url, "halt", "show", s, "g", str(p))
     assert shown["seq"] == bad and "oops" in shown["payload_preview"]
+    decode_error = r.detail.split(": ", 1)[1]  # "halted at sequence N: <decode error>"
+    assert shown["halted_with"] == decode_error, (shown, r.detail)
+    assert f"the run halted with: {decode_error}" in cg(url, "halt", "show", s, "g",
+                                                        str(p)).stdout
     # skip: wrong partition refused, then moved with the reason; the rerun goes on
     r2 = cg(url, "halt", "skip", s, "g", str(1 - p), "--seq", str(bad), "--reason", "x")
     assert r2.returncode == 2 and f"is in partition {p}, not {1 - p}" in r2.stderr, r2.stderr
@@ -91,11 +108,17 @@ async def test_backlog_halt_skip_resume_dead_letters_and_reconcile(
 
     # dead letters: listed and shown with the reason, headers and payload
     (d,) = cg_json(url, "dlq", "ls", s, "g")
-    assert (d["partition"], d["source_seq"], d["reason"]) == (p, bad, "malformed n")
+    # the original decode error kept as the reason, the operator's reason next to it
+    assert (d["partition"], d["source_seq"], d["reason"], d["skip_reason"]) == (
+        p, bad, decode_error, "malformed n")
+    assert f"{decode_error} [skipped: malformed n]" in cg(url, "dlq", "ls", s, "g").stdout
+    # the halt note is gone with the skip
+    assert await api.msg_get(f"{s}-g-dlq", last_by_subj=f"{s}-g-dlq.halted.{p}") is None
     assert d["headers"]["Cg-Origin-Sequence"] == str(bad)
     shown = cg(url, "dlq", "show", s, "g", str(d["seq"]))
     assert shown.returncode == 0, shown.stderr
-    assert "reason:     malformed n" in shown.stdout and "oops" in shown.stdout
+    assert f"reason:     {decode_error}" in shown.stdout and "oops" in shown.stdout
+    assert "skipped:    malformed n" in shown.stdout
     assert "Cg-Subject: " + f"{s}.{key}" in shown.stdout
     assert cg(url, "dlq", "show", s, "g", "99").returncode == 2
 

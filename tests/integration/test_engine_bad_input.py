@@ -220,7 +220,11 @@ async def test_halt_stops_at_each_bad_payload_with_its_reason(
             assert again.status == "halted" and again.halted_at == seq
         await js.delete_msg(wq, seq)  # the operator removes it (it is still in the origin)
     dlq = dlq_stream_name(stream, "g")
-    assert int((await api.stream_info(dlq))["state"]["messages"]) == 0  # halt dead-letters none
+    assert await api.direct_get_batch(dlq, 1, f"{dlq}.*", 100) == []  # halt dead-letters none
+    # only the last halt's note (for `cg halt skip`) is kept: one per partition
+    (note,) = await api.direct_get_batch(dlq, 1, f"{dlq}.halted.>", 100)
+    assert note.headers["Cg-Sequence"] == str(bad[-1][0]) and note.data == b""
+    assert bad[-1][1].reason is not None and bad[-1][1].reason in note.headers["Cg-Error"]
     r = await run_partition(nc, stream, "g", 0, legs_arrow_processor(), sink, opts)
     assert r.status == "drained" and r.dead_lettered == 0, r
     rows, mismatches, desc = compare_legs(sink.read(), reference_legs(aircraft))

@@ -20,10 +20,16 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def instance_yaml(max_concurrent_runs: int = 2) -> str:
+def instance_yaml(max_concurrent_runs: int = 2, postgres_url: str | None = None) -> str:
     """The queued run coordinator with the per-partition limit (as the README recommends),
-    dequeuing every second."""
-    return f"""\
+    dequeuing every second; with ``postgres_url``, every storage (runs, event log, schedules)
+    in that PostgreSQL database (dagster-postgres) instead of SQLite files."""
+    storage = "" if postgres_url is None else f"""\
+storage:
+  postgres:
+    postgres_url: "{postgres_url}"
+"""
+    return storage + f"""\
 run_coordinator:
   module: dagster._core.run_coordinator
   class: QueuedRunCoordinator
@@ -42,9 +48,9 @@ nux:
 """
 
 
-def make_home(path: Path, max_concurrent_runs: int = 2) -> Path:
+def make_home(path: Path, max_concurrent_runs: int = 2, postgres_url: str | None = None) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    (path / "dagster.yaml").write_text(instance_yaml(max_concurrent_runs))
+    (path / "dagster.yaml").write_text(instance_yaml(max_concurrent_runs, postgres_url))
     with DagsterInstance.from_config(str(path)):
         pass  # create the SQLite storages before the daemon and the CLI race to
     return path
