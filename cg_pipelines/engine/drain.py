@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 
 from cg_pipelines.core.batching import next_batch_size
 from cg_pipelines.core.contract import check_output
+from cg_pipelines.core.coverage import COVERAGE_KEY, encode_seqs
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.deadletter import ensure_dlq_stream, publish_dead_letters
 from cg_pipelines.engine.executor_read import (
@@ -360,7 +361,10 @@ class Drain:
             markers = {origin_marker(self.ctx.app_id): origin} if origin is not None else None
             lineage = {"stream": self.ctx.stream, "group": self.ctx.group,
                        "partition": self.ctx.partition, "first_seq": first, "last_seq": last,
-                       "last_origin_seq": origin}
+                       "last_origin_seq": origin,
+                       # every origin sequence this batch settled (rows, dead letters, filtered
+                       # out): what the reconcile check counts as covered (core/coverage.py)
+                       COVERAGE_KEY: _coverage(prep)}
             await asyncio.to_thread(self.ctx.sink.commit, processed.table, self.ctx.app_id, last,
                                     watermark, markers, lineage=lineage)
         except FenceConflictError as e:
@@ -506,6 +510,15 @@ def _bounds(batch: pa.Table) -> tuple[int, int]:
     """First and last sequence of a non-empty batch (stream order)."""
     seqs = batch["seq"]
     return seqs[0].as_py(), seqs[-1].as_py()
+
+
+def _coverage(prep: _Prepared) -> str | None:
+    """The batch's covered origin sequences (:func:`~cg_pipelines.core.coverage.encode_seqs`),
+    or None for an executor batch (its records stay on the executors)."""
+    if prep.span is not None:
+        return None
+    col = prep.records["origin_seq"].drop_null()
+    return encode_seqs(col.to_numpy()) if len(col) else None
 
 
 def _last_origin_seq(batch: pa.Table) -> int | None:
