@@ -7,8 +7,10 @@ is where :class:`~cg_pipelines.sinks.delta.DeltaSink` puts the ``cg.*`` lineage)
 through a pyarrow filesystem rooted at the table (:func:`~cg_pipelines.sinks.storage.
 table_filesystem`): one small read per version, from the cursor's version on, so a check costs
 the versions committed since the last one and no snapshot load. Versions that are not the
-group's data commits (version 0, a maintenance commit such as OPTIMIZE or VACUUM, another
-group's commit, a commit of a library before coverage) carry no coverage and are skipped.
+group's commits (version 0, a maintenance commit such as OPTIMIZE or VACUUM, another group's
+commit) carry no coverage and are skipped. A drain commit without ``cg.coverage`` (an executor
+batch, whose records stay on the Spark executors, or a commit of a library before coverage) is
+trusted to cover its partition through its ``cg.last_origin_seq``: not verified.
 
 **Log retention rule**: Delta log cleanup (``delta.logRetentionDuration``, 30 days by default)
 deletes commit files older than that once a checkpoint follows them. The cursor never needs a
@@ -43,6 +45,7 @@ from cg_pipelines.core.errors import CgError
 __all__ = ["CoverageLogError", "DeltaLogCoverage", "cursor_path"]
 
 _PREFIX = "cg."
+_DATA_OPERATIONS = ("append", "merge", "empty")
 
 
 class CoverageLogError(CgError, RuntimeError):
@@ -120,6 +123,10 @@ class DeltaLogCoverage:
         if get("stream") != self.stream or get("group") != self.group:
             return None
         part, seqs, through = get("partition"), get(COVERAGE_KEY), get(COVERAGE_THROUGH_KEY)
+        if seqs is None and through is None and get("operation") in _DATA_OPERATIONS:
+            # a commit without recorded coverage: an executor batch, or a library before
+            # coverage; trusted to cover its partition through its last origin sequence
+            through = get("last_origin_seq")
         if part is None or (seqs is None and through is None):
             return None
         return CommitCoverage(version, int(part), None if seqs is None else decode_seqs(seqs),
@@ -137,12 +144,16 @@ class DeltaLogCoverage:
         except FileNotFoundError:
             return None
 
-    def save_cursor(self, cursor: ReconcileCursor) -> None:
-        """Store ``cursor`` (replacing the previous one)."""
+    def save_cursor(self, cursor: ReconcileCursor) -> bool:
+        """Store ``cursor`` (replacing the previous one). Returns False (nothing stored) while
+        the table does not exist yet (nothing is created before the table)."""
+        if self.fs.get_file_info("_delta_log").type != pafs.FileType.Directory:
+            return False
         path = cursor_path(self.stream, self.group)
         self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         with self.fs.open_output_stream(path) as f:
             f.write(cursor.to_json().encode("utf-8"))
+        return True
 
     def delete_cursor(self) -> None:
         """Forget the stored cursor (the next check starts from the beginning)."""
