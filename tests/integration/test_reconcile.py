@@ -92,3 +92,20 @@ async def test_gap_is_named_and_rebuild_repairs_it(nats_server: NatsServer, nc: 
     after = await reconcile_group(js, api, s, "g", table_seqs=seqs)
     assert after.ok, after.text()
     assert after.in_table == 300
+
+    def cg(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cg_pipelines.cli", "--server",
+                               nats_server.url, "--json", "reconcile", s, "g", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    # the stored cursor (from the first cg reconcile) goes on: the rebuild's coverage closed
+    # the gap it kept; --all checks the whole history again from the coverage alone
+    for args in ((), ("--all",), ("--from-seq", "90", "--to-seq", "130")):
+        done = cg("--table", str(tmp_path / "t"), *args)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        out = json.loads(done.stdout)
+        assert out["ok"] and out["gaps"] == [] and out["stall"] is None, out
+    assert json.loads(done.stdout)["to_seq"] == 130
+    # a --table with no Delta table is refused, not read as "every message missing"
+    nothing = cg("--table", str(tmp_path / "typo"))
+    assert nothing.returncode == 2 and "no Delta table there" in nothing.stderr, nothing
