@@ -1,26 +1,30 @@
-"""Origin <-> work-queue reconciliation: which origin messages of an elastic group never reached
-its work queue (pure: no I/O; :mod:`cg_pipelines.jetstream.reconcile` reads the streams).
+"""Origin <-> work-queue reconciliation: which origin messages of an elastic group were never
+accounted for (pure: no I/O; :mod:`cg_pipelines.jetstream.reconcile` reads the streams and the
+coverage, :mod:`cg_pipelines.core.coverage` holds the codec and the cursor).
 
-An origin message the group's partitioning filters match must have reached the work-queue
-stream ``<stream>-<group>``. Afterwards it is in exactly one of these places, each of which
-names its origin sequence:
+An origin message the group's partitioning filters match must reach the work-queue stream
+``<stream>-<group>``. Afterwards it is in exactly one of these places, each of which names its
+origin sequence:
 
 - still in the work queue (sourced messages carry ``Nats-Stream-Source``: ``<origin> <seq> ...``);
-- committed to the table (each row's ``_seq`` is its message's origin sequence);
+- settled by a commit: every drain commit records the origin sequences of all the messages it
+  settled (rows written, dead-lettered, filtered out by the transform: ``cg.coverage``), a
+  rebuild records that it covers its partition through an origin sequence
+  (``cg.coverage_through``); so merge tables and filtering transforms are covered exactly;
 - in the dead-letter stream (``Cg-Origin-Sequence``);
 - replayed from the dead-letter stream into the origin (the copy's ``Cg-Replay-Of`` header).
 
-A matching origin message in none of them is a **gap**: it never reached the work queue (the
-nats-server 2.15.1 sourcing fail-over defect of docs/upstream-sourcing-gap.md), or was removed
-from the work queue without being processed. Gaps are reported as runs of consecutive missing
-messages (among the matching ones) with the partitions they belong to; the repair is a rebuild
-of those partitions from the origin stream (:func:`cg_pipelines.engine.rebuild.rebuild_partition`).
+A matching origin message in none of them is a **gap** only when the work queue's source has
+already passed it (:func:`judge`): it never reached the work queue (the nats-server 2.15.1
+sourcing fail-over defect of docs/upstream-sourcing-gap.md), or was removed from the work queue
+without being processed. Gaps are reported as runs of consecutive missing messages (among the
+matching ones) with the partitions they belong to; the repair is a rebuild of those partitions
+from the origin stream (:func:`cg_pipelines.engine.rebuild.rebuild_partition`, which replays
+through the origin's last sourced message, so tail gaps are repaired too).
 
-While the work queue's source still lags (messages not sourced yet), the missing messages after
-the last covered one are "not yet sourced", not gaps: sourcing is in origin order.
-
-Caveats: a transform that drops messages (no row with their ``_seq``) makes them look missing;
-dead letters purged from the dead-letter stream lose their coverage too.
+A message the source has not passed yet is **not yet sourced**: while the source is removed,
+inactive or lagging that is a :class:`SourcingStall` with its own state and advice, never a
+gap. See docs/reconcile.md.
 """
 
 from __future__ import annotations
