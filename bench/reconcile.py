@@ -46,15 +46,14 @@ BATCH = 10_000
 S = "Bench"
 
 
-async def _publish(nc, first: int, n: int) -> np.ndarray:  # noqa: ANN001
-    """Publish ``n`` messages (core publish: JetStream stores them); their partitions."""
+async def _publish(js, first: int, n: int) -> np.ndarray:  # noqa: ANN001
+    """Publish ``n`` messages (acknowledged, 5,000 in flight); their partitions."""
     keys = [f"k{(first + i) * 7919 % KEYS}" for i in range(n)]
-    for i, k in enumerate(keys):
-        await nc.publish(f"{S}.{k}", b'{"n":1}')
-        if i % 20_000 == 0:
-            await nc.flush()
-    await nc.flush()
-    return np.array([partition_for([k], P) for k in keys], np.int64)
+    for i in range(0, n, 5_000):
+        acks = [await js.publish_async(f"{S}.{k}", b'{"n":1}') for k in keys[i:i + 5_000]]
+        await asyncio.gather(*acks)
+    lut = {k: partition_for([k], P) for k in set(keys)}
+    return np.array([lut[k] for k in keys], np.int64)
 
 
 async def _wait(api: JetStreamAPI, stream: str, last: int) -> None:
@@ -97,17 +96,17 @@ async def main(args: argparse.Namespace) -> None:
         await admin.create_elastic(js, S, "g", ElasticConfig(
             P, (PartitioningFilter(f"{S}.*", (1,)),), members=("m1",)))
         t = time.monotonic()
-        parts = await _publish(nc, 0, n)
+        parts = await _publish(js, 0, n)
         await _wait(api, S, n)
         await _wait(api, f"{S}-g", n)
-        print(f"published and sourced {n:,} messages in {time.monotonic() - t:.1f} s")
+        print(f"published and sourced {n:,} messages in {time.monotonic() - t:.1f} s", flush=True)
         await api.purge(f"{S}-g")
         sink = DeltaSink(str(Path(tmp) / "table"), schema=pa.schema([("x", pa.int64())]))
         sink.ensure_table(pa.schema([("x", pa.int64())]))
         marks: dict[int, int] = {}
         t = time.monotonic()
         commits = await asyncio.to_thread(_commit, sink, parts, 1, marks)
-        print(f"{commits} coverage commits in {time.monotonic() - t:.1f} s")
+        print(f"{commits} coverage commits in {time.monotonic() - t:.1f} s", flush=True)
         fs = table_filesystem(sink.uri, {})
         assert fs is not None
         log = DeltaLogCoverage(fs, S, "g")
@@ -129,7 +128,7 @@ async def main(args: argparse.Namespace) -> None:
               f"{args.max_messages:,}, {total:.1f} s in all, {max(ticks):.2f} s per tick at "
               f"most, {n / total:,.0f} origin msg/s; cursor {len(cursor.to_json()):,} bytes")
         more = 10_000
-        parts2 = await _publish(nc, n, more)
+        parts2 = await _publish(js, n, more)
         await _wait(api, f"{S}-g", n + more)
         await api.purge(f"{S}-g")
         await asyncio.to_thread(_commit, sink, parts2, n + 1, marks)

@@ -310,7 +310,7 @@ class ReconcileReport:
         return (f"{self.stream}.{self.group}: {self.missing} origin message(s) never reached "
                 f"{wq} (checked {window}): {shown}; repair: rebuild partition(s) "
                 f"{', '.join(map(str, self.partitions))} from the origin stream "
-                f"(cg reconcile --repair){stall}")
+                f"(rebuild_partition; in Dagster the asset's _rebuild job){stall}")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields (``ok``, ``missing``, ``partitions`` included)."""

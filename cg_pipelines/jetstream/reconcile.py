@@ -307,8 +307,13 @@ async def reconcile_group(
     sourced = seqs <= top
     if healthy:  # ... or a live source with no lag and time enough
         sourced |= times < int((now - grace_s) * 1e9)
-    committed = np.array([cursor.committed.get(int(p), 0) for p in parts], np.int64)
-    undecided = np.zeros(len(seqs), bool) if caught_up else seqs > committed
+    if caught_up or not len(seqs):
+        undecided = np.zeros(len(seqs), bool)
+    else:  # each message's partition's highest committed origin sequence, looked up
+        lut = np.zeros(max([int(parts.max()), *cursor.committed]) + 2, np.int64)
+        for p, c in cursor.committed.items():
+            lut[p] = c
+        undecided = seqs > lut[parts]  # parts -1 reads the last slot: 0
     j = judge(seqs, parts, cov, sourced=sourced, undecided=undecided)
     matching = parts >= 0
     expected = seqs[matching]

@@ -48,7 +48,7 @@ def test_report_lines() -> None:
         "S.g: 21 origin message(s) never reached S-g (checked origin sequences 1..300): "
         "origin sequences 101..120 (20 messages, partitions 0, 2); origin sequence 200 "
         "(1 message, partition 1); repair: rebuild partition(s) 0, 1, 2 from the origin stream "
-        "(cg reconcile --repair)")
+        "(rebuild_partition; in Dagster the asset's _rebuild job)")
     d = bad.as_dict()
     assert d["ok"] is False and d["gaps"][0] == {"first_seq": 101, "last_seq": 120,
                                                  "messages": 20, "partitions": [0, 2]}
