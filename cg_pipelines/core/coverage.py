@@ -95,12 +95,14 @@ class CommitCoverage:
         seqs: origin sequences it settled (``cg.coverage``), or None.
         through: a rebuild's ``cg.coverage_through`` (every message of ``partition`` through
             this origin sequence), or None.
+        wq_last: the last work-queue sequence it settled (``cg.last_seq``), or None.
     """
 
     version: int
     partition: int
     seqs: np.ndarray | None
     through: int | None
+    wq_last: int | None = None
 
 
 MAX_TRACKED_GAP_MESSAGES = 1_000_000

@@ -129,8 +129,10 @@ class DeltaLogCoverage:
             through = get("last_origin_seq")
         if part is None or (seqs is None and through is None):
             return None
+        wq_last = get("last_seq")
         return CommitCoverage(version, int(part), None if seqs is None else decode_seqs(seqs),
-                              None if through is None else int(through))
+                              None if through is None else int(through),
+                              None if wq_last is None else int(wq_last))
 
     def load_cursor(self) -> ReconcileCursor | None:
         """The stored cursor, or None (none yet).

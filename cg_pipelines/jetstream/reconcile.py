@@ -20,10 +20,11 @@ commits and purges meanwhile is still seen: the coverage is read after the work 
    when the source has passed it; otherwise it is "not yet sourced" (a stall or a lag, reported
    as :class:`~cg_pipelines.core.reconcile.SourcingStall`), and the cursor stops before it.
 
-The source has passed origin sequence ``s`` when a message at or after ``s`` is covered
-(queued, committed, dead-lettered: sourcing is in order), or when the source is active (contact
-within ``stall_after_s``) with lag 0 and ``s`` was published more than ``grace_s`` ago (a gap at
-the very end of the origin).
+The source has passed origin sequence ``s`` when a message at or after ``s`` was in the work
+queue before the backlog scan (sourcing is in order): still queued, or settled by a commit read
+by an earlier check or of work-queue sequences stored when this check began; or when the source
+is active (contact within ``stall_after_s``) with lag 0 and ``s`` was published more than
+``grace_s`` ago (a gap at the very end of the origin).
 
 Cost of a tick: at most ``max_messages`` origin messages, the work-queue backlog before the
 window's end, at most ``max_versions`` small commit-file reads, and the dead letters; the
@@ -260,6 +261,12 @@ async def reconcile_group(
     # 2. the work queue's backlog (before the coverage: a message committed meanwhile is
     # in the coverage read after)
     queued = await _queued(api, wq, wq_info.get("state") or {}, hi, api.timeout)
+    # Evidence that the source passed an origin sequence must predate the backlog scan
+    # (else a message sourced just after the scan and not committed yet would look lost):
+    # commits read by earlier checks, commits of work-queue messages stored before this
+    # check began (wq sequence <= wq_top), the backlog itself (sourcing is in order).
+    wq_top = int((wq_info.get("state") or {}).get("last_seq") or 0)
+    evidence = max([cursor.origin_through, *cursor.committed.values()])
     # 3. the recorded coverage
     read = caught_up = 0
     done = coverage is None
@@ -270,6 +277,8 @@ async def reconcile_group(
         for c in commits:
             if c.seqs is not None:
                 cursor.add_covered(c.seqs, c.partition)
+                if c.wq_last is not None and c.wq_last <= wq_top and len(c.seqs):
+                    evidence = max(evidence, int(c.seqs[-1]))
             if c.through is not None:
                 cursor.add_rebuilt(c.partition, c.through)
         if upto == cursor.version:
@@ -300,9 +309,8 @@ async def reconcile_group(
     for p, through in cursor.rebuilt.items():
         cov |= (parts == p) & (seqs <= through)
     # the source passed s: a covered message at or after s (sourcing is in order) ...
-    top = max([int(extra.max()) if len(extra) else 0,
-               int(cursor.carry[-1]) if len(cursor.carry) else 0,
-               *cursor.committed.values(), cursor.origin_through])
+    top = max(evidence, int(queued.max()) if len(queued) else 0,
+              int(in_table.max()) if len(in_table) else 0)  # an old table's rows: trusted
     healthy = present and lag == 0 and 0 <= active_s <= stall_after_s
     sourced = seqs <= top
     if healthy:  # ... or a live source with no lag and time enough
