@@ -84,7 +84,7 @@ TableSeqs = Callable[[int, int], "np.ndarray | pa.Array | pa.ChunkedArray | list
 """``table_seqs(first, last)``: the ``_seq`` values (origin sequences) of the group's table rows
 with ``first <= _seq <= last`` (blocking; run in a worker thread)."""
 
-_CHUNK = 10_000
+_CHUNK = 20_000  # messages per direct-get read (bench/range_read.py)
 
 
 def sink_table_seqs(sink: Any, column: str = "_seq") -> TableSeqs:
@@ -112,7 +112,8 @@ async def _scan(api: JetStreamAPI, stream: str, first: int, last: int,
     seq = max(1, first)
     while seq <= last:
         got = await read_range(api.nc, stream, seq, filter_subject=">", max_msgs=_CHUNK,
-                               last_seq=last, timeout_s=timeout_s, api_prefix=api.prefix)
+                               last_seq=last, timeout_s=timeout_s, api_prefix=api.prefix,
+                               drop_nats_headers=True)
         if got.num_rows:
             out.append(got.table(origin=True))
         if got.ended or not got.num_rows:
@@ -155,7 +156,8 @@ async def _queued(api: JetStreamAPI, wq: str, state: dict[str, Any], upto: int,
     seq, last = max(1, int(state.get("first_seq") or 1)), int(state.get("last_seq") or 0)
     while seq <= last:
         got = await read_range(api.nc, wq, seq, filter_subject=">", max_msgs=_CHUNK,
-                               last_seq=last, timeout_s=timeout_s, api_prefix=api.prefix)
+                               last_seq=last, timeout_s=timeout_s, api_prefix=api.prefix,
+                               drop_nats_headers=True)
         if not got.num_rows:
             break
         o = got.table(origin=True)["origin_seq"].drop_null().to_numpy(zero_copy_only=False)
@@ -305,7 +307,7 @@ async def reconcile_group(
     replayed = np.asarray(_header_ints(headers, REPLAY_OF_HEADER) if len(headers) else [],
                           np.int64)
     extra = np.concatenate([queued, dead, replayed, in_table])
-    cov = np.isin(seqs, extra) | np.isin(seqs, cursor.carry)
+    cov = np.isin(seqs, extra) | np.isin(seqs, cursor.covered())
     for p, through in cursor.rebuilt.items():
         cov |= (parts == p) & (seqs <= through)
     # the source passed s: a covered message at or after s (sourcing is in order) ...

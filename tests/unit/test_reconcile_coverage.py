@@ -100,7 +100,7 @@ def test_judge_lengths_must_agree() -> None:
 def test_cursor_tracks_gaps_until_covered() -> None:
     c = ReconcileCursor()
     c.add_covered(np.array([1, 2, 5, 9]), 0)
-    assert c.committed == {0: 9} and c.carry.tolist() == [1, 2, 5, 9]
+    assert c.committed == {0: 9} and c.covered().tolist() == [1, 2, 5, 9]
     c.advance(4)
     assert c.carry.tolist() == [5, 9] and c.origin_through == 4
     c.add_gaps(np.array([3, 4, 7]), np.array([1, 2, 1]), [(3, 4), (7, 7)])
