@@ -17,7 +17,9 @@ acknowledged before its effect is committed, and a commit is fenced by the water
 4. **Dead-letter.** Publish the batch's dead letters to the group's DLQ stream (idempotent:
    ``Nats-Msg-Id``) before the commit.
 5. **Commit, fenced.** One sink commit with the rows, the new watermark (the batch's last
-   sequence) and the origin-sequence marker, only if the watermark is still the one read in 1;
+   sequence), the origin-sequence marker and the batch's coverage (``cg.coverage``: every
+   origin sequence it settled, for the reconcile check), only if the watermark is still the
+   one read in 1;
    a fence conflict means a newer holder owns the range: stop (:meth:`Drain._commit_batch`).
 6. **Settle.** Release the lease's keep-alive, then purge the partition below ``last + 1`` and
    ack the lease (:meth:`Drain.purge_and_ack`; a static group acks each delivered message
