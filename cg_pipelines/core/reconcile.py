@@ -244,13 +244,15 @@ class ReconcileReport:
             origin stream is empty).
         origin_messages: messages read in the window; ``expected``: those the group's filters
             match.
-        in_queue, in_table, in_dlq, replayed: matching messages covered by each place (a message
-            may count in two while a run commits).
-        gaps: matching messages found nowhere (see the module docstring).
-        not_yet_sourced: missing messages at the window's end left out because the source
-            lagged (``source_lag`` messages behind when read).
-        partial: True when the window stopped short of the origin's last sequence (``max``
-            messages per check): continue from ``to_seq + 1``.
+        in_queue, in_table, in_dlq, replayed: matching messages covered by each place
+            (``in_table``: settled by a commit's recorded coverage, or the table's rows when
+            asked; a message may count in two while a run commits).
+        gaps: the open gaps (see the module docstring): with a cursor, all it knows, not only
+            this window's.
+        not_yet_sourced: matching messages the source has not passed yet (``source_lag``: the
+            source's lag when read).
+        partial: True when the check should go on: the window stopped short of the end, or
+            Delta versions are left to read.
         stall: the source is behind (:class:`SourcingStall`), or None.
         versions_read: Delta versions whose coverage this check read.
         caught_up: every Delta version was read (else the next check goes on reading).
@@ -302,7 +304,7 @@ class ReconcileReport:
                     if self.not_yet_sourced and self.stall is None else "") + stall
             return (f"{self.stream}.{self.group}: ok: {window}: {self.expected} of "
                     f"{self.origin_messages} messages match the group, all reached {wq} "
-                    f"({self.in_queue} queued, {self.in_table} in the table, {self.in_dlq} "
+                    f"({self.in_queue} queued, {self.in_table} committed, {self.in_dlq} "
                     f"dead-lettered, {self.replayed} replayed){more}")
         shown = "; ".join(g.text() for g in self.gaps[:10])
         if len(self.gaps) > 10:
