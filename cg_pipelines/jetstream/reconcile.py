@@ -68,8 +68,8 @@ __all__ = ["DEFAULT_MAX_MESSAGES", "DEFAULT_MAX_VERSIONS", "CoverageSource", "Ta
 DEFAULT_MAX_MESSAGES = 500_000
 """Origin messages one check reads at most (the window ends at the origin's last sequence)."""
 
-DEFAULT_MAX_VERSIONS = 2_000
-"""Delta versions whose coverage one check reads at most."""
+DEFAULT_MAX_VERSIONS = 500
+"""Delta versions whose coverage one check reads at most (one small object read each)."""
 
 
 class CoverageSource(Protocol):
