@@ -88,3 +88,4 @@ def test_cleaned_log_is_refused(tmp_path: Path) -> None:
     assert fs is not None
     with pytest.raises(CoverageLogError, match="version 1 is no longer in the table's log"):
         DeltaLogCoverage(fs, "S", "g").read(0, 10)
+
