@@ -229,7 +229,9 @@ class SourcingStall:
                   "resumes a stalled source within about a minute, see "
                   "docs/upstream-sourcing-gap.md); if it stays stalled, check the work "
                   "queue's sources in its stream info")
-        return (f"sourcing {self.state}{since}: {self.not_yet_sourced} matching message(s)"
+        what = ("stopped" + since + " (the work queue has no source for the origin)"
+                if self.state == "no source" else self.state + since)
+        return (f"sourcing {what}: {self.not_yet_sourced} matching message(s)"
                 f"{where} not in the work queue yet (source lag {self.lag}, active "
                 f"{self.active_s:g} s); {advice}")
 
