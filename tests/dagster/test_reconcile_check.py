@@ -111,3 +111,21 @@ async def test_reconcile_check_fails_on_a_gap_then_passes(
         assert r.status == "rebuilt", r
     fixed = await asyncio.to_thread(evaluate)
     assert fixed.passed, fixed.description
+    # a stalled source is a warning with its own advice, never a gap, and clears by itself
+    wq = f"{stream}-{GROUP}"
+    config = (await api.stream_info(wq))["config"]
+    await api.update_stream({**config, "sources": []})
+    late = [(f"late{i}", i) for i in range(6)]
+    await keyed.publish(js, stream, late)
+    stalled = await asyncio.to_thread(evaluate)
+    assert not stalled.passed and stalled.severity == AssetCheckSeverity.WARN
+    assert "sourcing stopped since" in stalled.description, stalled.description
+    assert "never reached" not in stalled.description
+    assert stalled.metadata["missing"].value == 0
+    await api.update_stream(config)
+    for _ in range(200):
+        if (await api.stream_info(wq))["state"]["last_seq"] >= len(evs) + len(more) + 6:
+            break
+        await asyncio.sleep(0.05)
+    resumed = await asyncio.to_thread(evaluate)
+    assert resumed.passed, resumed.description
