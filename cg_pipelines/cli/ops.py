@@ -14,8 +14,11 @@
   ``cg halt skip S G P --seq N --reason TEXT``: move it to the dead-letter stream (``Cg-Error``:
   the error it halted with; ``Cg-Skip-Reason``: TEXT), so the partition's next run goes on
   after it.
-- ``cg reconcile S G``: origin messages the group's filters match that never reached the work
-  queue (exit 1 with the origin ranges and partitions when there are any).
+- ``cg reconcile S G --table T``: origin messages the group's filters match that never reached
+  the work queue or were never accounted for by a commit, from the cursor stored beside the
+  table (or ``--from-seq/--to-seq``, ``--all``); exit 1 with the origin ranges, partitions and
+  repair when there are any; a sourcing stall is reported as such, not as a gap
+  (docs/reconcile.md).
 
 Every command first checks the group exists (a typo names stream and group and says how to
 list the groups) and that a named partition is one of its partitions (the error names the
@@ -28,10 +31,12 @@ Exit codes as every ``cg`` command: 0 ok; 2 invalid input or missing group/strea
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
+import pyarrow.fs as pafs
 from nats.js import JetStreamContext
 
 from cg_pipelines.cli.context import Ctx, fail, table
@@ -364,24 +369,45 @@ def halt_skip(c: Ctx, stream: str, group: str, partition: int, seq: int | None,
 @click.argument("stream")
 @click.argument("group")
 @click.option("--table", default=None,
-              help="The group's Delta table (directory or s3://...): its _seq column proves "
-                   "which messages were processed. Without it, only valid before any run.")
+              help="The group's Delta table (directory or s3://...): the coverage each commit "
+                   "records proves which messages were accounted for, and the check's cursor "
+                   "is stored beside it. Without it, only valid before any run.")
 @click.option("--storage-option", "storage_options", multiple=True,
               help="key=value for the table's object store (e.g. AWS_ENDPOINT_URL=...); "
                    "repeat.")
-@click.option("--seq-column", default="_seq", show_default=True,
-              help="The table's column holding each row's origin sequence.")
+@click.option("--seq-column", default=None,
+              help="Also count this column of the table's rows (each row's origin sequence) "
+                   "as covered: for an append table written before coverage was recorded.")
 @click.option("--from-seq", type=int, default=None,
-              help="First origin sequence to check (default: the last --max-messages).")
+              help="Check from this origin sequence (a range check: the stored cursor is "
+                   "neither used nor changed).")
+@click.option("--to-seq", type=int, default=None,
+              help="Check up to this origin sequence (default: the origin's last).")
+@click.option("--all", "whole", is_flag=True,
+              help="Check the whole history from the origin's first message (the stored "
+                   "cursor is neither used nor changed).")
+@click.option("--restart", is_flag=True,
+              help="Forget the stored cursor first (e.g. after a log cleanup error).")
 @click.option("--max-messages", type=int, default=500_000, show_default=True,
-              help="Most origin messages to read.")
+              help="Origin messages read per chunk (the check goes on chunk after chunk).")
+@click.option("--grace", "grace_s", type=float, default=10.0, show_default=True,
+              help="Seconds a message may take to reach the work queue before a missing one "
+                   "at the origin's very end counts as a gap.")
 @click.pass_obj
 def reconcile(c: Ctx, stream: str, group: str, table: str | None,
-              storage_options: tuple[str, ...], seq_column: str, from_seq: int | None,
-              max_messages: int) -> None:
-    """Origin messages of GROUP's filters that never reached its work queue (exit 1 if any)."""
+              storage_options: tuple[str, ...], seq_column: str | None, from_seq: int | None,
+              to_seq: int | None, whole: bool, restart: bool, max_messages: int,
+              grace_s: float) -> None:
+    """Origin messages of GROUP's filters that reached its work queue but no commit accounted
+    for, over the history since the stored cursor (or a range, or --all): exit 1 with the
+    origin ranges, partitions and repair when there are any. A sourcing stall (the work
+    queue's source behind) is reported as such, never as a gap (exit 0)."""
+    from cg_pipelines.core.coverage import ReconcileCursor
+    from cg_pipelines.core.reconcile import ReconcileReport
+    from cg_pipelines.engine.coverage_log import DeltaLogCoverage
     from cg_pipelines.jetstream.reconcile import reconcile_group, sink_table_seqs
     from cg_pipelines.sinks.delta import DeltaSink
+    from cg_pipelines.sinks.storage import table_filesystem
 
     opts: dict[str, str] = {}
     for item in storage_options:
@@ -389,11 +415,49 @@ def reconcile(c: Ctx, stream: str, group: str, table: str | None,
         if not sep or not key:
             fail(f"--storage-option takes key=value, got {item!r}", 2)
         opts[key] = value
-    seqs = (sink_table_seqs(DeltaSink(table, storage_options=opts or None), seq_column)
-            if table is not None else None)
-    rep = _run(c, lambda js, api: reconcile_group(js, api, stream, group, table_seqs=seqs,
-                                                  from_seq=from_seq,
-                                                  max_messages=max_messages))
+    if whole and from_seq is not None:
+        fail("--all and --from-seq exclude each other", 2)
+    log = seqs = None
+    if table is not None:
+        fs = table_filesystem(table, opts)
+        if fs is None:
+            fail(f"--table {table!r}: only local paths and s3:// tables are supported", 2)
+        assert fs is not None
+        try:
+            found = fs.get_file_info("_delta_log").type
+        except OSError as e:
+            fail(f"--table {table!r}: cannot read it: {e}", 1)
+            raise
+        if found != pafs.FileType.Directory:
+            fail(f"--table {table!r}: no Delta table there (no _delta_log): check the path "
+                 "(and --storage-option for s3://)", 2)
+        log = DeltaLogCoverage(fs, stream, group)
+        if seq_column is not None:
+            seqs = sink_table_seqs(DeltaSink(table, storage_options=opts or None), seq_column)
+    ranged = whole or from_seq is not None or to_seq is not None
+    if restart and log is not None:
+        log.delete_cursor()
+    cursor = None if ranged or log is None else log.load_cursor()
+    if cursor is None:
+        first = 1 if whole or log is not None else None
+        cursor = ReconcileCursor(origin_through=max(0, (from_seq or first or 1) - 1))
+        if from_seq is None and first is None:  # no table: the last --max-messages
+            cursor = None
+
+    async def check(js: JetStreamContext, api: JetStreamAPI) -> ReconcileReport:
+        nonlocal cursor
+        first_from = None
+        while True:
+            rep = await reconcile_group(js, api, stream, group, coverage=log, cursor=cursor,
+                                        table_seqs=seqs, to_seq=to_seq,
+                                        max_messages=max_messages, grace_s=grace_s)
+            first_from = rep.from_seq if first_from is None else first_from
+            if cursor is None or not rep.partial or rep.stall is not None:
+                return dataclasses.replace(rep, from_seq=first_from)
+
+    rep = _run(c, check)
+    if log is not None and cursor is not None and not ranged:
+        log.save_cursor(cursor)
     c.out(rep.as_dict(), rep.text())
     if not rep.ok:
         raise SystemExit(1)

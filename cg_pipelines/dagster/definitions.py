@@ -61,8 +61,7 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
     use these parts to compose your own ``Definitions``, or :func:`build_definitions` for all
     of it."""
     asset = build_group_asset(spec)
-    checks = [*build_group_checks(spec),
-              build_reconcile_check(spec, seq_column=spec.origin_seq_column)]
+    checks = [*build_group_checks(spec), build_reconcile_check(spec)]
     # The operational checks are evaluated by the backlog sensor (or by hand), not by each run.
     selection = AssetSelection.assets(asset) - AssetSelection.checks(*checks)
     job = define_asset_job(f"{spec.name}_job", selection=selection,

@@ -1,26 +1,38 @@
 """Origin <-> work-queue reconciliation in Dagster: an asset check, and the same evaluation for a
 sensor to emit (or to put in its skip reason).
 
-``origin_reconciled`` (severity ERROR on a gap): every origin message the group's partitioning
-filters match, within the last ``max_messages`` origin sequences, reached the work queue — it is
-still queued, committed to the table (its ``_seq``), or dead-lettered
-(:mod:`cg_pipelines.core.reconcile`). A failing check names the origin sequence ranges and the
-partitions, and the repair: run the ``<asset>_rebuild`` job for those partitions (a rebuild from
-the origin stream, :func:`cg_pipelines.engine.rebuild.rebuild_partition`).
+``origin_reconciled``: every origin message the group's partitioning filters match reached the
+work queue and was accounted for by a commit (processed, dead-lettered, filtered out: the
+coverage each commit records, :mod:`cg_pipelines.core.coverage`), or is still queued. It checks
+the whole history incrementally: a cursor stored beside the table
+(``_cg_reconcile/<stream>.<group>.json``, :mod:`cg_pipelines.engine.coverage_log`) makes each
+evaluation read only what came since the last one, in bounded chunks (``max_messages`` origin
+messages, ``max_versions`` Delta versions per chunk, as many chunks as fit in half of
+``timeout_s``); the first evaluation over a long history goes on where it stopped next time
+(metadata ``partial``).
 
-Register it (this module is not wired by :func:`~cg_pipelines.dagster.build_definitions`)::
+- A **gap** (matching messages the source passed that nobody accounted for) fails the check
+  with severity ERROR, naming the origin sequence ranges, the partitions and the repair: run the
+  ``<asset>_rebuild`` job for those partitions (:func:`cg_pipelines.engine.rebuild.
+  rebuild_partition` replays the origin through its last sourced message). Gaps stay reported
+  until a rebuild's coverage closes them.
+- A **sourcing stall** (the work queue's source is behind: removed, inactive, or lagging) is
+  never a gap: the check fails with severity WARN, "sourcing stalled since ...", and passes again
+  by itself once sourcing resumes.
 
-    from cg_pipelines.dagster.reconcile import build_reconcile_check
-    defs = Definitions.merge(build_definitions([spec], resources=...),
-                             Definitions(asset_checks=[build_reconcile_check(spec)]))
-
-Then "Execute" it on the asset's Checks tab, on a schedule (a job selecting
-``AssetSelection.checks(check)``), or from a sensor with :func:`reconcile_evaluation`
-(``SensorResult(asset_events=[evaluation])``; :func:`reconcile_skip_reason` for the tick's
-reason). Keep it out of the partition runs' job selection, like the other operational checks.
+:func:`~cg_pipelines.dagster.build_definitions` (and :func:`~cg_pipelines.dagster.definitions.
+build_group_definitions`) already registers this check on every group asset; call
+:func:`build_reconcile_check` yourself only when you compose definitions without them. Execute
+it on the asset's Checks tab, on a schedule (a job selecting ``AssetSelection.checks(check)``),
+or from the backlog sensor (``reconcile_interval_s``: :func:`reconcile_evaluation`;
+:func:`reconcile_skip_reason` for a tick's reason). Each evaluation runs its NATS session in a
+worker thread when called inside a running event loop.
 """
 
-from typing import Any
+import asyncio
+import concurrent.futures
+import time
+from typing import Any, TypeVar
 
 from dagster import (
     AssetCheckEvaluation,
@@ -33,12 +45,19 @@ from dagster import (
 )
 from nats.aio.client import Client
 
+from cg_pipelines.core.coverage import ReconcileCursor
 from cg_pipelines.core.reconcile import ReconcileReport
 from cg_pipelines.dagster.assets import asset_key_of
 from cg_pipelines.dagster.resources import DeltaWarehouseResource, NatsResource
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.engine.coverage_log import DeltaLogCoverage
 from cg_pipelines.jetstream.api import JetStreamAPI
-from cg_pipelines.jetstream.reconcile import reconcile_group, sink_table_seqs
+from cg_pipelines.jetstream.reconcile import (
+    DEFAULT_MAX_VERSIONS,
+    reconcile_group,
+    sink_table_seqs,
+)
+from cg_pipelines.sinks.storage import table_filesystem
 
 __all__ = ["RECONCILE_CHECK", "build_reconcile_check", "reconcile_evaluation",
            "reconcile_group_report", "reconcile_skip_reason"]
@@ -47,35 +66,85 @@ RECONCILE_CHECK = "origin_reconciled"
 """The check's name."""
 
 DEFAULT_CHECK_MESSAGES = 200_000
-"""Origin messages one evaluation reads by default (the most recent ones)."""
+"""Origin messages one chunk of an evaluation reads at most."""
+
+T = TypeVar("T")
+
+
+def _outside_loop(fn: Any, *args: Any, **kw: Any) -> Any:
+    """``fn(*args, **kw)``, in a worker thread when this thread runs an event loop (the NATS
+    session uses ``asyncio.run``, which refuses to run inside one)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return fn(*args, **kw)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args, **kw).result()
+
+
+def table_coverage(spec: ConsumerGroupAsset, warehouse: DeltaWarehouseResource
+                   ) -> DeltaLogCoverage:
+    """The coverage reader (and cursor store) of ``spec``'s table in ``warehouse``.
+
+    Raises:
+        ValueError: the warehouse's table URI has no filesystem this library reads.
+    """
+    uri = warehouse.table_uri(spec.table_name)
+    fs = table_filesystem(uri, warehouse.storage_options() or {})
+    if fs is None:
+        raise ValueError(f"cannot read the Delta log of {uri.split('?')[0]!r}: only local "
+                         "paths and s3:// tables are supported")
+    return DeltaLogCoverage(fs, spec.stream, spec.group)
 
 
 def reconcile_group_report(
     spec: ConsumerGroupAsset, nats: NatsResource, warehouse: DeltaWarehouseResource, *,
-    max_messages: int = DEFAULT_CHECK_MESSAGES, seq_column: str = "_seq",
-    from_seq: int | None = None, timeout_s: float = 50.0,
+    max_messages: int = DEFAULT_CHECK_MESSAGES, max_versions: int = DEFAULT_MAX_VERSIONS,
+    seq_column: str | None = None, from_seq: int | None = None, timeout_s: float = 50.0,
+    restart: bool = False,
 ) -> ReconcileReport:
-    """Reconcile ``spec``'s group over the last ``max_messages`` origin sequences (or from
-    ``from_seq``), reading the table ``spec.table_name`` of ``warehouse`` (column
-    ``seq_column``), all within ``timeout_s`` seconds (under Dagster's 60 s tick limit).
+    """Go on checking ``spec``'s group from the stored cursor (see the module docstring), chunk
+    after chunk while half of ``timeout_s`` lasts, all within ``timeout_s`` seconds (under
+    Dagster's 60 s tick limit), and store the cursor.
+
+    Args:
+        seq_column: also count the table's rows' origin sequences in this column as covered
+            (an append table written before coverage was recorded); ``None``: not read.
+        from_seq: start a new cursor at this origin sequence (default: the stored cursor, or
+            the origin's first message).
+        restart: forget the stored cursor first.
 
     Raises:
         TimeoutError, NatsConnectError, JetStreamError, GroupNotFoundError, ConfigError,
-        ValueError (the table has no ``seq_column``): see
-        :func:`cg_pipelines.jetstream.reconcile.reconcile_group`.
+        CoverageLogError, ValueError: see :func:`cg_pipelines.jetstream.reconcile.
+        reconcile_group`.
     """
-    seqs = sink_table_seqs(warehouse.sink(spec.table_name), seq_column)
+    log = table_coverage(spec, warehouse)
+    seqs = (sink_table_seqs(warehouse.sink(spec.table_name), seq_column)
+            if seq_column is not None else None)
+    cursor = None if restart or from_seq is not None else log.load_cursor()
+    if cursor is None:
+        cursor = ReconcileCursor(origin_through=max(0, (from_seq or 1) - 1))
 
     async def go(nc: Client) -> ReconcileReport:
         js = nc.jetstream(timeout=nats.call_timeout_s)
         api = JetStreamAPI(nc, timeout=nats.call_timeout_s)
+        t0 = time.monotonic()
         try:
-            return await reconcile_group(js, api, spec.stream, spec.group, table_seqs=seqs,
-                                         from_seq=from_seq, max_messages=max_messages)
+            while True:
+                rep = await reconcile_group(js, api, spec.stream, spec.group, coverage=log,
+                                            cursor=cursor, table_seqs=seqs,
+                                            max_messages=max_messages,
+                                            max_versions=max_versions)
+                if (not rep.partial or rep.stall is not None
+                        or time.monotonic() - t0 > timeout_s / 2):
+                    return rep
         finally:
             await api.close()
 
-    return nats.run(go, timeout_s=timeout_s)
+    rep: ReconcileReport = _outside_loop(nats.run, go, timeout_s=timeout_s)
+    log.save_cursor(cursor)
+    return rep
 
 
 def _metadata(spec: ConsumerGroupAsset, rep: ReconcileReport) -> dict[str, Any]:
@@ -83,11 +152,21 @@ def _metadata(spec: ConsumerGroupAsset, rep: ReconcileReport) -> dict[str, Any]:
     md: dict[str, Any] = {k: d[k] for k in ("from_seq", "to_seq", "origin_messages",
                                              "expected", "in_queue", "in_table", "in_dlq",
                                              "replayed", "missing", "not_yet_sourced",
-                                             "source_lag")}
+                                             "source_lag", "partial", "versions_read")}
+    md["sourcing"] = MetadataValue.text(rep.stall.text() if rep.stall is not None else "ok")
     md["partitions_to_rebuild"] = MetadataValue.text(
         ", ".join(spec.partition_key(p) for p in rep.partitions) or "none")
     md["gaps"] = MetadataValue.json(d["gaps"])
     return md
+
+
+def _severity(rep: ReconcileReport) -> AssetCheckSeverity:
+    return AssetCheckSeverity.ERROR if not rep.ok else AssetCheckSeverity.WARN
+
+
+def _passed(rep: ReconcileReport) -> bool:
+    """No gap and no stall (a stall fails with severity WARN, see the module docstring)."""
+    return rep.ok and rep.stall is None
 
 
 def _description(spec: ConsumerGroupAsset, rep: ReconcileReport) -> str:
@@ -109,8 +188,8 @@ def reconcile_evaluation(
     """
     rep = reconcile_group_report(spec, nats, warehouse, **kw)
     return AssetCheckEvaluation(
-        asset_key=asset_key_of(spec), check_name=RECONCILE_CHECK, passed=rep.ok,
-        severity=AssetCheckSeverity.ERROR, description=_description(spec, rep),
+        asset_key=asset_key_of(spec), check_name=RECONCILE_CHECK, passed=_passed(rep),
+        severity=_severity(rep), description=_description(spec, rep),
         metadata=_metadata(spec, rep))
 
 
@@ -119,30 +198,31 @@ def reconcile_skip_reason(
     **kw: Any,
 ) -> str | None:
     """``None`` when the group reconciles, else one line for a sensor's skip reason (the gaps,
-    the partitions and the repair)."""
+    the partitions and the repair, or the sourcing stall)."""
     rep = reconcile_group_report(spec, nats, warehouse, **kw)
-    return None if rep.ok else _description(spec, rep)
+    return None if _passed(rep) else _description(spec, rep)
 
 
 def build_reconcile_check(
     spec: ConsumerGroupAsset, *, max_messages: int = DEFAULT_CHECK_MESSAGES,
-    seq_column: str = "_seq", timeout_s: float = 50.0,
+    seq_column: str | None = None, timeout_s: float = 50.0,
 ) -> AssetChecksDefinition:
     """The ``origin_reconciled`` asset check of ``spec``'s asset (see the module docstring).
     Needs the group's NATS and warehouse resources."""
     keys = {spec.nats_resource_key, spec.warehouse_resource_key}
 
     @asset_check(asset=asset_key_of(spec), name=RECONCILE_CHECK, required_resource_keys=keys,
-                 description=f"Every origin message of {spec.stream}.{spec.group} (last "
-                 f"{max_messages:,} origin sequences) reached the work queue: queued, in the "
-                 f"table ({seq_column}) or dead-lettered.")
+                 description=f"Every origin message of {spec.stream}.{spec.group} (the whole "
+                 "history, incrementally) reached the work queue and was accounted for by a "
+                 "commit (processed, dead-lettered or filtered out), or is still queued; a "
+                 "sourcing stall is a warning, never a gap.")
     def origin_reconciled(context: AssetCheckExecutionContext) -> AssetCheckResult:
         res = context.resources
         rep = reconcile_group_report(
             spec, getattr(res, spec.nats_resource_key),
             getattr(res, spec.warehouse_resource_key), max_messages=max_messages,
             seq_column=seq_column, timeout_s=timeout_s)
-        return AssetCheckResult(passed=rep.ok, severity=AssetCheckSeverity.ERROR,
+        return AssetCheckResult(passed=_passed(rep), severity=_severity(rep),
                                 description=_description(spec, rep),
                                 metadata=_metadata(spec, rep))
 

@@ -291,7 +291,6 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
             and time.time() - reconciled_at >= spec.reconcile_interval_s):
         try:
             events.append(reconcile_evaluation(spec, nats_res, warehouse,
-                                               seq_column=spec.origin_seq_column,
                                                timeout_s=RECONCILE_TIMEOUT_S))
             reconciled_at = time.time()
         except Exception as e:  # noqa: BLE001 - reported, retried at the next tick

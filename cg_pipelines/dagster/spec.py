@@ -47,12 +47,13 @@ class ConsumerGroupAsset:
         lag_objective_s: seconds; the ``lag_within_objective`` asset check fails while any
             served partition's oldest pending message is older (``None``: no lag check).
         origin_seq_column: the output column that holds each row's origin stream sequence
-            (``_seq`` unless the transform renames it); the ``origin_reconciled`` check reads
-            it to prove every origin message reached the table, the queue or the dead letters.
+            (``_seq`` unless the transform renames it). The ``origin_reconciled`` check no
+            longer reads it: it uses the coverage each commit records (docs/reconcile.md).
         reconcile_interval_s: seconds; when set, the backlog sensor evaluates the
-            ``origin_reconciled`` check at most this often (it reads up to 200,000 recent
-            origin messages and the table's ``origin_seq_column``). ``None`` (default): the
-            check runs only when executed (UI, a schedule).
+            ``origin_reconciled`` check at most this often (it goes on from its cursor
+            beside the table, in chunks of up to 200,000 origin messages, for at most half
+            of its time budget). ``None`` (default): the check runs only when executed (UI,
+            a schedule).
         code_version: the version of this asset's code, for the retry rule: a partition that
             keeps failing is not retried until a run succeeds or a new code version is loaded.
             ``None`` (default): derived from the processor's code and settings

@@ -17,7 +17,9 @@ acknowledged before its effect is committed, and a commit is fenced by the water
 4. **Dead-letter.** Publish the batch's dead letters to the group's DLQ stream (idempotent:
    ``Nats-Msg-Id``) before the commit.
 5. **Commit, fenced.** One sink commit with the rows, the new watermark (the batch's last
-   sequence) and the origin-sequence marker, only if the watermark is still the one read in 1;
+   sequence), the origin-sequence marker and the batch's coverage (``cg.coverage``: every
+   origin sequence it settled, for the reconcile check), only if the watermark is still the
+   one read in 1;
    a fence conflict means a newer holder owns the range: stop (:meth:`Drain._commit_batch`).
 6. **Settle.** Release the lease's keep-alive, then purge the partition below ``last + 1`` and
    ack the lease (:meth:`Drain.purge_and_ack`; a static group acks each delivered message
@@ -47,6 +49,7 @@ import pyarrow.compute as pc
 
 from cg_pipelines.core.batching import next_batch_size
 from cg_pipelines.core.contract import check_output
+from cg_pipelines.core.coverage import COVERAGE_KEY, encode_seqs
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.deadletter import (
     ensure_dlq_stream,
@@ -364,7 +367,10 @@ class Drain:
             markers = {origin_marker(self.ctx.app_id): origin} if origin is not None else None
             lineage = {"stream": self.ctx.stream, "group": self.ctx.group,
                        "partition": self.ctx.partition, "first_seq": first, "last_seq": last,
-                       "last_origin_seq": origin}
+                       "last_origin_seq": origin,
+                       # every origin sequence this batch settled (rows, dead letters, filtered
+                       # out): what the reconcile check counts as covered (core/coverage.py)
+                       COVERAGE_KEY: _coverage(prep)}
             await asyncio.to_thread(self.ctx.sink.commit, processed.table, self.ctx.app_id, last,
                                     watermark, markers, lineage=lineage)
         except FenceConflictError as e:
@@ -517,6 +523,15 @@ def _bounds(batch: pa.Table) -> tuple[int, int]:
     """First and last sequence of a non-empty batch (stream order)."""
     seqs = batch["seq"]
     return seqs[0].as_py(), seqs[-1].as_py()
+
+
+def _coverage(prep: _Prepared) -> str | None:
+    """The batch's covered origin sequences (:func:`~cg_pipelines.core.coverage.encode_seqs`),
+    or None for an executor batch (its records stay on the executors)."""
+    if prep.span is not None:
+        return None
+    col = prep.records["origin_seq"].drop_null()
+    return encode_seqs(col.to_numpy()) if len(col) else None
 
 
 def _last_origin_seq(batch: pa.Table) -> int | None:

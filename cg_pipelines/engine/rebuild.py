@@ -12,8 +12,13 @@ that first processed it. A rebuild recomputes partition ``p`` with today's proce
 2. **Range.** Read the committed watermark ``W`` and the origin sequence ``O`` of the last
    committed message (each commit records it, :func:`~cg_pipelines.engine.model.origin_marker`).
    Refuse when the origin stream no longer holds its whole history (its first sequence is
-   not 1, or messages were deleted) unless ``allow_partial``.
-3. **Replay.** Read the origin stream from its first message up to ``O`` in order, keep the
+   not 1, or messages were deleted) unless ``allow_partial``. The replay goes through ``X``:
+   the origin's last message, unless the work queue's source has not passed it yet (then the
+   origin sequence of the work queue's last message), and before the partition's first
+   message still queued (the drain processes those); never below ``O``. So a gap at the
+   partition's tail (messages that never reached the work queue after its last commit) is
+   repaired too.
+3. **Replay.** Read the origin stream from its first message up to ``X`` in order, keep the
    messages whose subject maps to ``p`` (:class:`~cg_pipelines.core.partitioning.
    SubjectPartitioner`: the work queue's own transform), and run the processor over them in
    batches from empty state (per-key state carried in memory from batch to batch).
@@ -21,7 +26,9 @@ that first processed it. A rebuild recomputes partition ``p`` with today's proce
 4. **Replace, fenced.** Stream the new rows into ONE Delta transaction that replaces ``p``'s
    rows (in :class:`~cg_pipelines.core.write.Merge` mode: each key's last row, deleted keys
    dropped, which is what a fresh drain leaves) and keeps the watermark at ``W``
-   (:meth:`~cg_pipelines.sinks.delta.DeltaSink.replace_partition`): if another holder committed
+   (:meth:`~cg_pipelines.sinks.delta.DeltaSink.replace_partition`), recording ``X`` as the
+   partition's origin marker and its coverage (``cg.coverage_through``: every message of the
+   partition through ``X``, for the reconcile check): if another holder committed
    ``p`` meanwhile, nothing is written (``fenced``); if the processor raises or the process
    dies, nothing is written either and the old rows stay.
 5. **Release** the lease; live draining continues from ``W``: no gap, no duplicate.
@@ -47,6 +54,7 @@ import pyarrow.compute as pc
 from nats.aio.client import Client
 
 from cg_pipelines.core.config import ElasticConfig
+from cg_pipelines.core.coverage import COVERAGE_THROUGH_KEY
 from cg_pipelines.core.errors import CgError, GroupNotFoundError
 from cg_pipelines.core.partitioning import SubjectPartitioner
 from cg_pipelines.engine.context import RunContext
@@ -195,6 +203,11 @@ class _Rebuild:
                 f"its first retained sequence is {first}"
                 + (f" and {deleted} messages were deleted" if deleted else "")
                 + "; nothing was changed (rebuild with allow_partial to use what is left)")
+        # Replay through the origin's last message the work queue's source has passed, but
+        # before the partition's first queued message: gaps at the partition's tail are
+        # repaired too, and what is still queued is left to the drain (no duplicate).
+        origin_last = max(origin_last, await self._replay_through(
+            int(state.get("last_seq") or 0), watermark, origin_last))
         res.first_seq, res.last_seq = first, origin_last
         schema = await asyncio.to_thread(self._table_schema)
         part = SubjectPartitioner(config)
@@ -215,9 +228,13 @@ class _Rebuild:
                 yield from item.to_batches()
 
         reader = pa.RecordBatchReader.from_batches(schema, batches())
+        # first_seq/last_seq: the work-queue sequences whose effects the version holds (the
+        # partition's whole history through the watermark); coverage_through: every message
+        # of the partition through that origin sequence is accounted for (the reconcile check)
         lineage = {"stream": c.stream, "group": c.group, "partition": c.partition,
                    "origin_first_seq": first, "origin_last_seq": origin_last,
-                   "last_seq": watermark}
+                   "first_seq": 1, "last_seq": watermark, "last_origin_seq": origin_last,
+                   COVERAGE_THROUGH_KEY: origin_last}
         writer = asyncio.create_task(asyncio.to_thread(
             self.sink.replace_partition, reader, self.ctx.partition, self.ctx.app_id, watermark,
             {origin_marker(self.ctx.app_id): origin_last}, lineage=lineage))
@@ -253,6 +270,42 @@ class _Rebuild:
                       f"read, {res.processed} of partition {self.ctx.partition}, "
                       f"{res.rows_replaced} rows replaced by {res.rows_written}")
         self.ctx.step("rebuilt", first_seq=first, last_seq=origin_last)
+
+    async def _replay_through(self, origin_last: int, watermark: int, committed: int) -> int:
+        """The origin sequence to replay through: the origin's last one (``origin_last``, read
+        before the work queue) unless the work queue's source has not passed it yet (then the
+        origin sequence of the work queue's last message, or ``committed`` when that is
+        unknown), and before the partition's first queued message. Only the leased partition
+        is read; nothing is consumed."""
+        c = self.ctx
+        info = await c.retry.call("stream info", lambda: c.api.stream_info(c.wq))
+        st = info.get("state") or {}
+        sources = info.get("sources") or []
+        # a live source: no lag, in contact within 30 s (a stalled one shows lag 0, active -1)
+        live = bool(sources) and all(int(s.get("lag") or 0) == 0 and 0 <= int(
+            s.get("active") if s.get("active") is not None else -1) <= 30_000_000_000
+            for s in sources)
+        through = origin_last
+        wq_last = int(st.get("last_seq") or 0)
+        top = await self._origin_of(wq_last, ">", wq_last) if wq_last else None
+        if top is not None:
+            through = min(through, top)
+        elif not live:
+            through = committed
+        mine = await self._origin_of(watermark + 1, c.flt, None)
+        if mine is not None:
+            through = min(through, mine - 1)
+        return through
+
+    async def _origin_of(self, seq: int, flt: str, last: int | None) -> int | None:
+        """Origin sequence of the work queue's first message at or after ``seq`` matching
+        ``flt`` (at most ``last``), or None."""
+        c = self.ctx
+        got = await c.retry.call("read the work queue", lambda: read_range(
+            c.nc, c.wq, seq, filter_subject=flt, max_msgs=1, last_seq=last,
+            timeout_s=c.opt.timeout_s))
+        col = got.table(origin=True)["origin_seq"]
+        return None if not len(col) or col[0].as_py() is None else int(col[0].as_py())
 
     def _table_schema(self) -> pa.Schema:
         stats = self.sink.stats()

@@ -1,28 +1,45 @@
 """Origin <-> work-queue reconciliation of an elastic group: the reads (the logic is
-:mod:`cg_pipelines.core.reconcile`).
+:mod:`cg_pipelines.core.reconcile`, the cursor :class:`~cg_pipelines.core.coverage.
+ReconcileCursor`).
 
-One check reads, in this order (so a message a run commits and purges meanwhile is still seen
-in the table, read last):
+One check (a "tick") goes on from its cursor and reads, in this order (so a message a run
+commits and purges meanwhile is still seen: the coverage is read after the work queue):
 
-1. the origin stream's info (the window: at most ``max_messages`` origin sequences) and the
-   work queue's (its source's lag);
-2. the origin window's subjects and headers (batched direct get: the origin needs
-   ``allow_direct``), partitioned as the work queue's transform does;
-3. the work queue's whole backlog (``Nats-Stream-Source`` origin sequences);
-4. the dead-letter stream (``Cg-Origin-Sequence``);
-5. the table's ``_seq`` values in the window, through ``table_seqs`` (the caller's reader: the
-   ``cg`` command and the Dagster check read the Delta table).
+1. the origin stream's info (the window: from the cursor on, at most ``max_messages`` origin
+   sequences) and the work queue's (its source's ``lag`` and ``active``);
+2. the work queue's backlog up to the window's end (``Nats-Stream-Source`` origin sequences;
+   sourcing is in origin order, so the scan stops past the window);
+3. the coverage the engine recorded with each commit since the cursor's Delta version
+   (``coverage``: e.g. :class:`~cg_pipelines.engine.coverage_log.DeltaLogCoverage`), at most
+   ``max_versions`` versions;
+4. the dead-letter stream (``Cg-Origin-Sequence``: dead letters of commits older than
+   coverage);
+5. the origin window's subjects, times and headers (batched direct get: the origin needs
+   ``allow_direct``), partitioned as the work queue's transform does, and judged
+   (:func:`~cg_pipelines.core.reconcile.judge`): a matching message nobody covers is a gap only
+   when the source has passed it; otherwise it is "not yet sourced" (a stall or a lag, reported
+   as :class:`~cg_pipelines.core.reconcile.SourcingStall`), and the cursor stops before it.
 
-Cost: the window's origin messages plus the work queue's backlog plus the dead letters, each read
-once in bulk, and one column of the table in the window; nothing is written.
+The source has passed origin sequence ``s`` when a message at or after ``s`` was in the work
+queue before the backlog scan (sourcing is in order): still queued, or settled by a commit read
+by an earlier check or of work-queue sequences stored when this check began; or when the source
+is active (contact within ``stall_after_s``) with lag 0 and ``s`` was published more than
+``grace_s`` ago (a gap at the very end of the origin).
+
+Cost of a tick: at most ``max_messages`` origin messages, the work-queue backlog before the
+window's end, at most ``max_versions`` small commit-file reads, and the dead letters; the
+cursor's own size is bounded (see the class). Nothing is written here (the caller stores the
+cursor).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -30,28 +47,44 @@ import pyarrow.compute as pc
 from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.coverage import CommitCoverage, ReconcileCursor
 from cg_pipelines.core.partitioning import SubjectPartitioner
 from cg_pipelines.core.reconcile import (
     ORIGIN_SEQ_HEADER,
     REPLAY_OF_HEADER,
+    OriginGap,
     ReconcileReport,
-    find_gaps,
+    SourcingStall,
+    judge,
 )
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.errors import StreamNotFoundError
 from cg_pipelines.jetstream.rangeread import read_range
 
-__all__ = ["DEFAULT_MAX_MESSAGES", "TableSeqs", "reconcile_group", "sink_table_seqs"]
+__all__ = ["DEFAULT_MAX_MESSAGES", "DEFAULT_MAX_VERSIONS", "CoverageSource", "TableSeqs",
+           "reconcile_group", "sink_table_seqs"]
 
 DEFAULT_MAX_MESSAGES = 500_000
 """Origin messages one check reads at most (the window ends at the origin's last sequence)."""
+
+DEFAULT_MAX_VERSIONS = 500
+"""Delta versions whose coverage one check reads at most (one small object read each)."""
+
+
+class CoverageSource(Protocol):
+    """Where the engine's recorded coverage is read (blocking; run in a worker thread)."""
+
+    def read(self, after: int, limit: int) -> tuple[list[CommitCoverage], int, bool]:
+        """Coverage of the versions after ``after`` (at most ``limit``): ``(commits, last
+        version read, caught up)``."""
+        ...
 
 TableSeqs = Callable[[int, int], "np.ndarray | pa.Array | pa.ChunkedArray | list[int]"]
 """``table_seqs(first, last)``: the ``_seq`` values (origin sequences) of the group's table rows
 with ``first <= _seq <= last`` (blocking; run in a worker thread)."""
 
-_CHUNK = 10_000
+_CHUNK = 20_000  # messages per direct-get read (bench/range_read.py)
 
 
 def sink_table_seqs(sink: Any, column: str = "_seq") -> TableSeqs:
@@ -79,7 +112,8 @@ async def _scan(api: JetStreamAPI, stream: str, first: int, last: int,
     seq = max(1, first)
     while seq <= last:
         got = await read_range(api.nc, stream, seq, filter_subject=">", max_msgs=_CHUNK,
-                               last_seq=last, timeout_s=timeout_s, api_prefix=api.prefix)
+                               last_seq=last, timeout_s=timeout_s, api_prefix=api.prefix,
+                               drop_nats_headers=True)
         if got.num_rows:
             out.append(got.table(origin=True))
         if got.ended or not got.num_rows:
@@ -102,105 +136,220 @@ def _header_ints(headers: pa.ChunkedArray | pa.Array, name: str) -> list[int]:
     return out
 
 
+def _partitions(config: Any, subjects: pa.ChunkedArray) -> np.ndarray:
+    """Each subject's group partition (-1: no filter matches), computed once per subject."""
+    if not len(subjects):
+        return np.array([], dtype=np.int64)
+    part = SubjectPartitioner(config)
+    enc = pc.dictionary_encode(subjects).combine_chunks()
+    lut = np.array([-1 if (p := part(s)) is None else p for s in enc.dictionary.to_pylist()],
+                   dtype=np.int64)
+    return lut[enc.indices.to_numpy(zero_copy_only=False)]
+
+
+async def _queued(api: JetStreamAPI, wq: str, state: dict[str, Any], upto: int,
+                  timeout_s: float) -> np.ndarray:
+    """Origin sequences of the work queue's backlog, up to the first one past ``upto``."""
+    out: list[np.ndarray] = []
+    if not int(state.get("messages") or 0):
+        return np.array([], np.int64)
+    seq, last = max(1, int(state.get("first_seq") or 1)), int(state.get("last_seq") or 0)
+    while seq <= last:
+        got = await read_range(api.nc, wq, seq, filter_subject=">", max_msgs=_CHUNK,
+                               last_seq=last, timeout_s=timeout_s, api_prefix=api.prefix,
+                               drop_nats_headers=True)
+        if not got.num_rows:
+            break
+        o = got.table(origin=True)["origin_seq"].drop_null().to_numpy(zero_copy_only=False)
+        out.append(o.astype(np.int64))
+        if got.ended or (len(o) and int(o[-1]) > upto):
+            break
+        seq = got.next_seq
+    return np.concatenate(out) if out else np.array([], np.int64)
+
+
+async def _dead(api: JetStreamAPI, wq: str) -> list[int]:
+    """Origin sequences of the group's dead letters."""
+    try:
+        info = await api.stream_info(f"{wq}-dlq")
+    except StreamNotFoundError:
+        return []
+    st = info.get("state") or {}
+    dead: list[int] = []
+    if int(st.get("messages") or 0):
+        for t in await _scan(api, f"{wq}-dlq", int(st.get("first_seq") or 1),
+                             int(st.get("last_seq") or 0), api.timeout):
+            dead += _header_ints(t["headers"], ORIGIN_SEQ_HEADER)
+    return dead
+
+
+def _source(info: dict[str, Any], stream: str) -> tuple[bool, int, float]:
+    """``(present, lag, active seconds)`` of the work queue's source for ``stream``."""
+    for s in info.get("sources") or []:
+        if s.get("name") == stream:
+            active = int(s.get("active") if s.get("active") is not None else -1)
+            return True, int(s.get("lag") or 0), (active / 1e9 if active >= 0 else -1.0)
+    return False, 0, -1.0
+
+
 async def reconcile_group(
     js: JetStreamContext,
     api: JetStreamAPI,
     stream: str,
     group: str,
     *,
+    coverage: CoverageSource | None = None,
+    cursor: ReconcileCursor | None = None,
     table_seqs: TableSeqs | None = None,
     from_seq: int | None = None,
+    to_seq: int | None = None,
     max_messages: int = DEFAULT_MAX_MESSAGES,
+    max_versions: int = DEFAULT_MAX_VERSIONS,
+    grace_s: float = 10.0,
+    stall_after_s: float = 30.0,
 ) -> ReconcileReport:
-    """Check that every origin message of elastic ``group`` reached its work queue, over the
-    origin window ``[from_seq, from_seq + max_messages - 1]`` (default: the last
-    ``max_messages`` origin sequences), capped at the origin's last sequence.
+    """One check (tick) that every origin message of elastic ``group`` reached its work queue
+    and was accounted for (see the module docstring).
 
     Args:
-        table_seqs: reader of the table's origin sequences (:data:`TableSeqs`). ``None``: no
-            table (only before any run: processed messages would count as missing).
-        from_seq: first origin sequence to check (e.g. a previous check's ``to_seq + 1``
-            when it was ok).
-        max_messages: most origin messages read (>= 1).
+        coverage: the engine's recorded coverage (e.g. :class:`~cg_pipelines.engine.
+            coverage_log.DeltaLogCoverage` of the group's table). ``None``: only the work
+            queue, the dead letters and ``table_seqs`` count (before any run, or for an old
+            table).
+        cursor: where the previous check stopped; updated in place (the caller stores it).
+            ``None``: a fresh cursor at ``from_seq`` (default: the last ``max_messages``
+            origin sequences).
+        table_seqs: an extra reader of covered origin sequences (:data:`TableSeqs`, e.g. the
+            ``_seq`` column of an append table written before coverage was recorded).
+        from_seq: with a fresh cursor, the first origin sequence to check.
+        to_seq: last origin sequence to check (default: the origin's last).
+        max_messages: origin messages read at most (>= 1).
+        max_versions: Delta versions read at most (>= 1).
+        grace_s: seconds a message may take to be sourced (see the module docstring).
+        stall_after_s: seconds without contact after which the source counts as stalled.
 
     Returns:
-        A :class:`~cg_pipelines.core.reconcile.ReconcileReport` (``ok`` False with the gaps).
+        A :class:`~cg_pipelines.core.reconcile.ReconcileReport`: ``gaps`` are all the open gaps
+        the cursor knows (repaired ones drop out as their coverage is read); ``stall`` when
+        the source is behind; ``partial`` when the check should go on (the window stopped
+        short of ``to_seq`` / the origin's end, or versions are left to read).
 
     Raises:
         GroupNotFoundError, ConfigError: no usable elastic group config.
         StreamNotFoundError: the origin or work-queue stream is missing.
         JetStreamUnavailableError: the origin (or work queue) does not allow direct get.
         JetStreamError, RequestTimeoutError: other API failures.
-        ValueError: ``max_messages < 1``.
+        CoverageLogError, OSError: the coverage cannot be read.
+        ValueError: ``max_messages`` or ``max_versions`` < 1.
     """
-    if max_messages < 1:
-        raise ValueError(f"max_messages must be >= 1, got {max_messages}")
+    if max_messages < 1 or max_versions < 1:
+        raise ValueError(f"max_messages and max_versions must be >= 1, got {max_messages} "
+                         f"and {max_versions}")
     wq = work_queue_stream_name(stream, group)
     config = (await admin.get_elastic(js, stream, group, timeout=api.timeout)).config
+    # 1. the streams' states
     origin_state = (await api.stream_info(stream)).get("state") or {}
     last = int(origin_state.get("last_seq") or 0)
     first_stored = max(1, int(origin_state.get("first_seq") or 1))
-    lo = max(first_stored, from_seq if from_seq is not None else last - max_messages + 1)
-    hi = min(last, lo + max_messages - 1)
+    if cursor is None:
+        cursor = ReconcileCursor(origin_through=(from_seq - 1) if from_seq is not None
+                                 else max(0, last - max_messages))
+    end = last if to_seq is None else min(last, to_seq)
+    lo = max(first_stored, cursor.origin_through + 1)
+    hi = min(end, lo + max_messages - 1)
     wq_info = await api.stream_info(wq)
-    lag = sum(int(s.get("lag") or 0) for s in wq_info.get("sources") or [])
-
-    # 2. the origin window
-    origin = await _scan(api, stream, lo, hi, api.timeout) if hi >= lo else []
-    if origin:
-        seqs = pa.concat_arrays([t["seq"].combine_chunks() for t in origin])
-        subjects = pa.chunked_array([t["subject"].combine_chunks() for t in origin])
-        headers = pa.chunked_array([t["headers"].combine_chunks() for t in origin])
-    else:
-        seqs, subjects, headers = pa.array([], pa.int64()), pa.chunked_array(
-            [], pa.string()), pa.chunked_array([], pa.string())
-    part = SubjectPartitioner(config)
-    enc = pc.dictionary_encode(subjects).combine_chunks() if len(subjects) else None
-    if enc is not None:
-        lut = np.array([-1 if (p := part(s)) is None else p
-                        for s in enc.dictionary.to_pylist()], dtype=np.int64)
-        parts = lut[enc.indices.to_numpy(zero_copy_only=False)]
-    else:
-        parts = np.array([], dtype=np.int64)
-    replayed = _header_ints(headers, REPLAY_OF_HEADER) if len(headers) else []
-
-    # 3. the work queue's backlog
-    wq_state = wq_info.get("state") or {}
-    queued_tables = await _scan(api, wq, int(wq_state.get("first_seq") or 1),
-                                int(wq_state.get("last_seq") or 0), api.timeout) \
-        if int(wq_state.get("messages") or 0) else []
-    queued = np.concatenate([t["origin_seq"].drop_null().to_numpy() for t in queued_tables]) \
-        if queued_tables else np.array([], np.int64)
-
-    # 4. the dead letters
-    dead: list[int] = []
-    try:
-        dlq_info = await api.stream_info(f"{wq}-dlq")
-    except StreamNotFoundError:
-        dlq_info = None
-    if dlq_info is not None and int((dlq_info.get("state") or {}).get("messages") or 0):
-        st = dlq_info["state"]
-        for t in await _scan(api, f"{wq}-dlq", int(st.get("first_seq") or 1),
-                             int(st.get("last_seq") or 0), api.timeout):
-            dead += _header_ints(t["headers"], ORIGIN_SEQ_HEADER)
-
-    # 5. the table
+    present, lag, active_s = _source(wq_info, stream)
+    now = time.time()
+    # 2. the work queue's backlog (before the coverage: a message committed meanwhile is
+    # in the coverage read after)
+    queued = await _queued(api, wq, wq_info.get("state") or {}, hi, api.timeout)
+    # Evidence that the source passed an origin sequence must predate the backlog scan
+    # (else a message sourced just after the scan and not committed yet would look lost):
+    # commits read by earlier checks, commits of work-queue messages stored before this
+    # check began (wq sequence <= wq_top), the backlog itself (sourcing is in order).
+    wq_top = int((wq_info.get("state") or {}).get("last_seq") or 0)
+    evidence = max([cursor.origin_through, *cursor.committed.values()])
+    # 3. the recorded coverage
+    read = caught_up = 0
+    done = coverage is None
+    while not done and read < max_versions:
+        commits, upto, done = await asyncio.to_thread(
+            coverage.read, cursor.version, min(500, max_versions - read))  # type: ignore[union-attr]
+        read += max(0, upto - cursor.version)
+        for c in commits:
+            if c.seqs is not None:
+                cursor.add_covered(c.seqs, c.partition)
+                if c.wq_last is not None and c.wq_last <= wq_top and len(c.seqs):
+                    evidence = max(evidence, int(c.seqs[-1]))
+            if c.through is not None:
+                cursor.add_rebuilt(c.partition, c.through)
+        if upto == cursor.version:
+            done = True
+        cursor.version = upto
+    caught_up = bool(done)
+    # 4. dead letters (and an old table's rows)
+    dead = np.asarray(await _dead(api, wq), np.int64)
     in_table = np.array([], np.int64)
     if table_seqs is not None and hi >= lo:
         got = await asyncio.to_thread(table_seqs, lo, hi)
         if isinstance(got, pa.ChunkedArray | pa.Array):
             got = got.drop_null().to_numpy(zero_copy_only=False)
         in_table = np.asarray(got, dtype=np.int64)
+    # 5. the origin window, judged
+    origin = await _scan(api, stream, lo, hi, api.timeout) if hi >= lo else []
+    seqs = (np.concatenate([t["seq"].to_numpy() for t in origin]).astype(np.int64)
+            if origin else np.array([], np.int64))
+    subjects = pa.chunked_array([c for t in origin for c in t["subject"].chunks], pa.string())
+    headers = pa.chunked_array([c for t in origin for c in t["headers"].chunks], pa.string())
+    times = (np.concatenate([t["time"].cast(pa.int64()).to_numpy() for t in origin])
+             if origin else np.array([], np.int64))
+    parts = _partitions(config, subjects)
+    replayed = np.asarray(_header_ints(headers, REPLAY_OF_HEADER) if len(headers) else [],
+                          np.int64)
+    extra = np.concatenate([queued, dead, replayed, in_table])
+    cov = np.isin(seqs, extra) | np.isin(seqs, cursor.covered())
+    for p, through in cursor.rebuilt.items():
+        cov |= (parts == p) & (seqs <= through)
+    # the source passed s: a covered message at or after s (sourcing is in order) ...
+    top = max(evidence, int(queued.max()) if len(queued) else 0,
+              int(in_table.max()) if len(in_table) else 0)  # an old table's rows: trusted
+    healthy = present and lag == 0 and 0 <= active_s <= stall_after_s
+    sourced = seqs <= top
+    if healthy:  # ... or a live source with no lag and time enough
+        sourced |= times < int((now - grace_s) * 1e9)
+    if caught_up or not len(seqs):
+        undecided = np.zeros(len(seqs), bool)
+    else:  # each message's partition's highest committed origin sequence, looked up
+        lut = np.zeros(max([int(parts.max()), *cursor.committed]) + 2, np.int64)
+        for p, c in cursor.committed.items():
+            lut[p] = c
+        undecided = seqs > lut[parts]  # parts -1 reads the last slot: 0
+    j = judge(seqs, parts, cov, sourced=sourced, undecided=undecided)
+    matching = parts >= 0
+    expected = seqs[matching]
 
-    origin_seqs = seqs.to_numpy(zero_copy_only=False)
-    expected = origin_seqs[parts >= 0]
+    def count(covered: np.ndarray) -> int:
+        return int(np.isin(expected, covered).sum())
 
-    def count(covered: np.ndarray | list[int]) -> int:
-        return int(np.isin(expected, np.asarray(covered, np.int64)).sum())
-
-    covered = np.concatenate([queued.astype(np.int64), in_table,
-                              np.asarray(dead, np.int64), np.asarray(replayed, np.int64)])
-    gaps, tail = find_gaps(origin_seqs, parts, covered, sourcing_done=lag == 0)
+    elsewhere = np.isin(seqs, extra)
+    counts = (count(queued), int((cov & matching & ~elsewhere).sum()) + count(in_table),
+              count(dead), count(replayed))
+    if len(j.gap_seqs):
+        cursor.add_gaps(j.gap_seqs, j.gap_parts, j.runs)
+    settled = int(seqs[j.stop]) - 1 if j.stop < len(seqs) else hi
+    if hi >= lo:
+        cursor.advance(settled)
+    stall = None
+    if j.not_yet_sourced:
+        first_i = int(np.flatnonzero(seqs == j.first_unsourced)[0])
+        since = datetime.fromtimestamp(int(times[first_i]) / 1e9, UTC).isoformat(
+            timespec="seconds")
+        state = ("no source" if not present else "stalled"
+                 if active_s < 0 or active_s > stall_after_s else "lagging")
+        stall = SourcingStall(state, since, j.not_yet_sourced, j.first_unsourced, lag,
+                              round(active_s, 3))
+    gaps = [OriginGap(*g) for g in cursor.gap_runs()]
     return ReconcileReport(
-        stream, group, lo, hi, len(origin_seqs), len(expected), count(queued),
-        count(in_table), count(dead), count(replayed), gaps, tail, lag, hi < last)
+        stream, group, lo, settled if hi >= lo else hi, len(seqs), int(matching.sum()),
+        *counts, gaps, j.not_yet_sourced, lag,
+        settled < end or not caught_up, stall, read, caught_up, cursor.gaps_untracked)

@@ -40,14 +40,15 @@ def test_report_lines() -> None:
     ok = ReconcileReport("S", "g", 1, 10, 10, 8, 2, 5, 1, 0)
     assert ok.ok and ok.text() == (
         "S.g: ok: origin sequences 1..10: 8 of 10 messages match the group, all reached S-g "
-        "(2 queued, 5 in the table, 1 dead-lettered, 0 replayed)")
+        "(2 queued, 5 committed, 1 dead-lettered, 0 replayed)")
     bad = ReconcileReport("S", "g", 1, 300, 300, 300, 0, 279, 0, 0,
                           [OriginGap(101, 120, 20, (0, 2)), OriginGap(200, 200, 1, (1,))])
     assert not bad.ok and bad.missing == 21 and bad.partitions == [0, 1, 2]
     assert bad.text() == (
         "S.g: 21 origin message(s) never reached S-g (checked origin sequences 1..300): "
         "origin sequences 101..120 (20 messages, partitions 0, 2); origin sequence 200 "
-        "(1 message, partition 1); repair: rebuild partition(s) 0, 1, 2 from the origin stream")
+        "(1 message, partition 1); repair: rebuild partition(s) 0, 1, 2 from the origin stream "
+        "(rebuild_partition; in Dagster the asset's _rebuild job)")
     d = bad.as_dict()
     assert d["ok"] is False and d["gaps"][0] == {"first_seq": 101, "last_seq": 120,
                                                  "messages": 20, "partitions": [0, 2]}
