@@ -112,7 +112,9 @@ async def test_gap_is_named_and_rebuild_repairs_it(nats_server: NatsServer, nc: 
     assert json.loads(done.stdout)["to_seq"] == 130
     # a --table with no Delta table is refused, not read as "every message missing"
     nothing = cg("--table", str(tmp_path / "typo"))
-    assert nothing.returncode == 2 and "no Delta table there" in nothing.stderr, nothing
+    # (with --json the error is a JSON object on stdout)
+    assert nothing.returncode == 2, nothing
+    assert "no Delta table there" in json.loads(nothing.stdout)["error"], nothing
 
 
 def test_on_s3(s3_bucket: tuple[str, dict[str, str]]) -> None:
