@@ -27,6 +27,7 @@ of one partition exclusive however they are launched with the instance setting i
 :mod:`cg_pipelines.dagster.assets` (a ``dagster/partition`` tag limit).
 """
 
+from cg_pipelines.dagster.component import ConsumerGroupAssetComponent
 from cg_pipelines.dagster.definitions import (
     GroupDefinitions,
     build_definitions,
@@ -46,6 +47,7 @@ from cg_pipelines.dagster.spec import ConsumerGroupAsset
 # cg_pipelines.dagster.{assets,sensors,checks,history,spec,resources,io_manager,definitions}.
 __all__ = [
     "ConsumerGroupAsset",
+    "ConsumerGroupAssetComponent",
     "DeltaTableIOManager",
     "DeltaWarehouseResource",
     "GroupDefinitions",
