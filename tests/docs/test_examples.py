@@ -2,11 +2,13 @@
 ``python`` command of ``docs/getting-started.md`` and of the README's example, in page order,
 in a fresh directory, against a real nats-server started for the page.
 
-Rules of the pages (checked here): a Python block whose first line is ``# <name>.py`` is saved
+Rules of the pages (checked here): a Python block whose first line is ``# <name>.py`` (or
+``# <name>.py: what it is``) is saved
 under that name and must be used by a command of the page (``python <name>.py`` or
 ``dagster ... -f <name>.py``); any other Python block runs where it stands. In ``bash`` blocks,
 ``pip install`` lines are the reader's (the test runs in this repo's venv), ``cg dev &`` is the
-server the test starts, and ``export NATS_URL=...`` is set to it.
+server the test starts, ``export NATS_URL=...`` is set to it, and the README's repository
+commands (``bash scripts/setup.sh ...``) are CI's own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +43,8 @@ def commands(bash: str) -> Iterator[list[str]]:
     for line in bash.splitlines():
         words = shlex.split(line, comments=True)
         if not words or words[0] not in RUNNABLE:
-            assert not words or words[0] in ("pip", "export"), f"unexpected command: {line}"
+            assert not words or words[0] in ("pip", "export") or \
+                words[:2] == ["bash", "scripts/setup.sh"], f"unexpected command: {line}"
             continue
         if words[:2] == ["cg", "dev"]:
             continue
@@ -61,8 +65,10 @@ class Page:
     def run(self, words: list[str]) -> str:
         exe = sys.executable if words[0] == "python" else str(BIN / words[0])
         self.used.update(w for w in words[1:] if w in self.saved)
+        t0 = time.monotonic()
         proc = subprocess.run([exe, *words[1:]], cwd=self.cwd, env=self.env,
                               capture_output=True, text=True, timeout=300)
+        print(f"{time.monotonic() - t0:6.1f} s  {shlex.join(words)}")
         assert proc.returncode == 0, f"{shlex.join(words)} failed:\n{proc.stdout[-3000:]}\n" \
                                      f"{proc.stderr[-3000:]}"
         return proc.stdout
@@ -72,8 +78,8 @@ class Page:
         outputs = []
         for i, (lang, text) in enumerate(blocks(page)):
             if lang == "python":
-                first = text.splitlines()[0]
-                name = first[2:].strip() if re.fullmatch(r"# [\w.]+\.py", first) else None
+                named = re.match(r"# ([\w.]+\.py)(:|$)", text.splitlines()[0])
+                name = named.group(1) if named else None
                 (self.cwd / (name or f"block{i}.py")).write_text(text)
                 if name:
                     self.saved.add(name)
