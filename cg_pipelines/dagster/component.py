@@ -37,6 +37,7 @@ from __future__ import annotations
 import importlib
 import json
 import textwrap
+from collections import OrderedDict
 from typing import Any, Literal
 
 from dagster import Definitions, EnvVar
@@ -73,9 +74,11 @@ RESOURCE_CLASSES: dict[str, type[Any]] = {
     "partition_runs": PartitionRunsResource,
 }
 # One object per (key, settings): Definitions.merge accepts a resource key twice only when it
-# is the same object, so components declaring the same settings must share it. Bounded by the
-# distinct resource settings of the loaded defs.yaml files.
-_SHARED: dict[str, Any] = {}
+# is the same object, so components declaring the same settings must share it. A long-lived
+# code server reloading edited defs.yaml files adds entries: the oldest are dropped past
+# SHARED_MAX (far more distinct settings than one load of a project declares).
+SHARED_MAX = 256
+_SHARED: OrderedDict[str, Any] = OrderedDict()
 
 SCAFFOLD_YAML = """\
 type: {type_name}
@@ -205,9 +208,18 @@ def _value(v: Any) -> Any:
 
 def _shared(key: str, settings: Any, make: Any) -> Any:
     ident = f"{key}:{json.dumps(settings, sort_keys=True, default=repr)}"
-    if ident not in _SHARED:
+    if ident in _SHARED:
+        _SHARED.move_to_end(ident)
+    else:
         _SHARED[ident] = make()
+        while len(_SHARED) > SHARED_MAX:
+            _SHARED.popitem(last=False)
     return _SHARED[ident]
+
+
+def shared_resource_count() -> int:
+    """How many shared resource objects are kept (at most :data:`SHARED_MAX`)."""
+    return len(_SHARED)
 
 
 def build_resources(declared: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -19,7 +19,12 @@ import pytest
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.dagster import ConsumerGroupAssetComponent
-from cg_pipelines.dagster.component import build_resources, scaffold_text
+from cg_pipelines.dagster.component import (
+    SHARED_MAX,
+    build_resources,
+    scaffold_text,
+    shared_resource_count,
+)
 from cg_pipelines.sinks.delta import DeltaSink
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,3 +168,12 @@ def test_scaffold_text_is_the_documented_yaml() -> None:
     component = ConsumerGroupAssetComponent.resolve_from_yaml(
         scaffold_text().split("attributes:\n", 1)[1].replace("\n  ", "\n").lstrip())
     assert (component.stream, component.group, component.partitions) == ("orders", "totals", 4)
+
+
+def test_shared_resources_are_bounded() -> None:
+    first = build_resources({"warehouse": {"root": "/tmp/bound-0"}})["warehouse"]
+    for i in range(1, SHARED_MAX + 50):
+        build_resources({"warehouse": {"root": f"/tmp/bound-{i}"}})
+    assert shared_resource_count() <= SHARED_MAX
+    # the oldest settings were dropped: the same settings now make a new object
+    assert build_resources({"warehouse": {"root": "/tmp/bound-0"}})["warehouse"] is not first
