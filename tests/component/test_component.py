@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,7 @@ from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.dagster import ConsumerGroupAssetComponent
 from cg_pipelines.dagster.component import (
+    SCAFFOLD_YAML,
     SHARED_MAX,
     build_resources,
     scaffold_text,
@@ -30,21 +32,15 @@ from cg_pipelines.sinks.delta import DeltaSink
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TYPE = "cg_pipelines.dagster.ConsumerGroupAssetComponent"
-TRANSFORMS = '''\
-"""The user's processor: the defs.yaml names it by import path."""
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from cg_pipelines import ArrowProcessor, JsonDecoder, JsonField
+GUIDE = REPO / "docs" / "guides" / "component.md"
 
 
-def doubled(table: pa.Table, ctx: object) -> pa.Table:
-    return table.append_column("doubled", pc.multiply(table["amount"], 2.0))
-
-
-totals = ArrowProcessor(
-    JsonDecoder([JsonField("customer", "string"), JsonField("amount", "float")]), doubled)
-'''
+def guide_block(first_line: str) -> str:
+    """The code block of the Component guide that starts with ``first_line``."""
+    for m in re.finditer(r"^```\w*\n(.*?)^```", GUIDE.read_text(), re.M | re.S):
+        if m.group(1).startswith(first_line):
+            return m.group(1)
+    raise AssertionError(f"{GUIDE.name} has no block starting with {first_line!r}")
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], ok: bool = True
@@ -78,7 +74,14 @@ async def test_dg_scaffold_declare_launch(nats_url: str, tmp_path: Path) -> None
          tmp_path, env)
     project = tmp_path / "orders_project"
     pkg = project / "src" / "orders_project"
-    (pkg / "transforms.py").write_text(TRANSFORMS)
+    # the user's processor: the guide's transforms.py, as written
+    (pkg / "transforms.py").write_text(guide_block("# src/orders_project/transforms.py"))
+    # the documented project-level registration: `dg list components` then lists ours
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace(
+        'registry_modules = [', 'registry_modules = [\n    "cg_pipelines.dagster",', 1))
+    listed = _run([str(BIN / "dg"), "list", "components", "--json"], project, env).stdout
+    assert f'"key": "{TYPE}"' in listed, listed[-2000:]
 
     _run([str(BIN / "dg"), "scaffold", "defs", TYPE, "customer_totals", "--stream", stream,
           "--group", "totals", "--partitions", "2",
@@ -162,6 +165,16 @@ def test_same_resource_settings_share_one_object() -> None:
     assert set(a) == {"nats", "warehouse", "partition_runs", "cg_io_manager"}
     assert build_resources({"warehouse": {"root": "/tmp/other"}})["warehouse"] is not \
         a["warehouse"]
+
+
+def test_the_guide_shows_what_the_scaffold_writes() -> None:
+    """The guide's defs.yaml is the scaffold's output for the guide's dg scaffold command."""
+    command = guide_block("pip install 'cg-pipelines[dg]'")
+    assert "--stream orders --group totals --partitions 4 --processor " \
+           "orders_project.transforms:totals" in command
+    assert guide_block(f"type: {TYPE}") == SCAFFOLD_YAML.format(
+        type_name=TYPE, name="customer_totals", stream="orders", group="totals", partitions=4,
+        processor="orders_project.transforms:totals")
 
 
 def test_scaffold_text_is_the_documented_yaml() -> None:
