@@ -67,7 +67,8 @@ async def test_dg_scaffold_declare_launch(nats_url: str, tmp_path: Path) -> None
     stream = f"dgorders{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path / 'orders_project' / 'src'}",
            "DAGSTER_HOME": str(tmp_path / "home"), "NATS_URL": nats_url,
-           "WAREHOUSE": str(tmp_path / "warehouse"), "DAGSTER_DISABLE_TELEMETRY": "1"}
+           "WAREHOUSE": str(tmp_path / "warehouse"), "DAGSTER_DISABLE_TELEMETRY": "1",
+           "DAGSTER_DG_UPDATE_CHECK_ENABLED": "0"}  # no PyPI look-up: hermetic, offline-safe
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     _run([str(BIN / "create-dagster"), "project", "--no-uv-sync", "orders_project"],
