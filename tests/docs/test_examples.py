@@ -135,3 +135,6 @@ def test_readme_is_a_quickstart() -> None:
     assert first[0].startswith("bash scripts/setup.sh && .venv/bin/python -m mainjob")
     assert first[1].startswith("bash scripts/setup.sh --tests && .venv/bin/python -m pytest -q")
     assert "```python" in text and "from cg_pipelines" in text
+    links = re.findall(r"\]\((docs/[^)#]+)", text)
+    assert len(links) >= 20 and all((REPO / link).is_file() for link in links), [
+        link for link in links if not (REPO / link).is_file()]
