@@ -24,7 +24,9 @@ What you get per group: the partitioned asset (partition keys ``<group>-<p>``) w
 checks, its job, a membership sensor, a backlog sensor and a drain schedule (sensors and
 schedule start stopped), and an IO manager that hands the table to downstream assets. Make runs
 of one partition exclusive however they are launched with the instance setting in
-:mod:`cg_pipelines.dagster.assets` (a ``dagster/partition`` tag limit).
+:mod:`cg_pipelines.dagster.assets` (a ``dagster/partition`` tag limit). In a ``dg`` project, a
+group can be declared in ``defs.yaml`` instead: :class:`ConsumerGroupAssetComponent`
+(:mod:`cg_pipelines.dagster.component`).
 """
 
 from cg_pipelines.dagster.component import ConsumerGroupAssetComponent
