@@ -6,11 +6,13 @@ the Delta table checked against the published orders. Plus the validation errors
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -59,6 +61,11 @@ async def _publish(url: str, stream: str, orders: list[tuple[str, float]]) -> No
         for customer, amount in orders:
             await js.publish(f"{stream}.eu.{customer}",
                              json.dumps({"customer": customer, "amount": amount}).encode())
+        # the group's work queue is filled from the stream asynchronously
+        deadline = time.monotonic() + 60
+        while (await js.stream_info(f"{stream}-totals")).state.messages < len(orders):
+            assert time.monotonic() < deadline, "the work queue did not receive the orders"
+            await asyncio.sleep(0.05)
     finally:
         await nc.close()
 
