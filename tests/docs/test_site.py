@@ -4,17 +4,27 @@ the click commands, and every page of the nav."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from docs.hooks.sphinx_roles import on_page_content
-
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _hook() -> ModuleType:
+    """The MkDocs hook module, loaded from its file as MkDocs does."""
+    spec = importlib.util.spec_from_file_location("sphinx_roles",
+                                                  REPO / "docs" / "hooks" / "sphinx_roles.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_site_builds_strict_and_renders_the_references(tmp_path: Path) -> None:
@@ -48,4 +58,4 @@ def test_site_builds_strict_and_renders_the_references(tmp_path: Path) -> None:
     ("a class: <code>x</code> stays", "a class: <code>x</code> stays"),
 ])
 def test_sphinx_roles_become_code(html: str, want: str) -> None:
-    assert on_page_content(html) == want
+    assert _hook().on_page_content(html) == want
