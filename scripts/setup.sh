@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
-# Sets up the project on a fresh machine: Java check, Chromium for the UI test, .venv,
-# pip install, nats-server check.
+# Sets up the project on a fresh machine: Java check, .venv, pip install, nats-server check.
+# Installs no system package: that is the main job's setup (`bash scripts/setup.sh`).
+#   --tests  also installs what the test suite needs from the system (Debian's Chromium and
+#            ChromeDriver for the UI test, PostgreSQL for the throwaway servers) with apt-get
+#            when missing: `bash scripts/setup.sh --tests && .venv/bin/python -m pytest -q`.
 # Idempotent: a second run only re-checks (pip reinstalls nothing when up to date).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 die() { echo "setup: $*" >&2; exit 1; }
+
+TESTS=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) TESTS=1 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) die "unknown option $arg (known: --tests)" ;;
+  esac
+done
 
 # Java 17+ for Spark (java on PATH or JAVA_HOME).
 JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
@@ -13,27 +25,30 @@ command -v "$JAVA" >/dev/null 2>&1 || die "Java 17+ is required for Spark: insta
 jv=$("$JAVA" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
 [ "${jv:-0}" -ge 17 ] || die "Java 17+ is required for Spark, found version ${jv:-unknown}"
 
-# Debian's Chromium + ChromeDriver for the Dagster UI test (no browser downloads at run time).
-if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver
-  else
-    echo "setup: warning: chromium and chromedriver are needed by the UI test (tests/ui)" >&2
+# System packages of the test suite only (--tests): never installed for the main job.
+if [ "$TESTS" = 1 ]; then
+  # Debian's Chromium + ChromeDriver for the Dagster UI test (no browser downloads at run time).
+  if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+      SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+      $SUDO apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver
+    else
+      echo "setup: warning: chromium and chromedriver are needed by the UI test (tests/ui)" >&2
+    fi
   fi
-fi
 
-# Debian's PostgreSQL for the tests' throwaway servers (a Postgres-backed Dagster instance, an
-# Iceberg SQL catalog): cg_pipelines.local.PostgresServer runs initdb/postgres from it.
-if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing Debian's postgresql (tests start throwaway servers from it)" >&2
-    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql
-  else
-    echo "setup: warning: PostgreSQL (initdb, postgres) is needed by the Postgres-backed tests" >&2
+  # Debian's PostgreSQL for the tests' throwaway servers (a Postgres-backed Dagster instance, an
+  # Iceberg SQL catalog): cg_pipelines.local.PostgresServer runs initdb/postgres from it.
+  if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+      echo "setup: installing Debian's postgresql (tests start throwaway servers from it)" >&2
+      SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+      $SUDO apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql
+    else
+      echo "setup: warning: PostgreSQL (initdb, postgres) is needed by the Postgres-backed tests" >&2
+    fi
   fi
 fi
 

@@ -24,9 +24,12 @@ What you get per group: the partitioned asset (partition keys ``<group>-<p>``) w
 checks, its job, a membership sensor, a backlog sensor and a drain schedule (sensors and
 schedule start stopped), and an IO manager that hands the table to downstream assets. Make runs
 of one partition exclusive however they are launched with the instance setting in
-:mod:`cg_pipelines.dagster.assets` (a ``dagster/partition`` tag limit).
+:mod:`cg_pipelines.dagster.assets` (a ``dagster/partition`` tag limit). In a ``dg`` project, a
+group can be declared in ``defs.yaml`` instead: :class:`ConsumerGroupAssetComponent`
+(:mod:`cg_pipelines.dagster.component`).
 """
 
+from cg_pipelines.dagster.component import ConsumerGroupAssetComponent
 from cg_pipelines.dagster.definitions import (
     GroupDefinitions,
     build_definitions,
@@ -46,6 +49,7 @@ from cg_pipelines.dagster.spec import ConsumerGroupAsset
 # cg_pipelines.dagster.{assets,sensors,checks,history,spec,resources,io_manager,definitions}.
 __all__ = [
     "ConsumerGroupAsset",
+    "ConsumerGroupAssetComponent",
     "DeltaTableIOManager",
     "DeltaWarehouseResource",
     "GroupDefinitions",

@@ -21,7 +21,9 @@ def chrome(tmp_path: Path) -> Iterator[object]:
 
     for binary in (CHROMIUM, CHROMEDRIVER):
         assert os.access(binary, os.X_OK), (
-            f"{binary} missing: apt-get install -y chromium chromium-driver")
+            f"{binary} missing: the UI test needs Debian's Chromium and ChromeDriver; "
+            "install them with `bash scripts/setup.sh --tests` (or apt-get install -y "
+            "chromium chromium-driver)")
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     profile = tmp_path / "chromium-profile"

@@ -1,0 +1,327 @@
+"""A Dagster Component for consumer-group assets: a group declared in ``defs.yaml``.
+
+``ConsumerGroupAssetComponent`` turns a YAML declaration into the same definitions as
+:func:`~cg_pipelines.dagster.build_definitions` with one
+:class:`~cg_pipelines.dagster.ConsumerGroupAsset` (the partitioned asset, its job, sensors,
+schedule, checks and IO manager). Scaffold one in a ``dg`` project with::
+
+    dg scaffold defs cg_pipelines.dagster.ConsumerGroupAssetComponent orders_totals
+
+which writes ``defs/orders_totals/defs.yaml``::
+
+    type: cg_pipelines.dagster.ConsumerGroupAssetComponent
+    attributes:
+      name: customer_totals
+      stream: orders
+      group: totals
+      partitions: 4
+      processor: my_project.transforms:totals      # module:attribute, a processor object
+      write: {mode: merge, key: customer, delete_when: {column: op, value: delete}}
+      resources:
+        nats: {servers: {env: NATS_URL}}           # {env: NAME}: dagster.EnvVar, read at run time
+        warehouse: {root: {env: WAREHOUSE}}
+        partition_runs: {batch_max_msgs: 20000}
+
+The processor is imported from its path when the definitions load (an
+:class:`~cg_pipelines.ArrowProcessor` or :class:`~cg_pipelines.spark.SparkProcessor`: Python
+code, not YAML). ``resources`` keys are ``nats`` (:class:`NatsResource`), ``warehouse``
+(:class:`DeltaWarehouseResource`), ``spark`` (:class:`SparkResource`) and ``partition_runs``
+(:class:`PartitionRunsResource`); their attributes are those classes' fields. Several
+components with the same resource settings share one resource object, so their definitions
+merge. Errors name the field: ``processor: 'my_project.transforms:totals': module
+'my_project.transforms' has no attribute 'totals'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import textwrap
+from collections import OrderedDict
+from typing import Any, Literal
+
+from dagster import Definitions, EnvVar
+from dagster.components import (
+    Component,
+    ComponentLoadContext,
+    Model,
+    Resolvable,
+    Scaffolder,
+    ScaffoldRequest,
+    scaffold_with,
+)
+from pydantic import BaseModel
+
+from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.dagster.definitions import build_definitions
+from cg_pipelines.dagster.io_manager import DeltaTableIOManager
+from cg_pipelines.dagster.resources import (
+    DeltaWarehouseResource,
+    NatsResource,
+    PartitionRunsResource,
+    SparkResource,
+)
+from cg_pipelines.dagster.spec import ConsumerGroupAsset
+
+__all__ = ["ConsumerGroupAssetComponent", "DeleteWhenModel", "WriteModel"]
+
+# The resources a defs.yaml can declare, by key.
+RESOURCE_CLASSES: dict[str, type[Any]] = {
+    "nats": NatsResource,
+    "warehouse": DeltaWarehouseResource,
+    "spark": SparkResource,
+    "partition_runs": PartitionRunsResource,
+}
+# One object per (key, settings): Definitions.merge accepts a resource key twice only when it
+# is the same object, so components declaring the same settings must share it. A long-lived
+# code server reloading edited defs.yaml files adds entries: the oldest are dropped past
+# SHARED_MAX (far more distinct settings than one load of a project declares).
+SHARED_MAX = 256
+_SHARED: OrderedDict[str, Any] = OrderedDict()
+
+SCAFFOLD_YAML = """\
+type: {type_name}
+attributes:
+  # asset name (and Delta table name); the origin stream; the elastic group on it (create
+  # it first: cg elastic create); its partition count (max_members)
+  name: {name}
+  stream: {stream}
+  group: {group}
+  partitions: {partitions}
+  # import path module:attribute of an ArrowProcessor / SparkProcessor object
+  processor: {processor}
+  # or {{mode: merge, key: customer, delete_when: {{column: op, value: delete}}}}
+  write: {{mode: append}}
+  # {{env: NAME}} is dagster.EnvVar(NAME): read at run time, never stored
+  resources:
+    nats: {{servers: {{env: NATS_URL}}}}
+    warehouse: {{root: {{env: WAREHOUSE}}}}
+    # spark: {{master: "local[2]"}}   (a SparkProcessor needs it)
+    # partition_runs: {{dead_letter_policy: halt, batch_max_msgs: 20000}}
+"""
+
+
+class DeleteWhenModel(Model):
+    """A merge delete marker: a row whose ``column`` equals ``value`` deletes its key."""
+
+    column: str
+    value: str | int | float | bool
+
+
+class WriteModel(Model):
+    """The write mode: ``append`` (the table is the history) or ``merge`` (one current row per
+    ``key``; see :class:`~cg_pipelines.Merge`)."""
+
+    mode: Literal["append", "merge"] = "append"
+    key: str | list[str] | None = None
+    delete_when: DeleteWhenModel | None = None
+    order_by: str | None = "_seq"
+
+    def build(self) -> Append | Merge:
+        """The :class:`~cg_pipelines.Append` or :class:`~cg_pipelines.Merge` declared.
+
+        Raises:
+            ConfigError: ``mode: merge`` without ``key``, or ``key``/``delete_when`` given
+                with ``mode: append``, or a merge setting :class:`Merge` refuses.
+        """
+        if self.mode == "append":
+            if self.key is not None or self.delete_when is not None:
+                raise ConfigError("write", "key and delete_when apply to mode: merge only")
+            return Append()
+        if self.key is None:
+            raise ConfigError("write", "mode: merge needs key (a column name or a list)")
+        key = self.key if isinstance(self.key, str) else tuple(self.key)
+        dw = None if self.delete_when is None else (self.delete_when.column,
+                                                    self.delete_when.value)
+        try:
+            return Merge(key=key, delete_when=dw, order_by=self.order_by)
+        except ValueError as e:
+            raise ConfigError("write", str(e)) from e
+
+
+class ScaffoldParams(BaseModel):
+    """``dg scaffold defs ... --stream orders --group totals --partitions 4 --processor m:a``."""
+
+    name: str | None = None
+    stream: str | None = None
+    group: str | None = None
+    partitions: int | None = None
+    processor: str | None = None
+
+
+class ConsumerGroupAssetScaffolder(Scaffolder[ScaffoldParams]):
+    """Writes ``defs.yaml`` for one group, with the scaffold parameters or placeholders."""
+
+    @classmethod
+    def get_scaffold_params(cls) -> type[ScaffoldParams]:
+        """The parameters ``dg scaffold defs`` accepts (all optional)."""
+        return ScaffoldParams
+
+    def scaffold(self, request: ScaffoldRequest[ScaffoldParams]) -> None:
+        """Create ``<target>/defs.yaml``."""
+        p = request.params or ScaffoldParams()
+        target = request.target_path
+        target.mkdir(parents=True, exist_ok=True)
+        name = p.name or target.name
+        text = SCAFFOLD_YAML.format(
+            type_name=request.type_name, name=name, stream=p.stream or "orders",
+            group=p.group or "totals", partitions=p.partitions or 4,
+            processor=p.processor or f"my_project.transforms:{name}")
+        (target / "defs.yaml").write_text(text)
+
+
+def _load_processor(path: str) -> Any:
+    """The object at ``module:attribute`` (or ``module.attribute``); a processor has
+    ``process``."""
+    if ":" in path:
+        module_name, _, attr = path.partition(":")
+    else:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError("processor", f"{path!r} must look like 'package.module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError("processor", f"{path!r}: cannot import module {module_name!r} "
+                          f"({e})") from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError("processor", f"{path!r}: module {module_name!r} has no "
+                              f"attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(getattr(obj, "process", None)):
+        raise ConfigError("processor", f"{path!r} is a {type(obj).__name__}, not a processor "
+                          "(an ArrowProcessor, a SparkProcessor, or an object with "
+                          "process(batch, ctx))")
+    return obj
+
+
+def _value(v: Any) -> Any:
+    """``{env: NAME}`` -> ``EnvVar(NAME)`` (resolved at run time, never stored in the code
+    location's snapshot); other values as they are."""
+    if isinstance(v, dict) and set(v) == {"env"} and isinstance(v["env"], str):
+        return EnvVar(v["env"])
+    return v
+
+
+def _shared(key: str, settings: Any, make: Any) -> Any:
+    ident = f"{key}:{json.dumps(settings, sort_keys=True, default=repr)}"
+    if ident in _SHARED:
+        _SHARED.move_to_end(ident)
+    else:
+        _SHARED[ident] = make()
+        while len(_SHARED) > SHARED_MAX:
+            _SHARED.popitem(last=False)
+    return _SHARED[ident]
+
+
+def shared_resource_count() -> int:
+    """How many shared resource objects are kept (at most :data:`SHARED_MAX`)."""
+    return len(_SHARED)
+
+
+def build_resources(declared: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The resource objects of a ``resources:`` mapping (shared between components with the
+    same settings), plus the ``cg_io_manager`` the asset's downstream readers use.
+
+    Raises:
+        ConfigError: an unknown resource key, settings that are not a mapping, or settings
+            the resource class refuses (its message included).
+    """
+    out: dict[str, Any] = {}
+    for key, settings in declared.items():
+        cls = RESOURCE_CLASSES.get(key)
+        if cls is None:
+            raise ConfigError("resources", f"unknown resource {key!r}; known: "
+                              f"{', '.join(sorted(RESOURCE_CLASSES))}")
+        if not isinstance(settings, dict):
+            raise ConfigError(f"resources.{key}", f"must be a mapping of {cls.__name__} "
+                              f"fields, got {settings!r}")
+
+        def make(cls: type[Any] = cls, key: str = key, settings: dict[str, Any] = settings) -> Any:
+            try:
+                return cls(**{k: _value(v) for k, v in settings.items()})
+            except Exception as e:  # pydantic's ValidationError names the fields
+                raise ConfigError(f"resources.{key}", f"{cls.__name__}: {e}") from e
+
+        out[key] = _shared(key, settings, make)
+    out.setdefault("partition_runs", _shared("partition_runs", {}, PartitionRunsResource))
+    if "warehouse" in out:
+        spark = out.get("spark")
+        out["cg_io_manager"] = _shared(
+            "cg_io_manager", [declared.get("warehouse"), declared.get("spark")],
+            lambda: DeltaTableIOManager(warehouse=out["warehouse"], spark=spark))
+    return out
+
+
+@scaffold_with(ConsumerGroupAssetScaffolder)
+class ConsumerGroupAssetComponent(Component, Resolvable, Model):
+    """A consumer group as a partitioned Dagster asset, declared in ``defs.yaml``.
+
+    Attributes:
+        name: asset name (and Delta table name under the warehouse root).
+        stream: the origin stream.
+        group: the elastic consumer group on it (create it first: ``cg elastic create``).
+        partitions: the group's partition count (its ``max_members``).
+        processor: import path ``package.module:attribute`` of the processing step (an
+            :class:`~cg_pipelines.ArrowProcessor`, a :class:`~cg_pipelines.spark.SparkProcessor`).
+        write: the write mode (:class:`WriteModel`; default append).
+        resources: resource settings by key (``nats``, ``warehouse``, ``spark``,
+            ``partition_runs``); a value ``{env: NAME}`` is ``dagster.EnvVar(NAME)``.
+        description: shown in the Dagster UI.
+        group_name: the Dagster asset group.
+        partition_key_prefix: partition keys are ``<prefix><p>`` (default ``<group>-``).
+        sensor_interval_s: seconds between the sensors' ticks (at least).
+        lag_objective_s: seconds; the ``lag_within_objective`` check's bound (``null``: none).
+        schedule_cron: cron of the drain-all schedule (``null``: none).
+
+    The other settings of :class:`~cg_pipelines.dagster.ConsumerGroupAsset` keep their
+    defaults; declare the asset in Python for them.
+
+    Raises:
+        ConfigError: when the definitions load: a processor path that does not import or
+            is not a processor, an unknown resource key or bad resource settings, a bad
+            write mode, or what
+            :class:`~cg_pipelines.dagster.ConsumerGroupAsset` and
+            :func:`~cg_pipelines.dagster.build_definitions` refuse (e.g. a missing resource).
+    """
+
+    name: str
+    stream: str
+    group: str
+    partitions: int
+    processor: str
+    write: WriteModel = WriteModel()
+    resources: dict[str, dict[str, Any]] = {}
+    description: str = ""
+    group_name: str | None = None
+    partition_key_prefix: str | None = None
+    sensor_interval_s: int = 30
+    lag_objective_s: float | None = 300.0
+    schedule_cron: str | None = "*/15 * * * *"
+
+    def spec(self) -> ConsumerGroupAsset:
+        """The :class:`ConsumerGroupAsset` this declaration stands for (imports the
+        processor)."""
+        write = self.write.build()
+        return ConsumerGroupAsset(
+            name=self.name, stream=self.stream, group=self.group, partitions=self.partitions,
+            processor=_load_processor(self.processor), write=write,
+            description=self.description, group_name=self.group_name,
+            partition_key_prefix=self.partition_key_prefix,
+            sensor_interval_s=self.sensor_interval_s, lag_objective_s=self.lag_objective_s,
+            schedule_cron=self.schedule_cron)
+
+    def build_defs(self, context: ComponentLoadContext) -> Definitions:
+        """The group's definitions (:func:`~cg_pipelines.dagster.build_definitions`)."""
+        resources = build_resources(self.resources)
+        return build_definitions([self.spec()], resources=resources)
+
+
+def scaffold_text(type_name: str = "cg_pipelines.dagster.ConsumerGroupAssetComponent") -> str:
+    """The ``defs.yaml`` the scaffolder writes with no parameters (for docs and tests)."""
+    return textwrap.dedent(SCAFFOLD_YAML.format(
+        type_name=type_name, name="customer_totals", stream="orders", group="totals",
+        partitions=4, processor="my_project.transforms:customer_totals"))
