@@ -231,6 +231,18 @@ class IcebergSink:
         return self._write
 
     @property
+    def uri(self) -> str:
+        """The table's location (``file://...``, ``s3://...``) once it exists, else
+        ``iceberg:<identifier>``."""
+        tbl = self.load()
+        return tbl.location() if tbl is not None else f"iceberg:{self._ident}"
+
+    @property
+    def versions_written(self) -> list[int]:
+        """As :attr:`snapshots_written` (the name the Dagster asset's metadata reads)."""
+        return self.snapshots_written
+
+    @property
     def snapshots_written(self) -> list[int]:
         """Snapshot ids this sink object committed (the last snapshot of each commit)."""
         with self._lock:
@@ -545,6 +557,15 @@ class IcebergSink:
         scan = tbl.scan(row_filter=row_filter,
                         selected_fields=tuple(columns) if columns is not None else ("*",))
         return scan.to_arrow()
+
+    def data_files(self, row_filter: BooleanExpression | None = None) -> list[str]:
+        """Paths of the current snapshot's data files (those ``row_filter`` may match).
+        pyiceberg writes copy-on-write only (no delete files), so they are the table."""
+        tbl = self.load()
+        if tbl is None:
+            return []
+        scan = tbl.scan(row_filter=row_filter if row_filter is not None else AlwaysTrue())
+        return [t.file.file_path for t in scan.plan_files()]
 
     def last_rows(self, key: str, keys: Sequence[object], columns: Sequence[str],
                   order_by: str, partition: int | None = None) -> pa.Table:
