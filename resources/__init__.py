@@ -64,7 +64,8 @@ def _iceberg_warehouse(root: str) -> object:
         warehouse=root, catalog_uri=_secret("CG_ICEBERG_CATALOG"),
         s3_endpoint=os.environ.get("CG_S3_ENDPOINT") or None,
         aws_access_key_id=_secret("AWS_ACCESS_KEY_ID"),
-        aws_secret_access_key=_secret("AWS_SECRET_ACCESS_KEY"))
+        aws_secret_access_key=_secret("AWS_SECRET_ACCESS_KEY"),
+        allow_http=os.environ.get("CG_S3_ALLOW_HTTP", "") == "1")
 
 
 def build_resources() -> dict[str, object]:

@@ -72,6 +72,7 @@ class IcebergWarehouseResource(ConfigurableResource):
     aws_access_key_id: str | None = Field(None, description="Use EnvVar.")
     aws_secret_access_key: str | None = Field(None, description="Use EnvVar.")
     aws_region: str = Field("us-east-1")
+    allow_http: bool = Field(False, description="Allow a plain-http S3 endpoint.")
 
     def _root(self) -> str:
         if "://" in self.warehouse:
@@ -102,7 +103,7 @@ class IcebergWarehouseResource(ConfigurableResource):
         if self.warehouse.startswith("s3://"):
             props.update(iceberg_s3_properties(s3_options(
                 self.s3_endpoint, self.aws_access_key_id, self.aws_secret_access_key,
-                region=self.aws_region)))
+                region=self.aws_region, allow_http=self.allow_http)))
         return props
 
     def catalog(self) -> Catalog:
