@@ -18,7 +18,7 @@ local disk and moto S3; see ``tests/iceberg``):
 * pyiceberg's own retry is out of the way: a table this sink creates (or first writes to) has
   ``commit.retry.num-retries = 0``. Otherwise a commit that lost a race is refreshed and
   replayed by pyiceberg on the NEW table state without any validation for appends — a
-  zombie's append would land (DESIGN §9).
+  zombie's append would land (checked: ``tests/iceberg/test_iceberg_sink.py``).
 * Every commit of this sink adds a snapshot to ``main`` (an empty batch commits an empty
   append), and each of pyiceberg's snapshot producers asserts ``main`` is still the snapshot
   the transaction was built on (``AssertRefSnapshotId``), checked by the catalog under its
@@ -61,8 +61,8 @@ import random
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Iterable, Mapping
+from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -70,18 +70,23 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
     NamespaceAlreadyExistsError,
-    NoSuchTableError,
     TableAlreadyExistsError,
 )
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In
 from pyiceberg.table import Table
 
-from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
-from cg_pipelines.sinks.deltaread import TableStats
 from cg_pipelines.sinks.deltawrite import conform, current_of
-from cg_pipelines.sinks.storage import mask_options, option_name
+from cg_pipelines.sinks.iceberg_read import (
+    IcebergTableAccess,
+    iceberg_s3_properties,
+    key_tuples,
+    optional_schema,
+    sql_catalog,
+    sqlite_catalog,
+)
+from cg_pipelines.sinks.storage import mask_options
 from cg_pipelines.version import __version__
 
 __all__ = ["WATERMARK_PREFIX", "IcebergSink", "iceberg_s3_properties", "sql_catalog",
@@ -91,67 +96,13 @@ WATERMARK_PREFIX: Final = "cg.watermark."
 """Table property prefix of the watermarks: ``cg.watermark.<app_id>``."""
 
 _NO_RETRY: Final = {"commit.retry.num-retries": "0"}
-_S3_KEYS: Final = {
-    "endpoint": "s3.endpoint", "endpoint_url": "s3.endpoint",
-    "access_key_id": "s3.access-key-id", "secret_access_key": "s3.secret-access-key",
-    "session_token": "s3.session-token", "region": "s3.region", "default_region": "s3.region",
-}
-
-
-def iceberg_s3_properties(storage_options: Mapping[str, str]) -> dict[str, str]:
-    """pyiceberg FileIO properties (``s3.endpoint``, ``s3.access-key-id``,
-    ``s3.secret-access-key``, ``s3.session-token``, ``s3.region``) from delta-rs style storage
-    options (:func:`cg_pipelines.sinks.storage.s3_options`; ``AWS_`` prefix optional). Options
-    pyiceberg has no use for (``allow_http`` ...) are dropped; keys already in pyiceberg form
-    (``s3.*``) are kept."""
-    out: dict[str, str] = {}
-    for k, v in storage_options.items():
-        if k.startswith("s3."):
-            out[k] = v
-        elif option_name(k) in _S3_KEYS:
-            out[_S3_KEYS[option_name(k)]] = v
-    return out
-
-
-def sql_catalog(uri: str, warehouse: str, *, name: str = "cg",
-                storage_options: Mapping[str, str] | None = None) -> Catalog:
-    """pyiceberg's SQL catalog: ``uri`` a SQLAlchemy URL (``sqlite:///path/catalog.db``,
-    ``postgresql+psycopg2://user@host:port/db``), ``warehouse`` the data root (a local
-    directory or ``s3://bucket/prefix``); ``storage_options`` as :func:`iceberg_s3_properties`.
-    The catalog's tables are created on first use."""
-    props = {"type": "sql", "uri": uri, "warehouse": warehouse, "init_catalog_tables": "true"}
-    props.update(iceberg_s3_properties(storage_options or {}))
-    return load_catalog(name, **props)
-
-
-def sqlite_catalog(directory: str, warehouse: str | None = None, *,
-                   storage_options: Mapping[str, str] | None = None) -> Catalog:
-    """The embedded default: a SQL catalog in ``<directory>/catalog.db`` (SQLite, no server),
-    data under ``warehouse`` (default ``<directory>/warehouse``)."""
-    import os
-
-    os.makedirs(directory, exist_ok=True)
-    wh = warehouse or "file://" + os.path.abspath(os.path.join(directory, "warehouse"))
-    return sql_catalog(f"sqlite:///{os.path.abspath(os.path.join(directory, 'catalog.db'))}",
-                       wh, storage_options=storage_options)
 
 
 def _key(name: str) -> str:
     return name if name.startswith("cg.") else "cg." + name
 
 
-def _optional(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with every field nullable and nanosecond timestamps as microseconds."""
-    fields = []
-    for f in schema:
-        t = f.type
-        if pa.types.is_timestamp(t) and t.unit == "ns":
-            t = pa.timestamp("us", tz=t.tz)
-        fields.append(pa.field(f.name, t, nullable=True))
-    return pa.schema(fields)
-
-
-class IcebergSink:
+class IcebergSink(IcebergTableAccess):
     """A :class:`~cg_pipelines.engine.model.ReplaceSink` over one Iceberg table.
 
     Thread-safe for concurrent use with different app ids; calls for one app id must not
@@ -204,7 +155,7 @@ class IcebergSink:
             props = dict(catalog)
             self._catalog_props = props
             self._catalog = load_catalog(props.pop("name", "cg"), **props)
-        self._schema = _optional(schema) if schema is not None else None
+        self._schema = optional_schema(schema) if schema is not None else None
         self._write: Append | Merge = write if write is not None else Append()
         self._extra_md = {_key(k): str(v) for k, v in (commit_metadata or {}).items()}
         self._retries = commit_retries
@@ -364,7 +315,7 @@ class IcebergSink:
         # Composite key: rewrite the partition whole (current rows of other keys kept).
         old = self._scan(self._require(), part, None)
         if old.num_rows:
-            mine = pc.is_in(_key_tuples(old, keys), value_set=_key_tuples(cur, keys))
+            mine = pc.is_in(key_tuples(old, keys), value_set=key_tuples(cur, keys))
             kept = conform(old.filter(pc.invert(mine)), target, self._ident)
             rows = pa.concat_tables([kept, rows])
         return rows, part
@@ -389,22 +340,6 @@ class IcebergSink:
 
     # ---------------------------------------------------------------- table management
 
-    def load(self) -> Table | None:
-        """The table's latest state, or None when it does not exist."""
-        try:
-            return self._catalog.load_table(self._ident)
-        except NoSuchTableError:
-            return None
-
-    def _require(self) -> Table:
-        tbl = self.load()
-        if tbl is None:
-            raise NoSuchTableError(f"{self._ident}: no Iceberg table")
-        return tbl
-
-    def exists(self) -> bool:
-        return self.load() is not None
-
     def ensure_table(self, schema: pa.Schema) -> bool:
         """Create the table empty (columns optional; identity partition on
         :data:`PARTITION_COLUMN` when present; ``commit.retry.num-retries=0``) unless it
@@ -417,7 +352,7 @@ class IcebergSink:
             pass
         if self.load() is not None:
             return False
-        schema = _optional(schema)
+        schema = optional_schema(schema)
         props = {**_NO_RETRY, "write.metadata.delete-after-commit.enabled": "true",
                  "write.metadata.previous-versions-max": str(self._metadata_versions)}
         try:
@@ -539,89 +474,7 @@ class IcebergSink:
                 "iceberg_expire_seconds": round(time.monotonic() - t0, 3),
                 "iceberg_compaction": "not available in pyiceberg 0.12"}
 
-    # ---------------------------------------------------------------- reads
-
-    def read(self, columns: list[str] | None = None,
-             row_filter: BooleanExpression | str | None = None) -> pa.Table:
-        """The latest snapshot's rows (``row_filter`` a pyiceberg expression or string), or
-        no rows (the given ``schema`` or no columns) when there is no table."""
-        tbl = self.load()
-        if tbl is None:
-            empty = self._schema.empty_table() if self._schema is not None else pa.table({})
-            return empty.select(columns) if columns is not None and self._schema else empty
-        return self._scan(tbl, row_filter if row_filter is not None else AlwaysTrue(), columns)
-
-    @staticmethod
-    def _scan(tbl: Table, row_filter: BooleanExpression | str,
-              columns: Sequence[str] | None) -> pa.Table:
-        scan = tbl.scan(row_filter=row_filter,
-                        selected_fields=tuple(columns) if columns is not None else ("*",))
-        return scan.to_arrow()
-
-    def data_files(self, row_filter: BooleanExpression | None = None) -> list[str]:
-        """Paths of the current snapshot's data files (those ``row_filter`` may match).
-        pyiceberg writes copy-on-write only (no delete files), so they are the table."""
-        tbl = self.load()
-        if tbl is None:
-            return []
-        scan = tbl.scan(row_filter=row_filter if row_filter is not None else AlwaysTrue())
-        return [t.file.file_path for t in scan.plan_files()]
-
-    def last_rows(self, key: str, keys: Sequence[object], columns: Sequence[str],
-                  order_by: str, partition: int | None = None) -> pa.Table:
-        """Each of ``keys``' last committed row (greatest ``order_by``), with ``columns``
-        (the state-sink contract; see :meth:`DeltaSink.last_rows
-        <cg_pipelines.sinks.delta.DeltaSink.last_rows>`). Sorted by key."""
-        cols = list(dict.fromkeys([key, order_by, *columns]))
-        tbl = self.load()
-        if tbl is None:
-            return pa.table({c: pa.nulls(0) for c in cols})
-        if not keys:
-            return self._scan(tbl, AlwaysTrue(), cols).slice(0, 0)
-        flt: BooleanExpression = In(key, list(keys))
-        if partition is not None and PARTITION_COLUMN in tbl.schema().column_names:
-            flt = And(EqualTo(PARTITION_COLUMN, int(partition)), flt)
-        return last_per_key(self._scan(tbl, flt, cols), key, order_by)
-
-    def stats(self, partition: int | None = None) -> TableStats:
-        """``version`` (the table's last sequence number), total ``rows`` (from the current
-        snapshot's summary), ``partition_rows`` (when asked; planned from manifests),
-        ``schema``.
-
-        Raises:
-            NoSuchTableError: no table.
-        """
-        tbl = self._require()
-        snap = tbl.current_snapshot()
-        rows = 0
-        if snap is not None and snap.summary is not None:
-            rows = int(snap.summary.additional_properties.get("total-records", 0))
-        part = None
-        if partition is not None and PARTITION_COLUMN in tbl.schema().column_names:
-            part = int(tbl.scan(row_filter=EqualTo(PARTITION_COLUMN, int(partition))).count())
-        return TableStats(int(tbl.metadata.last_sequence_number), rows, part,
-                          tbl.schema().as_arrow())
-
-    def history(self) -> list[dict[str, Any]]:
-        """Every snapshot's summary (oldest first), with ``snapshot_id`` and ``timestamp_ms``."""
-        tbl = self._require()
-        out = []
-        for s in sorted(tbl.snapshots(), key=lambda s: s.sequence_number or 0):
-            d: dict[str, Any] = dict(s.summary.additional_properties) if s.summary else {}
-            if s.summary is not None:
-                d["operation"] = s.summary.operation.value
-            d.update(snapshot_id=s.snapshot_id, timestamp_ms=s.timestamp_ms)
-            out.append(d)
-        return out
-
-
 def _wm(tbl: Table, app_id: str) -> int:
     return int(tbl.properties.get(WATERMARK_PREFIX + app_id, 0))
 
 
-def _key_tuples(table: pa.Table, keys: Sequence[str]) -> pa.Array:
-    """One string per row identifying its composite key."""
-    import json
-
-    cols = [table[k].to_pylist() for k in keys]
-    return pa.array([json.dumps(list(v), default=str) for v in zip(*cols, strict=True)])
