@@ -37,7 +37,8 @@ batch). :class:`Merge` reduces the batch to each key's last row (deletes when it
 marker) and, in ONE transaction, deletes the partition's rows of those keys (copy-on-write:
 pyiceberg rewrites the data files that hold them) and appends the live rows: one commit, with
 up to two snapshots (``overwrite``/``delete`` then ``append``), both carrying the summary. A
-composite key rewrites the batch's partition whole.
+composite key, or more than :data:`IN_PRUNE_LIMIT` keys in the batch, rewrites the batch's
+partition whole (one file afterwards).
 
 Tables: identity-partitioned on :data:`~cg_pipelines.engine.model.PARTITION_COLUMN` when the
 schema has it; columns are created optional (nullable); nanosecond timestamps are stored as
@@ -96,6 +97,10 @@ WATERMARK_PREFIX: Final = "cg.watermark."
 """Table property prefix of the watermarks: ``cg.watermark.<app_id>``."""
 
 _NO_RETRY: Final = {"commit.retry.num-retries": "0"}
+
+IN_PRUNE_LIMIT: Final = 200
+"""Merge batches with more distinct keys than this rewrite their partition whole (pyiceberg
+0.12's metrics evaluators prune no data file by an IN predicate of more than 200 values)."""
 
 
 def _key(name: str) -> str:
@@ -309,10 +314,11 @@ class IcebergSink(IcebergTableAccess):
                 raise ValueError(f"{self._ident}: a merge batch holds partitions {parts}")
             part = EqualTo(PARTITION_COLUMN, int(parts[0]))
         keys = self._write.keys
-        if len(keys) == 1:
-            values = cur[keys[0]].to_pylist()
-            return rows, And(part, In(keys[0], values)) if values else part
-        # Composite key: rewrite the partition whole (current rows of other keys kept).
+        if len(keys) == 1 and 0 < cur.num_rows <= IN_PRUNE_LIMIT:
+            return rows, And(part, In(keys[0], cur[keys[0]].to_pylist()))
+        # Many keys (pyiceberg prunes no file by an IN of more than IN_PRUNE_LIMIT values, so
+        # it would rewrite every file anyway) or a composite key: rewrite the partition whole,
+        # current rows of other keys kept; it is then one file again.
         old = self._scan(self._require(), part, None)
         if old.num_rows:
             mine = pc.is_in(key_tuples(old, keys), value_set=key_tuples(cur, keys))

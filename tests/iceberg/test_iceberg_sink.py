@@ -9,6 +9,7 @@ import threading
 
 import pyarrow as pa
 import pytest
+from pyiceberg.expressions import EqualTo
 from pyiceberg.transforms import IdentityTransform
 
 from cg_pipelines.core.write import Merge
@@ -151,3 +152,40 @@ def test_s3_properties_and_repr_hide_secrets() -> None:
     assert "sekrit" not in repr(s)
     with pytest.raises(ValueError, match="namespace"):
         IcebergSink("t", catalog=s.catalog)
+
+
+def test_merge_of_many_keys_rewrites_the_partition_and_keeps_others(tmp_path, request) -> None:
+    """More keys in a batch than pyiceberg prunes by: the partition is rewritten whole (one
+    file), other partitions untouched, the result equals a plain-dict reference."""
+    import random
+
+    from cg_pipelines.sinks.iceberg import IN_PRUNE_LIMIT
+    from tests.iceberg.conftest import make_backend
+
+    b = make_backend("sqlite-local", request, tmp_path)
+    s = b.sink(Merge(key="key", delete_when=("op", "del")))
+    schema = pa.schema([("key", pa.string()), ("op", pa.string()), ("v", pa.int64()),
+                        ("_seq", pa.int64()), ("_partition", pa.int64())])
+    rnd = random.Random(4)
+    ref: dict[tuple[int, str], int] = {}
+    seq = {0: 0, 1: 0}
+    for rnd_i in range(4):
+        for p in (0, 1):
+            n = 3 * IN_PRUNE_LIMIT if p == 0 else 20  # p0: whole rewrite; p1: IN filter
+            evs = [(f"k{rnd.randrange(2 * n)}", "del" if rnd.random() < 0.2 else "up",
+                    rnd_i * 1000 + i) for i in range(n)]
+            for k, op, v in evs:
+                if op == "del":
+                    ref.pop((p, k), None)
+                else:
+                    ref[(p, k)] = v
+            t = pa.table({"key": [e[0] for e in evs], "op": [e[1] for e in evs],
+                          "v": [e[2] for e in evs],
+                          "_seq": list(range(seq[p] + 1, seq[p] + n + 1)),
+                          "_partition": [p] * n}, schema=schema)
+            s.watermark(f"a/{p}")
+            s.commit(t, f"a/{p}", seq[p] + n, seq[p])
+            seq[p] += n
+    got = {(r["_partition"], r["key"]): r["v"] for r in s.read().to_pylist()}
+    assert got == ref and s.read().num_rows == len(ref)
+    assert len(s.data_files(row_filter=EqualTo("_partition", 0))) == 1
