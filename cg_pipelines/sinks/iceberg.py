@@ -327,13 +327,14 @@ class IcebergSink(IcebergTableAccess):
         return rows, part
 
     def _after_commit(self, tbl: Table, app_id: str) -> Table:
-        fresh = self._require()
-        snap = fresh.current_snapshot()
+        """Remember ``tbl`` — pyiceberg updated it in place to the metadata our commit made
+        (no reload) — as the base of ``app_id``'s next commit."""
+        snap = tbl.current_snapshot()
         with self._lock:
-            self._tables[app_id] = fresh
+            self._tables[app_id] = tbl
             if snap is not None:
                 self._snapshots.append(snap.snapshot_id)
-        return fresh
+        return tbl
 
     def _summary(self, app_id: str, watermark: int, operation: str,
                  lineage: Mapping[str, object] | None) -> dict[str, str]:
