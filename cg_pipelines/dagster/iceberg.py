@@ -42,6 +42,7 @@ from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.resources import SparkResource
 from cg_pipelines.engine.model import PARTITION_COLUMN
 from cg_pipelines.sinks.iceberg import IcebergSink, iceberg_s3_properties
+from cg_pipelines.sinks.iceberg_read import sqlite_wal
 from cg_pipelines.sinks.storage import s3_options
 
 __all__ = ["IcebergTableIOManager", "IcebergWarehouseResource"]
@@ -94,7 +95,9 @@ class IcebergWarehouseResource(ConfigurableResource):
                 raise ValueError("catalog_uri is required with an s3:// warehouse or a REST "
                                  "catalog")
             os.makedirs(self.warehouse, exist_ok=True)
-            uri = f"sqlite:///{os.path.abspath(os.path.join(self.warehouse, 'catalog.db'))}"
+            db = os.path.abspath(os.path.join(self.warehouse, "catalog.db"))
+            sqlite_wal(db)
+            uri = f"sqlite:///{db}"
         props = {"type": self.catalog_type, "uri": uri, "warehouse": self._root()}
         if self.catalog_type == "sql":
             props["init_catalog_tables"] = "true"

@@ -5,8 +5,10 @@ on SQLite or Postgres, S3 FileIO properties from delta-rs style storage options.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -59,12 +61,24 @@ def sql_catalog(uri: str, warehouse: str, *, name: str = "cg",
 
 def sqlite_catalog(directory: str, warehouse: str | None = None, *,
                    storage_options: Mapping[str, str] | None = None) -> Catalog:
-    """The embedded default: a SQL catalog in ``<directory>/catalog.db`` (SQLite, no server),
-    data under ``warehouse`` (default ``<directory>/warehouse``)."""
+    """The embedded default: a SQL catalog in ``<directory>/catalog.db`` (SQLite, no server,
+    in WAL mode: see :func:`sqlite_wal`), data under ``warehouse`` (default
+    ``<directory>/warehouse``)."""
     os.makedirs(directory, exist_ok=True)
     wh = warehouse or "file://" + os.path.abspath(os.path.join(directory, "warehouse"))
-    return sql_catalog(f"sqlite:///{os.path.abspath(os.path.join(directory, 'catalog.db'))}",
-                       wh, storage_options=storage_options)
+    db = os.path.abspath(os.path.join(directory, "catalog.db"))
+    sqlite_wal(db)
+    return sql_catalog(f"sqlite:///{db}", wh, storage_options=storage_options)
+
+
+def sqlite_wal(path: str) -> None:
+    """Put the SQLite database at ``path`` (created if missing) in write-ahead-log mode (a
+    setting stored in the file): readers then never wait for a writer, so a process paused in
+    the middle of a catalog commit blocks only other commits (until it resumes), not
+    ``load_table``. One machine only: SQLite's locks do not work over network filesystems;
+    use a Postgres catalog for writers on several machines."""
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as con:
+        con.execute("PRAGMA journal_mode=WAL")
 
 
 def optional_schema(schema: pa.Schema) -> pa.Schema:

@@ -12,6 +12,7 @@ import pytest
 
 from cg_pipelines.core.write import Merge
 from cg_pipelines.sinks.iceberg import IcebergSink, iceberg_s3_properties
+from cg_pipelines.sinks.iceberg_read import sqlite_wal
 
 BACKENDS = ("sqlite-local", "sqlite-s3", "postgres-local", "postgres-s3")
 
@@ -37,6 +38,7 @@ def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
     db, store = name.split("-")
     props: dict[str, str] = {"type": "sql", "init_catalog_tables": "true"}
     if db == "sqlite":
+        sqlite_wal(str(tmp_path / "catalog.db"))  # as sqlite_catalog() does
         props["uri"] = f"sqlite:///{tmp_path / 'catalog.db'}"
     else:
         url: str = request.getfixturevalue("postgres_database")

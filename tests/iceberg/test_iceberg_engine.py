@@ -110,14 +110,18 @@ async def test_kill_9_at_each_step(nats_server, nc, js, unique_name, step, backe
                                                ("merge", "postgres-local")],
                          indirect=["backend"])
 async def test_paused_zombie_is_fenced(nats_server, nc, js, unique_name, mode, backend) -> None:
-    """A holder paused (SIGSTOP) after processing its second batch; another run takes over and
+    """A holder paused (SIGSTOP) after processing its first batch; another run takes over and
     drains the partition; the resumed zombie's commit is refused (run ends ``fenced``) and
     the table equals the reference."""
     stream = unique_name
     merge = mode == "merge"
     evs = devices.events(400, 25, seed=5) if merge else keyed.events(13, 400)
     api = await _setup(js, stream, devices.publish if merge else keyed.publish, evs)
-    zombie = _worker(nats_server.url, stream, backend, mode, "processed", at=2, sig="STOP")
+    # Paused after processing its FIRST batch: at a later batch the previous batch's commit
+    # may be in flight (commits run off the critical path), and a process paused inside a
+    # catalog commit holds the catalog's lock (SQLite file lock, Postgres row lock) until it
+    # resumes — the live run would wait on it (see docs/iceberg.md).
+    zombie = _worker(nats_server.url, stream, backend, mode, "processed", at=1, sig="STOP")
     try:
         await _paused(zombie)
         sink = backend.sink(devices.MERGE if merge else None)
