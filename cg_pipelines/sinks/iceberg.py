@@ -264,16 +264,6 @@ class IcebergSink(IcebergTableAccess):
             "empty" if empty else "append"), lineage)
         props = {WATERMARK_PREFIX + app_id: str(version),
                  **{WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}}
-        target = tbl.schema().as_arrow()
-        if empty:
-            rows = target.empty_table()
-            delete: BooleanExpression | None = None
-        elif merge:
-            assert table is not None and isinstance(self._write, Merge)
-            rows, delete = self._merge_rows(table, target)
-        else:
-            assert table is not None
-            rows, delete = conform(table, target, self._ident), None
         for attempt in range(self._retries + 1):
             tbl = self._no_pyiceberg_retry(tbl)
             found = _wm(tbl, app_id)
@@ -281,6 +271,17 @@ class IcebergSink(IcebergTableAccess):
                 with self._lock:
                     self._tables[app_id] = tbl
                 raise FenceConflictError(app_id, expected, found)
+            # built on THIS table state (a partition rewrite reads the partition's rows)
+            target = tbl.schema().as_arrow()
+            delete: BooleanExpression | None = None
+            if empty:
+                rows = target.empty_table()
+            elif merge:
+                assert table is not None and isinstance(self._write, Merge)
+                rows, delete = self._merge_rows(tbl, table, target)
+            else:
+                assert table is not None
+                rows = conform(table, target, self._ident)
             try:
                 with tbl.transaction() as txn:
                     txn.set_properties(props)
@@ -300,9 +301,10 @@ class IcebergSink(IcebergTableAccess):
                 tbl = self._require()
         tbl = self._after_commit(tbl, app_id)
 
-    def _merge_rows(self, table: pa.Table, target: pa.Schema
+    def _merge_rows(self, tbl: Table, table: pa.Table, target: pa.Schema
                     ) -> tuple[pa.Table, BooleanExpression]:
-        """Merge mode: the rows to append and the delete filter of one batch."""
+        """Merge mode: the rows to append and the delete filter of one batch, against table
+        state ``tbl``."""
         assert isinstance(self._write, Merge)
         cur = self._write.current(table)
         live = cur.filter(pc.invert(cur[DELETE_COLUMN])).drop_columns([DELETE_COLUMN])
@@ -319,7 +321,7 @@ class IcebergSink(IcebergTableAccess):
         # Many keys (pyiceberg prunes no file by an IN of more than IN_PRUNE_LIMIT values, so
         # it would rewrite every file anyway) or a composite key: rewrite the partition whole,
         # current rows of other keys kept; it is then one file again.
-        old = self._scan(self._require(), part, None)
+        old = self._scan(tbl, part, None)
         if old.num_rows:
             mine = pc.is_in(key_tuples(old, keys), value_set=key_tuples(cur, keys))
             kept = conform(old.filter(pc.invert(mine)), target, self._ident)

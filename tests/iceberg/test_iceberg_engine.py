@@ -197,7 +197,7 @@ async def test_merge_deletes_and_reinserts(nats_server, nc, js, unique_name, bac
     a kill -9 after a commit (before its purge); the rerun skips the committed batch and
     the table equals the reference (each device's current row, deleted ones gone)."""
     stream = unique_name
-    evs = devices.events(500, 15, seed=11, p_del=0.3)
+    evs = devices.events(300, 15, seed=11, p_del=0.3)
     api = await _setup(js, stream, devices.publish, evs)
     proc = _worker(nats_server.url, stream, backend, "merge", "committed", at=3, batch=25)
     _, err = await asyncio.to_thread(proc.communicate, timeout=120)
