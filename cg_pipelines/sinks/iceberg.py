@@ -455,33 +455,43 @@ class IcebergSink(IcebergTableAccess):
 
     def maintain(self, partition: int, app_id: str) -> dict[str, int | float | str]:
         """Expire all but the newest ``keep_snapshots`` snapshots (metadata only: pyiceberg
-        0.12 deletes no files, has no compaction). Called by the engine under the partition's
-        lease after its last commit; the table is shared, so any partition's call expires
-        the whole table's old snapshots. Returns figures for the run's metadata
-        (``iceberg_snapshots``, ``iceberg_snapshots_expired``, ``iceberg_expire_seconds``)."""
+        0.12 deletes no files, has no compaction), never one a branch or tag points at.
+        Called by the engine under the partition's lease after its last commit; the table is
+        shared, so any partition's call expires the whole table's old snapshots. Changes no
+        row and no watermark. Returns figures for the run's metadata (``iceberg_snapshots``,
+        ``iceberg_snapshots_expired``, ``iceberg_expire_seconds``, ``iceberg_compaction``);
+        a failure is reported as ``error`` (type and message), not raised."""
         t0 = time.monotonic()
-        tbl = self.load()
-        if tbl is None:
-            return {"iceberg_snapshots": 0, "iceberg_snapshots_expired": 0}
-        snaps = sorted(tbl.snapshots(), key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
-        old = [s.snapshot_id for s in snaps[:-self._keep]]
-        cur = tbl.current_snapshot()
-        old = [i for i in old if cur is None or i != cur.snapshot_id]
-        expired = 0
-        if old:
+        figures: dict[str, int | float | str] = {
+            "iceberg_compaction": "not available in pyiceberg 0.12"}
+        try:
+            tbl = self.load()
+            snaps = [] if tbl is None else sorted(
+                tbl.snapshots(), key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
+            expired = 0
             for _ in range(20):
+                if tbl is None:
+                    break
+                refs = {r.snapshot_id for r in tbl.metadata.refs.values()}
+                live = sorted(tbl.snapshots(),
+                              key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
+                old = [s.snapshot_id for s in live[:-self._keep] if s.snapshot_id not in refs]
+                if not old:
+                    break
                 try:
                     tbl.maintenance.expire_snapshots().by_ids(old).commit()
                     expired = len(old)
                     break
-                except CommitFailedException:
+                except CommitFailedException:  # lost a race with a commit: try again
                     time.sleep(random.uniform(0.005, 0.05))
                     tbl = self._require()
-                    live = {s.snapshot_id for s in tbl.snapshots()}
-                    old = [i for i in old if i in live]
-        return {"iceberg_snapshots": len(snaps) - expired, "iceberg_snapshots_expired": expired,
-                "iceberg_expire_seconds": round(time.monotonic() - t0, 3),
-                "iceberg_compaction": "not available in pyiceberg 0.12"}
+            figures.update(iceberg_snapshots=len(snaps) - expired,
+                           iceberg_snapshots_expired=expired)
+        except Exception as e:  # noqa: BLE001 - upkeep must not fail the run (reported)
+            figures["error"] = f"{type(e).__name__}: {e}"
+        figures["iceberg_expire_seconds"] = round(time.monotonic() - t0, 3)
+        return figures
+
 
 def _wm(tbl: Table, app_id: str) -> int:
     return int(tbl.properties.get(WATERMARK_PREFIX + app_id, 0))

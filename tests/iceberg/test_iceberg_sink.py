@@ -136,7 +136,9 @@ def test_merge_composite_key_and_maintenance_bound(tmp_path, request) -> None:
         s.commit(None, "a", i, i - 1)
     assert len(s.load().snapshots()) > 3
     figures = s.maintain(0, "a")
+    assert "error" not in figures, figures
     assert figures["iceberg_snapshots"] == 3 and len(s.load().snapshots()) == 3
+    assert s.maintain(0, "a")["iceberg_snapshots_expired"] == 0  # nothing more to expire
     assert s.watermark("a") == 13 and len(s.read().to_pylist()) == 2
 
 
