@@ -191,3 +191,22 @@ def test_merge_of_many_keys_rewrites_the_partition_and_keeps_others(tmp_path, re
     got = {(r["_partition"], r["key"]): r["v"] for r in s.read().to_pylist()}
     assert got == ref and s.read().num_rows == len(ref)
     assert len(s.data_files(row_filter=EqualTo("_partition", 0))) == 1
+
+
+def test_a_table_created_elsewhere_gets_pyiceberg_retry_off_and_is_fenced(tmp_path) -> None:
+    """A table the sink did not create (pyiceberg's default: 4 blind retries) is switched to
+    ``commit.retry.num-retries=0`` by the sink's first commit, and the fence holds on it."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    cat = SqlCatalog("x", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}")
+    cat.create_namespace("n")
+    cat.create_table("n.t", schema=SCHEMA)
+    live, zombie = IcebergSink("n.t", catalog=cat), IcebergSink("n.t", catalog=cat)
+    live.watermark("a")
+    live.commit(rows(0, ["a"], 1), "a", 1, 0)
+    assert cat.load_table("n.t").properties["commit.retry.num-retries"] == "0"
+    zombie.watermark("a")
+    live.commit(rows(0, ["b"], 2), "a", 2, 1)
+    with pytest.raises(FenceConflictError):
+        zombie.commit(rows(0, ["b"], 2), "a", 2, 1)
+    assert live.read().num_rows == 2
