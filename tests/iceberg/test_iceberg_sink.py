@@ -210,3 +210,18 @@ def test_a_table_created_elsewhere_gets_pyiceberg_retry_off_and_is_fenced(tmp_pa
     with pytest.raises(FenceConflictError):
         zombie.commit(rows(0, ["b"], 2), "a", 2, 1)
     assert live.read().num_rows == 2
+
+
+def test_importing_the_delta_sink_never_imports_pyiceberg() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, cg_pipelines.sinks, cg_pipelines.sinks.delta, cg_pipelines.dagster; "
+            "assert 'pyiceberg' not in sys.modules; "
+            "from cg_pipelines.sinks import IcebergSink; assert 'pyiceberg' in sys.modules")
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr
