@@ -45,7 +45,7 @@ from cg_pipelines.sinks.iceberg import IcebergSink, iceberg_s3_properties
 from cg_pipelines.sinks.iceberg_read import sqlite_wal
 from cg_pipelines.sinks.storage import s3_options
 
-__all__ = ["IcebergTableIOManager", "IcebergWarehouseResource"]
+__all__ = ["IcebergTableIOManager", "IcebergWarehouseResource", "spark_frame"]
 
 _CATALOGS: dict[tuple[tuple[str, str], ...], Catalog] = {}
 _CATALOGS_LOCK = threading.Lock()
@@ -144,8 +144,7 @@ class IcebergWarehouseResource(ConfigurableResource):
 class IcebergTableIOManager(ConfigurableIOManager):
     """Loads a consumer-group asset's Iceberg table for downstream assets, typed by the
     argument's annotation: ``pyarrow.Table`` (or none), ``pandas.DataFrame``,
-    ``pyspark.sql.DataFrame`` (the current snapshot's Parquet files, read on the executors;
-    pyiceberg writes copy-on-write only, so those files are the table), ``polars.DataFrame``.
+    ``pyspark.sql.DataFrame`` (:func:`spark_frame`), ``polars.DataFrame``.
     Append mode: the history; merge mode: each key's current row. When the downstream asset
     is partitioned like the group asset only its partitions' rows are read."""
 
@@ -181,12 +180,7 @@ class IcebergTableIOManager(ConfigurableIOManager):
         if name.startswith("pyspark.sql") and name.endswith("DataFrame"):
             if self.spark is None:
                 raise ValueError("a Spark DataFrame input needs IcebergTableIOManager(spark=...)")
-            spark = self.spark.spark_session
-            files = sink.data_files(flt)
-            if not files:
-                return spark.createDataFrame(sink.read(row_filter=flt).to_pandas())
-            df = spark.read.parquet(*files)
-            return df if parts is None else df.where(df[PARTITION_COLUMN].isin(parts))
+            return spark_frame(self.spark.spark_session, sink, parts)
         arrow = sink.read(row_filter=flt)
         if name.startswith("polars"):
             import polars as pl
@@ -198,6 +192,19 @@ class IcebergTableIOManager(ConfigurableIOManager):
             return arrow
         raise TypeError(f"IcebergTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
                         f"DataFrame; {context.asset_key.to_user_string()} is annotated {want!r}")
+
+
+def spark_frame(spark: Any, sink: IcebergSink, parts: list[int] | None = None) -> Any:
+    """The table (or ``parts``' rows) as a Spark DataFrame: local tables are read on the
+    executors from the current snapshot's Parquet files (pyiceberg writes copy-on-write only,
+    so those files are the table); tables on object storage (Spark needs hadoop-aws and
+    ``s3a://`` settings for them) are read by pyiceberg on the driver and handed over."""
+    flt = In(PARTITION_COLUMN, parts) if parts is not None else None
+    files = sink.data_files(flt)
+    if not files or not all(f.startswith(("file:", "/")) for f in files):
+        return spark.createDataFrame(sink.read(row_filter=flt))  # pyspark 4 takes Arrow
+    df = spark.read.parquet(*files)
+    return df if parts is None else df.where(df[PARTITION_COLUMN].isin(parts))
 
 
 def _partitions(context: InputContext, md: Any) -> list[int] | None:
