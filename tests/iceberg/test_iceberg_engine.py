@@ -17,7 +17,12 @@ zombie (SIGSTOP, merge)                                       x
 two runs at once                                                              x
 rebuild                       x                                               x
 merge, deletes, re-inserts    x (+kill -9)                    x
+Spark processor (merge)       x
 ============================  ==============  ==============  ==============  ==============
+
+The fence itself (stale writer of the same partition fenced, of another partition retried)
+runs on all four backends in ``test_iceberg_sink.py``; the Spark processor in
+``test_iceberg_spark.py``; the Dagster asset and IO manager in ``test_iceberg_dagster.py``.
 """
 
 from __future__ import annotations
