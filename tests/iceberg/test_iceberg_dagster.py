@@ -94,6 +94,7 @@ async def test_merge_group_on_iceberg_downstream_gets_current_rows(
     await h.create_group(js, stream)
     evs = devices.events(300, 30, seed=3, p_del=0.25)
     await devices.publish(js, stream, evs)
+    await h.wait_sourced(js, stream, len(evs))  # else a run may find its partition empty
     wh = IcebergWarehouseResource(warehouse=str(tmp_path / "lake"), namespace="ops")
     spec = ConsumerGroupAsset(name="devices", stream=stream, group=GROUP,
                               partitions=PARTITIONS, processor=devices.processor(),
@@ -104,6 +105,9 @@ async def test_merge_group_on_iceberg_downstream_gets_current_rows(
         res = await asyncio.to_thread(materialize, [group], partition_key=pkey(p),
                                       instance=instance, resources=defs.resources)
         assert res.success
+        md = res.asset_materializations_for_node("devices")[0].metadata
+        assert md["status"].value == "drained", md["status"]
+    await h.assert_work_queue_empty(js, stream)
     seen: dict[str, object] = {}
 
     @asset(ins={"devices": AssetIn(key="devices")})
@@ -113,7 +117,10 @@ async def test_merge_group_on_iceberg_downstream_gets_current_rows(
     res = await asyncio.to_thread(materialize, [group, current], selection=[current],
                                   instance=instance, resources=defs.resources)
     assert res.success
-    assert devices.mismatches(seen["t"], evs) is None
+    history = [(h["operation"], h.get("cg.partition"), h.get("cg.operation"),
+                h.get("added-records"), h.get("deleted-records"), h.get("total-records"))
+               for h in wh.sink("devices").history()]
+    assert devices.mismatches(seen["t"], evs) is None, history
     assert wh.sink("devices").identifier == "ops.devices"
 
 
