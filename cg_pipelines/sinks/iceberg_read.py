@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In
@@ -119,14 +120,27 @@ class IcebergTableAccess:
     # ---------------------------------------------------------------- reads
 
     def read(self, columns: list[str] | None = None,
-             row_filter: BooleanExpression | str | None = None) -> pa.Table:
-        """The latest snapshot's rows (``row_filter`` a pyiceberg expression or string), or
-        no rows (the given ``schema`` or no columns) when there is no table."""
+             row_filter: BooleanExpression | str | None = None,
+             filter: pc.Expression | None = None) -> pa.Table:  # noqa: A002 (DeltaSink's name)
+        """The latest snapshot's rows, projected to ``columns``, filtered by ``row_filter``
+        (a pyiceberg expression or string, e.g. ``"_partition == 3"``: prunes files) and/or
+        ``filter`` (a pyarrow expression, as :meth:`DeltaSink.read
+        <cg_pipelines.sinks.delta.DeltaSink.read>` takes; applied after the scan). No rows
+        (the given ``schema``, or no columns) when there is no table.
+
+        Raises:
+            pyiceberg / pyarrow errors: unknown columns (``ValueError``, ``ArrowInvalid``),
+                read failures.
+        """
         tbl = self.load()
         if tbl is None:
             empty = self._schema.empty_table() if self._schema is not None else pa.table({})
             return empty.select(columns) if columns is not None and self._schema else empty
-        return self._scan(tbl, row_filter if row_filter is not None else AlwaysTrue(), columns)
+        where = row_filter if row_filter is not None else AlwaysTrue()
+        if filter is None:
+            return self._scan(tbl, where, columns)
+        rows = self._scan(tbl, where, None).filter(filter)
+        return rows.select(columns) if columns is not None else rows
 
     @staticmethod
     def _scan(tbl: Table, row_filter: BooleanExpression | str,

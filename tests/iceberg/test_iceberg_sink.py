@@ -111,6 +111,14 @@ def test_table_shape_empty_commit_markers_and_state(tmp_path, request) -> None:
     assert s.last_rows("key", ["a"], ["v"], "seq", partition=1).num_rows == 0
     with pytest.raises(ValueError, match="expected < version"):
         s.commit(None, "s/g/0", 8, 8)
+    # DeltaSink's read(columns, filter=<pyarrow expression>), as the reconcile check calls it
+    import pyarrow.compute as pc
+
+    from cg_pipelines.jetstream.reconcile import sink_table_seqs
+
+    assert s.read(columns=["seq"], filter=pc.field("v") > 60)["seq"].to_pylist() in (
+        [7, 8], [8, 7])
+    assert sorted(sink_table_seqs(s, "seq")(7, 8).to_pylist()) == [7, 8]
 
 
 def test_merge_composite_key_and_maintenance_bound(tmp_path, request) -> None:
