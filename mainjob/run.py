@@ -451,15 +451,15 @@ class OverlappedVerifier:
             import pyarrow.compute as pc
 
             from cg_pipelines.core.subjects import partition_for
-            from cg_pipelines.sinks.delta import DeltaSink
             from flights.reference import compare_legs, reference_legs
 
             ref = reference_legs(self.df)
             parts = {t: partition_for([str(t)], PARTITIONS) for t in ref["tailnum"].unique()}
             ref_p = ref["tailnum"].map(parts)
-            sink = DeltaSink(str(self.table_uri))
+            sink = _table(self.table_uri)
             while (p := self.todo.get()) is not None:
-                got = sink.read(filter=pc.field("_partition") == p)
+                got = (sink.read(row_filter=f"_partition == {p}") if _iceberg() else
+                       sink.read(filter=pc.field("_partition") == p))
                 self.table_rows += got.num_rows
                 rows, bad, detail = compare_legs(got, ref[ref_p == p])
                 self.rows += rows
@@ -479,13 +479,11 @@ class OverlappedVerifier:
         Raises:
             Whatever building the reference or reading the table raised.
         """
-        from cg_pipelines.sinks.delta import DeltaSink
-
         self.todo.put(None)
         self.thread.join()
         if self.error is not None:
             raise self.error
-        total = DeltaSink(str(self.table_uri)).stats().rows
+        total = _table(self.table_uri).stats().rows
         outside = total - self.table_rows  # rows of no compared partition
         mismatches = self.mismatches + max(0, outside)
         click.echo(f"verified {self.rows:,} rows against the reference: {mismatches} mismatches "
@@ -496,12 +494,28 @@ class OverlappedVerifier:
         return mismatches
 
 
-def _verify(table_uri: Path, df: Any) -> int:
+def _iceberg() -> bool:
+    """``--table-format iceberg`` (``CG_TABLE_FORMAT=iceberg``)."""
+    return os.environ.get("CG_TABLE_FORMAT", "delta") == "iceberg"
+
+
+def _table(table_uri: Path) -> Any:
+    """The main job's table: the Delta table at ``table_uri`` or, with ``--table-format
+    iceberg``, the Iceberg table of that name in the warehouse's (SQLite) catalog."""
+    if _iceberg():
+        from cg_pipelines.dagster.iceberg import IcebergWarehouseResource
+
+        return IcebergWarehouseResource(warehouse=str(table_uri.parent)).sink(table_uri.name)
     from cg_pipelines.sinks.delta import DeltaSink
+
+    return DeltaSink(str(table_uri))
+
+
+def _verify(table_uri: Path, df: Any) -> int:
     from flights.reference import compare_legs, reference_legs
 
     t = time.monotonic()
-    table = DeltaSink(str(table_uri)).read()
+    table = _table(table_uri).read()
     rows, mismatches, detail = compare_legs(table, reference_legs(df))
     click.echo(f"verified {rows:,} rows against the reference: {mismatches} mismatches "
                f"({time.monotonic() - t:.1f} s)")

@@ -15,7 +15,10 @@ runs of one partition share a Spark Connect server session from ``CG_SPARK_SESSI
 (seconds, default 1800; ``0``: a fresh session per run); ``CG_SPARK_KEEP=1``
 keeps the SparkSession between in-process runs (the main job); ``CG_BATCH_MAX_MSGS`` sets the
 first messages per batch (default 20,000; 50,000 with ``CG_SPARK_REMOTE``) and
-``CG_ADAPTIVE_MAX_MSGS`` the most a batch grows to (``0``: no growing).
+``CG_ADAPTIVE_MAX_MSGS`` the most a batch grows to (``0``: no growing). ``CG_TABLE_FORMAT=iceberg``
+makes the warehouse Apache Iceberg (:class:`~cg_pipelines.dagster.iceberg.IcebergWarehouseResource`:
+data under ``CG_WAREHOUSE``, catalog ``CG_ICEBERG_CATALOG`` — a SQLAlchemy URL, default SQLite in
+the warehouse) instead of Delta.
 """
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ def class_archive() -> str:
                                                                      "classes.jsa")
 
 
+def _iceberg_warehouse(root: str) -> object:
+    from cg_pipelines.dagster.iceberg import IcebergWarehouseResource
+
+    return IcebergWarehouseResource(
+        warehouse=root, catalog_uri=_secret("CG_ICEBERG_CATALOG"),
+        s3_endpoint=os.environ.get("CG_S3_ENDPOINT") or None,
+        aws_access_key_id=_secret("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=_secret("AWS_SECRET_ACCESS_KEY"),
+        allow_http=os.environ.get("CG_S3_ALLOW_HTTP", "") == "1")
+
+
 def build_resources() -> dict[str, object]:
     """Resources from the environment (see module docstring)."""
     root = os.environ.get("CG_WAREHOUSE", os.path.join(state_dir(), "warehouse"))
@@ -76,7 +90,8 @@ def build_resources() -> dict[str, object]:
                                session_reuse_s=float(os.environ.get("CG_SPARK_SESSION_REUSE_S",
                                                                     "1800")),
                                stop_on_teardown=os.environ.get("CG_SPARK_KEEP", "") != "1"),
-        "warehouse": DeltaWarehouseResource(
+        "warehouse": _iceberg_warehouse(root) if os.environ.get(
+            "CG_TABLE_FORMAT", "delta") == "iceberg" else DeltaWarehouseResource(
             root=root,
             s3_endpoint=os.environ.get("CG_S3_ENDPOINT") or None,
             aws_access_key_id=_secret("AWS_ACCESS_KEY_ID"),

@@ -149,9 +149,11 @@ def build_definitions(
             spark = res.get(g.spark_resource_key)
             # Another Spark resource (e.g. dagster_pyspark.PySparkResource) drives the runs;
             # the IO manager then reads Spark DataFrames through its own SparkResource only.
-            res[g.io_manager_key] = DeltaTableIOManager(
-                warehouse=res[g.warehouse_resource_key],
-                spark=spark if isinstance(spark, SparkResource) else None)
+            warehouse = res[g.warehouse_resource_key]
+            sp = spark if isinstance(spark, SparkResource) else None
+            own = getattr(warehouse, "io_manager", None)  # e.g. IcebergWarehouseResource's
+            res[g.io_manager_key] = own(sp) if callable(own) else DeltaTableIOManager(
+                warehouse=warehouse, spark=sp)
     parts = [build_group_definitions(g) for g in groups]
     kwargs["asset_checks"] = [*(c for p in parts for c in p.checks),
                               *kwargs.get("asset_checks", ())]

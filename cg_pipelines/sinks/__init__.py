@@ -1,8 +1,22 @@
 """Where partition runs commit: the fenced Delta Lake sink (local directory or S3), in one of
 two write modes: :class:`Append` (the default; the table is the history) or :class:`Merge`
-(a MERGE by key; the table is each key's current row)."""
+(a MERGE by key; the table is each key's current row); and the fenced Apache Iceberg sink
+(:class:`IcebergSink`, the ``iceberg`` extra), imported lazily: importing the Delta sink
+never imports pyiceberg."""
+
+from typing import Any
 
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.delta import LINEAGE_PREFIX, PARTITION_COLUMN, DeltaSink, TableStats
 
-__all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "Merge", "TableStats"]
+__all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "IcebergSink", "Merge",
+           "TableStats"]
+
+
+def __getattr__(name: str) -> Any:
+    """``IcebergSink`` on first use (pyiceberg is an optional dependency)."""
+    if name == "IcebergSink":
+        from cg_pipelines.sinks.iceberg import IcebergSink
+
+        return IcebergSink
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

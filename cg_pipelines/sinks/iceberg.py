@@ -1,0 +1,499 @@
+"""Apache Iceberg sink over ``pyiceberg`` 0.12: fenced, exactly-once commits beside Delta.
+
+The contract is :class:`~cg_pipelines.sinks.delta.DeltaSink`'s (the engine's
+:class:`~cg_pipelines.engine.model.ReplaceSink`): one :meth:`IcebergSink.commit` is ONE catalog
+commit that writes the batch's rows and moves the partition's watermark, only if the watermark
+is still the one the batch was based on.
+
+Watermarks: the table PROPERTY ``cg.watermark.<app_id>`` (table properties are cumulative in
+Iceberg; snapshot summary properties belong to one snapshot), set by the same transaction as
+the data. Markers (``{app id: version}``) are properties too. Each commit's snapshot summary
+carries the lineage (``cg.stream``, ``cg.group``, ``cg.partition``, ``cg.first_seq``,
+``cg.last_seq``, ``cg.app_id``, ``cg.watermark``, ``cg.write_mode``, ``cg.operation``,
+``cg.library_version`` and the sink's ``commit_metadata``).
+
+The fence (checked by experiment on pyiceberg 0.12.0, SQL catalog on SQLite and Postgres,
+local disk and moto S3; see ``tests/iceberg``):
+
+* pyiceberg's own retry is out of the way: a table this sink creates (or first writes to) has
+  ``commit.retry.num-retries = 0``. Otherwise a commit that lost a race is refreshed and
+  replayed by pyiceberg on the NEW table state without any validation for appends — a
+  zombie's append would land (checked: ``tests/iceberg/test_iceberg_sink.py``).
+* Every commit of this sink adds a snapshot to ``main`` (an empty batch commits an empty
+  append), and each of pyiceberg's snapshot producers asserts ``main`` is still the snapshot
+  the transaction was built on (``AssertRefSnapshotId``), checked by the catalog under its
+  compare-and-swap of the metadata location. So the watermark read from that table state
+  cannot have moved unseen: if any commit landed in between, the catalog refuses ours
+  (``CommitFailedException``).
+* On that refusal the sink reloads the table and re-reads the watermark: moved →
+  :class:`~cg_pipelines.engine.model.FenceConflictError` (nothing written; the files of the
+  failed attempt are deleted by pyiceberg); unchanged → the commit was lost to another
+  partition (or to maintenance): it is rebuilt on the fresh table and tried again (up to
+  ``commit_retries`` times, with a short jittered back-off) — another partition's commit is
+  retried, never fenced.
+
+Write modes (:mod:`cg_pipelines.core.write`): :class:`Append` appends (one snapshot per
+batch). :class:`Merge` reduces the batch to each key's last row (deletes when it is a delete
+marker) and, in ONE transaction, deletes the partition's rows of those keys (copy-on-write:
+pyiceberg rewrites the data files that hold them) and appends the live rows: one commit, with
+up to two snapshots (``overwrite``/``delete`` then ``append``), both carrying the summary. A
+composite key, or more than :data:`IN_PRUNE_LIMIT` keys in the batch, rewrites the batch's
+partition whole (one file afterwards).
+
+Tables: identity-partitioned on :data:`~cg_pipelines.engine.model.PARTITION_COLUMN` when the
+schema has it; columns are created optional (nullable); nanosecond timestamps are stored as
+microseconds (Iceberg v2 has no nanoseconds; batches are truncated on write).
+
+Catalogs: any pyiceberg catalog (``catalog=`` a :class:`pyiceberg.catalog.Catalog` or the
+properties of :func:`pyiceberg.catalog.load_catalog`): :func:`sqlite_catalog` (embedded, no
+server), a Postgres-backed SQL catalog (:func:`sql_catalog`), REST (``{"type": "rest",
+"uri": ...}``; the fence only needs ``AssertRefSnapshotId``, which REST servers check).
+
+Maintenance (:meth:`IcebergSink.maintain`): snapshot expiry (pyiceberg's
+``table.maintenance.expire_snapshots()``), and the catalog keeps at most
+``write.metadata.previous-versions-max`` old metadata files. pyiceberg 0.12 has NO data file
+compaction, no orphan file removal, and its snapshot expiry does not delete files: those
+need Spark/Java Iceberg (``rewrite_data_files``, ``remove_orphan_files``).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In
+from pyiceberg.table import Table
+
+from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
+from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.deltawrite import conform, current_of
+from cg_pipelines.sinks.iceberg_read import (
+    IcebergTableAccess,
+    iceberg_s3_properties,
+    key_tuples,
+    optional_schema,
+    sql_catalog,
+    sqlite_catalog,
+)
+from cg_pipelines.sinks.storage import mask_options
+from cg_pipelines.version import __version__
+
+__all__ = ["WATERMARK_PREFIX", "IcebergSink", "iceberg_s3_properties", "sql_catalog",
+           "sqlite_catalog"]
+
+WATERMARK_PREFIX: Final = "cg.watermark."
+"""Table property prefix of the watermarks: ``cg.watermark.<app_id>``."""
+
+_NO_RETRY: Final = {"commit.retry.num-retries": "0"}
+
+IN_PRUNE_LIMIT: Final = 200
+"""Merge batches with more distinct keys than this rewrite their partition whole (pyiceberg
+0.12's metrics evaluators prune no data file by an IN predicate of more than 200 values)."""
+
+
+def _key(name: str) -> str:
+    return name if name.startswith("cg.") else "cg." + name
+
+
+class IcebergSink(IcebergTableAccess):
+    """A :class:`~cg_pipelines.engine.model.ReplaceSink` over one Iceberg table.
+
+    Thread-safe for concurrent use with different app ids; calls for one app id must not
+    overlap (the engine runs one holder per partition).
+
+    Errors: :class:`FenceConflictError` when the watermark moved; pyiceberg errors
+    (``CommitFailedException`` after ``commit_retries`` lost races, ``NoSuchTableError``,
+    ``ValidationException``), ``OSError`` for I/O, ``ValueError`` for bad input.
+    """
+
+    def __init__(
+        self,
+        identifier: str,
+        *,
+        catalog: Catalog | Mapping[str, str],
+        schema: pa.Schema | None = None,
+        write: Append | Merge | None = None,
+        commit_metadata: Mapping[str, str] | None = None,
+        commit_retries: int = 100,
+        keep_snapshots: int = 100,
+        metadata_versions: int = 100,
+    ) -> None:
+        """
+        Args:
+            identifier: ``namespace.table`` (the namespace is created when missing).
+            catalog: a pyiceberg catalog, or ``load_catalog`` properties (``name`` key
+                optional, default ``"cg"``; secret values never appear in ``repr``).
+            schema: the table's schema when it is created by an empty first commit.
+            write: :class:`Append` (default) or :class:`Merge`.
+            commit_metadata: extra lineage in every snapshot summary (``cg.`` prefixed).
+            commit_retries: commits lost to OTHER partitions retried before giving up.
+            keep_snapshots: :meth:`maintain` expires all but the newest this many snapshots.
+            metadata_versions: ``write.metadata.previous-versions-max`` of a created table.
+
+        Raises:
+            ValueError: no namespace in ``identifier``; ``write`` not Append/Merge/None;
+                ``commit_retries < 0`` or ``keep_snapshots < 1``.
+        """
+        if "." not in identifier:
+            raise ValueError(f"identifier must be 'namespace.table', got {identifier!r}")
+        if write is not None and not isinstance(write, (Append, Merge)):
+            raise ValueError(f"write must be Append() or Merge(key=...), got {write!r}")
+        if commit_retries < 0 or keep_snapshots < 1:
+            raise ValueError("need commit_retries >= 0 and keep_snapshots >= 1")
+        self._ident = identifier
+        self._catalog_props: dict[str, str] = {}
+        if isinstance(catalog, Catalog):
+            self._catalog: Catalog = catalog
+        else:
+            props = dict(catalog)
+            self._catalog_props = props
+            self._catalog = load_catalog(props.pop("name", "cg"), **props)
+        self._schema = optional_schema(schema) if schema is not None else None
+        self._write: Append | Merge = write if write is not None else Append()
+        self._extra_md = {_key(k): str(v) for k, v in (commit_metadata or {}).items()}
+        self._retries = commit_retries
+        self._keep = keep_snapshots
+        self._metadata_versions = metadata_versions
+        self._lock = threading.Lock()
+        self._tables: dict[str, Table] = {}
+        self._snapshots: list[int] = []
+        self.last_rows_written: int | None = None
+        self.commit_retries_used = 0
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def identifier(self) -> str:
+        return self._ident
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
+    @property
+    def write(self) -> Append | Merge:
+        return self._write
+
+    @property
+    def uri(self) -> str:
+        """The table's location (``file://...``, ``s3://...``) once it exists, else
+        ``iceberg:<identifier>``."""
+        tbl = self.load()
+        return tbl.location() if tbl is not None else f"iceberg:{self._ident}"
+
+    @property
+    def versions_written(self) -> list[int]:
+        """As :attr:`snapshots_written` (the name the Dagster asset's metadata reads)."""
+        return self.snapshots_written
+
+    @property
+    def snapshots_written(self) -> list[int]:
+        """Snapshot ids this sink object committed (the last snapshot of each commit)."""
+        with self._lock:
+            return list(self._snapshots)
+
+    def __repr__(self) -> str:
+        return (f"IcebergSink({self._ident!r}, catalog={mask_options(self._catalog_props)!r}, "
+                f"write={self._write!r})")
+
+    # ---------------------------------------------------------------- the Sink protocol
+
+    def watermark(self, app_id: str) -> int:
+        """``app_id``'s watermark (0 if none or no table) in the latest table state, which the
+        next :meth:`commit` of ``app_id`` is then based on."""
+        tbl = self.load()
+        if tbl is None:
+            return 0
+        with self._lock:
+            self._tables[app_id] = tbl
+        return _wm(tbl, app_id)
+
+    def watermarks(self, app_ids: Iterable[str]) -> dict[str, int]:
+        """Each app id's watermark from one load (read-only: remembers nothing)."""
+        tbl = self.load()
+        return {a: (_wm(tbl, a) if tbl is not None else 0) for a in app_ids}
+
+    def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
+               markers: Mapping[str, int] | None = None, *,
+               lineage: Mapping[str, object] | None = None) -> None:
+        """Write ``table`` (append, or merge by key) and set ``app_id``'s watermark to
+        ``version`` in ONE catalog commit, only if it is still ``expected`` (see the module
+        docstring for the fence). Creates the table on first use.
+
+        Raises:
+            FenceConflictError: the watermark is not ``expected``; nothing was written.
+            ValueError: ``not 0 <= expected < version``; no table and no schema; merge
+                input without the required columns or with null keys; columns that differ
+                from the table's.
+            CommitFailedException: ``commit_retries`` races lost to other partitions.
+        """
+        if not 0 <= expected < version:
+            raise ValueError(f"commit of {app_id}: need 0 <= expected < version, "
+                             f"got expected={expected} version={version}")
+        with self._lock:
+            tbl = self._tables.get(app_id)
+        if tbl is None or _wm(tbl, app_id) != expected:
+            tbl = self.load()
+        if tbl is None:
+            if expected != 0:
+                raise FenceConflictError(app_id, expected, 0)
+            schema = table.schema if table is not None and table.num_columns else self._schema
+            if schema is None:
+                raise ValueError(f"{self._ident}: no table yet and no schema to create it "
+                                 "with: pass schema= or call ensure_table() first")
+            if isinstance(self._write, Merge) and table is not None and table.num_rows:
+                self._write.check(table)
+                schema = pa.schema([f for f in schema if f.name != DELETE_COLUMN])
+            self.ensure_table(schema)
+            tbl = self._require()
+        empty = table is None or table.num_rows == 0
+        merge = isinstance(self._write, Merge) and not empty
+        summary = self._summary(app_id, version, "merge" if merge else (
+            "empty" if empty else "append"), lineage)
+        props = {WATERMARK_PREFIX + app_id: str(version),
+                 **{WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}}
+        for attempt in range(self._retries + 1):
+            tbl = self._no_pyiceberg_retry(tbl)
+            found = _wm(tbl, app_id)
+            if found != expected:
+                with self._lock:
+                    self._tables[app_id] = tbl
+                raise FenceConflictError(app_id, expected, found)
+            # built on THIS table state (a partition rewrite reads the partition's rows)
+            target = tbl.schema().as_arrow()
+            delete: BooleanExpression | None = None
+            if empty:
+                rows = target.empty_table()
+            elif merge:
+                assert table is not None and isinstance(self._write, Merge)
+                rows, delete = self._merge_rows(tbl, table, target)
+            else:
+                assert table is not None
+                rows = conform(table, target, self._ident)
+            try:
+                with tbl.transaction() as txn:
+                    txn.set_properties(props)
+                    if delete is not None:
+                        with warnings.catch_warnings():  # "Delete operation did not match"
+                            warnings.simplefilter("ignore", UserWarning)
+                            txn.overwrite(rows, overwrite_filter=delete,
+                                          snapshot_properties=summary)
+                    else:
+                        txn.append(rows, snapshot_properties=summary)
+                break
+            except CommitFailedException:
+                if attempt == self._retries:
+                    raise
+                self.commit_retries_used += 1
+                time.sleep(random.uniform(0.005, 0.02 * min(attempt + 1, 10)))
+                tbl = self._require()
+        tbl = self._after_commit(tbl, app_id)
+
+    def _merge_rows(self, tbl: Table, table: pa.Table, target: pa.Schema
+                    ) -> tuple[pa.Table, BooleanExpression]:
+        """Merge mode: the rows to append and the delete filter of one batch, against table
+        state ``tbl``."""
+        assert isinstance(self._write, Merge)
+        cur = self._write.current(table)
+        live = cur.filter(pc.invert(cur[DELETE_COLUMN])).drop_columns([DELETE_COLUMN])
+        rows = conform(live, target, self._ident)
+        part: BooleanExpression = AlwaysTrue()
+        if PARTITION_COLUMN in target.names and PARTITION_COLUMN in cur.column_names:
+            parts = pc.unique(cur[PARTITION_COLUMN]).to_pylist()
+            if len(parts) != 1:
+                raise ValueError(f"{self._ident}: a merge batch holds partitions {parts}")
+            part = EqualTo(PARTITION_COLUMN, int(parts[0]))
+        keys = self._write.keys
+        if len(keys) == 1 and 0 < cur.num_rows <= IN_PRUNE_LIMIT:
+            return rows, And(part, In(keys[0], cur[keys[0]].to_pylist()))
+        # Many keys (pyiceberg prunes no file by an IN of more than IN_PRUNE_LIMIT values, so
+        # it would rewrite every file anyway) or a composite key: rewrite the partition whole,
+        # current rows of other keys kept; it is then one file again.
+        old = self._scan(tbl, part, None)
+        if old.num_rows:
+            mine = pc.is_in(key_tuples(old, keys), value_set=key_tuples(cur, keys))
+            kept = conform(old.filter(pc.invert(mine)), target, self._ident)
+            rows = pa.concat_tables([kept, rows])
+        return rows, part
+
+    def _after_commit(self, tbl: Table, app_id: str) -> Table:
+        """Remember ``tbl`` — pyiceberg updated it in place to the metadata our commit made
+        (no reload) — as the base of ``app_id``'s next commit."""
+        snap = tbl.current_snapshot()
+        with self._lock:
+            self._tables[app_id] = tbl
+            if snap is not None:
+                self._snapshots.append(snap.snapshot_id)
+        return tbl
+
+    def _summary(self, app_id: str, watermark: int, operation: str,
+                 lineage: Mapping[str, object] | None) -> dict[str, str]:
+        md = {_key(k): str(v) for k, v in (lineage or {}).items() if v is not None}
+        md.update({"cg.app_id": app_id, "cg.watermark": str(watermark),
+                   "cg.write_mode": self._write.name, "cg.operation": operation,
+                   "cg.library_version": __version__})
+        md.update(self._extra_md)
+        return md
+
+    # ---------------------------------------------------------------- table management
+
+    def ensure_table(self, schema: pa.Schema) -> bool:
+        """Create the table empty (columns optional; identity partition on
+        :data:`PARTITION_COLUMN` when present; ``commit.retry.num-retries=0``) unless it
+        exists; safe under concurrency (a losing creator finds the table). Returns True if
+        this call created it."""
+        ns = self._ident.rsplit(".", 1)[0]
+        try:
+            self._catalog.create_namespace(ns)
+        except NamespaceAlreadyExistsError:
+            pass
+        if self.load() is not None:
+            return False
+        schema = optional_schema(schema)
+        props = {**_NO_RETRY, "write.metadata.delete-after-commit.enabled": "true",
+                 "write.metadata.previous-versions-max": str(self._metadata_versions)}
+        try:
+            txn = self._catalog.create_table_transaction(self._ident, schema=schema,
+                                                         properties=props)
+            if PARTITION_COLUMN in schema.names:
+                with txn.update_spec() as spec:
+                    spec.add_identity(PARTITION_COLUMN)
+            txn.commit_transaction()
+        except (TableAlreadyExistsError, CommitFailedException):
+            if self.load() is None:
+                raise
+            return False
+        return True
+
+    def _no_pyiceberg_retry(self, tbl: Table) -> Table:
+        """``tbl``, or its fresh state after setting ``commit.retry.num-retries=0`` on a
+        table created elsewhere (one property commit; lost races are retried)."""
+        if tbl.properties.get("commit.retry.num-retries") == "0":
+            return tbl
+        for _ in range(20):
+            try:
+                with tbl.transaction() as txn:
+                    txn.set_properties(_NO_RETRY)
+                return self._require()
+            except CommitFailedException:
+                tbl = self._require()
+                if tbl.properties.get("commit.retry.num-retries") == "0":
+                    return tbl
+        raise CommitFailedException(f"{self._ident}: set commit.retry.num-retries=0 on the "
+                                    "table (the fence needs pyiceberg's blind retry off) and "
+                                    "commit again")
+
+    def replace_partition(
+        self, data: pa.RecordBatchReader, partition: int, app_id: str, expected: int,
+        markers: Mapping[str, int] | None = None, *,
+        lineage: Mapping[str, object] | None = None,
+    ) -> int:
+        """Replace consumer-group ``partition``'s rows with ``data`` keeping ``app_id``'s
+        watermark at ``expected``, in ONE commit fenced like :meth:`commit` (Merge mode:
+        ``data`` is the partition's history, reduced to each key's live last row). ``data``
+        is held in memory (pyiceberg 0.12 cannot stream into a partitioned table).
+
+        Returns:
+            The rows the partition had before.
+
+        Raises:
+            FenceConflictError: the watermark is not ``expected``.
+            NoSuchTableError: no table.
+        """
+        with self._lock:
+            tbl = self._tables.get(app_id)
+        if tbl is None:
+            tbl = self._require()
+        target = tbl.schema().as_arrow()
+        if isinstance(self._write, Merge):
+            rows = current_of(data, self._write, target, self._ident)
+        else:
+            rows = conform(data.read_all(), target, self._ident)
+        self.last_rows_written = None
+        where = EqualTo(PARTITION_COLUMN, int(partition))
+        if rows.num_rows and PARTITION_COLUMN in rows.column_names and not pc.all(
+                pc.equal(rows[PARTITION_COLUMN], partition)).as_py():
+            raise ValueError(f"{self._ident}: replacement rows of partition {partition} hold "
+                             "other partitions")
+        summary = self._summary(app_id, expected, "replace_partition",
+                                {"partition": partition, **(lineage or {})})
+        props = {WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}
+        for attempt in range(self._retries + 1):
+            tbl = self._no_pyiceberg_retry(tbl)
+            found = _wm(tbl, app_id)
+            if found != expected:
+                raise FenceConflictError(app_id, expected, found)
+            before = tbl.scan(row_filter=where).count()
+            try:
+                with tbl.transaction() as txn:
+                    # the fence needs a new snapshot even when nothing changes
+                    txn.set_properties({WATERMARK_PREFIX + app_id: str(expected), **props})
+                    txn.overwrite(rows, overwrite_filter=where, snapshot_properties=summary)
+                break
+            except CommitFailedException:
+                if attempt == self._retries:
+                    raise
+                time.sleep(random.uniform(0.005, 0.02 * min(attempt + 1, 10)))
+                tbl = self._require()
+        self._after_commit(tbl, app_id)
+        with self._lock:
+            self._tables.pop(app_id, None)
+        self.last_rows_written = rows.num_rows
+        return int(before)
+
+    def maintain(self, partition: int, app_id: str) -> dict[str, int | float | str]:
+        """Expire all but the newest ``keep_snapshots`` snapshots (metadata only: pyiceberg
+        0.12 deletes no files, has no compaction), never one a branch or tag points at.
+        Called by the engine under the partition's lease after its last commit; the table is
+        shared, so any partition's call expires the whole table's old snapshots. Changes no
+        row and no watermark. Returns figures for the run's metadata (``iceberg_snapshots``,
+        ``iceberg_snapshots_expired``, ``iceberg_expire_seconds``, ``iceberg_compaction``);
+        a failure is reported as ``error`` (type and message), not raised."""
+        t0 = time.monotonic()
+        figures: dict[str, int | float | str] = {
+            "iceberg_compaction": "not available in pyiceberg 0.12"}
+        try:
+            tbl = self.load()
+            snaps = [] if tbl is None else sorted(
+                tbl.snapshots(), key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
+            expired = 0
+            for _ in range(20):
+                if tbl is None:
+                    break
+                refs = {r.snapshot_id for r in tbl.metadata.refs.values()}
+                live = sorted(tbl.snapshots(),
+                              key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
+                old = [s.snapshot_id for s in live[:-self._keep] if s.snapshot_id not in refs]
+                if not old:
+                    break
+                try:
+                    tbl.maintenance.expire_snapshots().by_ids(old).commit()
+                    expired = len(old)
+                    break
+                except CommitFailedException:  # lost a race with a commit: try again
+                    time.sleep(random.uniform(0.005, 0.05))
+                    tbl = self._require()
+            figures.update(iceberg_snapshots=len(snaps) - expired,
+                           iceberg_snapshots_expired=expired)
+        except Exception as e:  # noqa: BLE001 - upkeep must not fail the run (reported)
+            figures["error"] = f"{type(e).__name__}: {e}"
+        figures["iceberg_expire_seconds"] = round(time.monotonic() - t0, 3)
+        return figures
+
+
+def _wm(tbl: Table, app_id: str) -> int:
+    return int(tbl.properties.get(WATERMARK_PREFIX + app_id, 0))
+
+

@@ -1,0 +1,52 @@
+"""Runs one partition into an Iceberg table in its own process, for kill -9 (SIGKILL) and
+zombie (SIGSTOP) tests; the Iceberg twin of ``tests/support/engine_worker.py``.
+
+Usage: python tests/iceberg/worker.py URL STREAM GROUP PARTITION SINK_JSON
+       BATCH ACK_WAIT_S SIGNAL_STEP SIGNAL_AT SIGNAL   (SIGNAL: KILL or STOP; step "-" = none)
+SINK_JSON: ``{"catalog": {...}, "identifier": "ns.t", "mode": "append" | "merge"}``.
+Prints the run result as one JSON line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import nats  # noqa: E402
+
+from cg_pipelines.engine.runner import EngineOptions, run_partition  # noqa: E402
+from cg_pipelines.sinks.iceberg import IcebergSink  # noqa: E402
+from tests.support import devices, keyed  # noqa: E402
+
+
+async def main() -> None:
+    url, stream, group, part, spec, batch, ack_wait, step, at, sig = sys.argv[1:11]
+    cfg = json.loads(spec)
+    merge = cfg["mode"] == "merge"
+    sink = IcebergSink(cfg["identifier"], catalog=cfg["catalog"],
+                       write=devices.MERGE if merge else None)
+    seen = {"n": 0}
+
+    def hook(name: str, info: dict) -> None:
+        if name == step:
+            seen["n"] += 1
+            if seen["n"] == int(at):
+                os.kill(os.getpid(), signal.SIGKILL if sig == "KILL" else signal.SIGSTOP)
+
+    nc = await nats.connect(url)
+    opts = EngineOptions(batch_max_msgs=int(batch), ack_wait_s=float(ack_wait),
+                         priority_timeout_s=float(ack_wait), hold_wait_s=4 * float(ack_wait))
+    proc = devices.processor() if merge else keyed.processor()
+    res = await run_partition(nc, stream, group, int(part), proc, sink, opts, hook=hook)
+    await nc.close()
+    print(json.dumps(res.as_dict()), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
