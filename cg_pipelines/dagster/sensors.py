@@ -110,6 +110,11 @@ BACKLOG_CHECK_NAMES = ("lag_within_objective", "partition_runs_succeeding")
 
 LAG_CHECK, RUNS_CHECK = BACKLOG_CHECK_NAMES
 
+CHECKS_PER_TICK = 200
+"""Partitioned check evaluations a tick records at most (failing ones first); the others are
+recorded by the next ticks (they are still "changed" then). Keeps the first tick of a large
+group (two checks per partition) well inside the 60 s tick limit."""
+
 RECONCILE_TIMEOUT_S = 30.0
 """Seconds a tick gives the ``origin_reconciled`` evaluation (the tick limit is 60 s)."""
 
@@ -276,7 +281,8 @@ def _dead_letter_observations(spec: ConsumerGroupAsset, changed: list[DeadLetter
 def _changed_checks(spec: ConsumerGroupAsset, evaluations: list[AssetCheckEvaluation],
                     instance: DagsterInstance | None) -> list[AssetCheckEvaluation]:
     """The evaluations whose partition has no recorded result, another outcome, or one that
-    predates the partition's latest materialization (all of them without an instance)."""
+    predates the partition's latest materialization (all of them without an instance), at
+    most :data:`CHECKS_PER_TICK` of them, failing ones first; those are recorded."""
     if instance is None or not evaluations:
         return evaluations
     states = check_states(instance, asset_key_of(spec), {e.check_name for e in evaluations})
@@ -285,6 +291,7 @@ def _changed_checks(spec: ConsumerGroupAsset, evaluations: list[AssetCheckEvalua
         st = states.get((e.check_name, e.partition or ""))
         if st is None or st.passed is not e.passed or not st.current:
             out.append(e)
+    out = sorted(out, key=lambda e: e.passed)[:CHECKS_PER_TICK]  # stable: failing first
     if out:
         record_partition_checks(instance, asset_key_of(spec), out, states)
     return out

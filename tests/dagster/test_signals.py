@@ -21,6 +21,8 @@ from dagster import (
     Failure,
     instance_for_test,
 )
+from nats.aio.client import Client
+from nats.js import JetStreamContext
 from sqlalchemy.exc import IntegrityError
 
 from cg_pipelines.core.triggers import (
@@ -29,6 +31,7 @@ from cg_pipelines.core.triggers import (
     lag_events_per_day,
     lag_observations_due,
 )
+from cg_pipelines.dagster import build_definitions
 from cg_pipelines.dagster.assets import failed_run_checks
 from cg_pipelines.dagster.history import (
     CODE_TAG,
@@ -37,7 +40,13 @@ from cg_pipelines.dagster.history import (
     partition_runs,
     record_partition_checks,
 )
+from cg_pipelines.engine.deadletter import dead_letter_headers, dlq_stream_name, ensure_dlq_stream
 from cg_pipelines.engine.model import FenceConflictError
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.testing.nats_server import NatsServer
+from tests.dagster import helpers as th
+from tests.dagster.defs_keyed import BACKLOG_SENSOR, GROUP, make_resources
+from tests.dagster.defs_keyed import spec as make_spec
 
 ASSET = AssetKey("devices")
 CHECK = "lag_within_objective"
@@ -197,12 +206,12 @@ class _Counting:
         del self._inst.get_run_records, self._inst.get_records_for_run
 
 
-@pytest.mark.parametrize("n", [4, 256])
+@pytest.mark.parametrize("n", [4, 128])
 def test_partition_runs_constant_queries(n: int) -> None:
     """Run history of n partitions in 2 run-records queries (with failures; 1 without), the
     error of each newest failure read once (cached across ticks), counts as before."""
     policy = RetryPolicy(max_failures=3)
-    with instance_for_test() as inst:
+    with DagsterInstance.ephemeral() as inst:
         keys = {p: f"g-{p}" for p in range(n)}
         for p in range(n):
             _add_run(inst, keys[p], DagsterRunStatus.SUCCESS)
@@ -249,3 +258,43 @@ def test_a_failed_run_is_not_a_fence_conflict() -> None:
                                                      "dead_lettered": 2}))}
     assert held["no_unexplained_fence_conflicts"].passed
     assert not held["no_new_dead_letters"].passed
+
+
+# ------------------------------------------------------------------------------ dead letters
+
+
+async def test_dead_letters_observed_per_partition(
+        nc: Client, js: JetStreamContext, nats_server: NatsServer, unique_name: str,
+        warehouse: str, instance: DagsterInstance) -> None:
+    """Per partition: how many dead letters, the latest one's sequence and reason, observed
+    when a partition's count changes (only then)."""
+    stream = unique_name
+    await th.create_group(js, stream)
+    defs = build_definitions([replace(make_spec(stream), lag_objective_s=None)],
+                             resources=make_resources(nats_server.url, warehouse))
+    d0 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, instance)
+    assert d0.asset_events == []  # no dead-letter stream yet: none, nothing to say
+
+    async def dead(p: int, seq: int, reason: str) -> None:
+        headers = dead_letter_headers(None, origin_stream=stream, read_stream="wq", seq=seq,
+                                      subject=f"{stream}.k", partition=p, reason=reason)
+        await js.publish(f"{dlq_stream_name(stream, GROUP)}.{p}", b"{bad", headers=headers)
+
+    async with JetStreamAPI(nc) as api:
+        await ensure_dlq_stream(api, stream, GROUP)
+    await dead(1, 11, "KeyError: 'amount'")
+    await dead(1, 12, "ValueError: amount feed under in cents")
+    await dead(3, 30, "bad json")
+    d1 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, instance, cursor=d0.cursor)
+    obs = {e.partition: {k: v.value for k, v in e.metadata.items()} for e in d1.asset_events}
+    assert sorted(obs) == ["g-1", "g-3"]
+    assert obs["g-1"]["dead_letters"] == 2
+    assert obs["g-1"]["latest_dead_letter_source_seq"] == 12
+    assert obs["g-1"]["latest_dead_letter_reason"] == "ValueError: amount feed under in cents"
+    assert obs["g-3"]["dead_letters"] == 1 and obs["g-3"]["latest_dead_letter_seq"] > 0
+    d2 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, instance, cursor=d1.cursor)
+    assert d2.asset_events == []  # unchanged: not observed again
+    await dead(3, 31, "bad json again")
+    d3 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, instance, cursor=d2.cursor)
+    assert [(e.partition, e.metadata["dead_letters"].value) for e in d3.asset_events] == [
+        ("g-3", 2)]
