@@ -110,7 +110,7 @@ BACKLOG_CHECK_NAMES = ("lag_within_objective", "partition_runs_succeeding")
 
 LAG_CHECK, RUNS_CHECK = BACKLOG_CHECK_NAMES
 
-CHECKS_PER_TICK = 200
+CHECKS_PER_TICK = 100
 """Partitioned check evaluations a tick records at most (failing ones first); the others are
 recorded by the next ticks (they are still "changed" then). Keeps the first tick of a large
 group (two checks per partition) well inside the 60 s tick limit."""
