@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 
+import pyarrow as pa
 import pytest
 from dagster import (
     AssetCheckEvaluation,
@@ -298,3 +299,25 @@ async def test_dead_letters_observed_per_partition(
     d3 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, instance, cursor=d2.cursor)
     assert [(e.partition, e.metadata["dead_letters"].value) for e in d3.asset_events] == [
         ("g-3", 2)]
+
+
+def test_docs_automation_condition_example_loads() -> None:
+    """docs/signals.md's downstream assets (AutomationCondition) load with a group asset."""
+    import dagster as dg
+
+    group = make_spec("orders_stream")
+
+    @dg.asset(automation_condition=dg.AutomationCondition.on_cron("*/10 * * * *"))
+    def order_totals(keyed_events: pa.Table) -> pa.Table:
+        return keyed_events
+
+    @dg.asset(automation_condition=dg.AutomationCondition.eager())
+    def big_orders(keyed_events: pa.Table) -> pa.Table:
+        return keyed_events
+
+    defs = build_definitions([group], resources=make_resources("nats://127.0.0.1:1", "/tmp/x"),
+                             assets=[order_totals, big_orders])
+    dg.Definitions.validate_loadable(defs)
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey("order_totals")).automation_condition is not None
+    assert dg.AssetKey("keyed_events") in graph.get(dg.AssetKey("big_orders")).parent_keys
