@@ -362,8 +362,11 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     served = set(reading.served)
     checks = [*lag_evaluations(spec, [b for b in reading.backlog if b.partition in served]),
               *runs_evaluations(spec, sorted(served), plan.exhausted, policy)]
-    out.check_evaluations = _changed_checks(spec, checks,
-                                            instance if record_checks else None)
+    try:
+        out.check_evaluations = _changed_checks(spec, checks,
+                                                instance if record_checks else None)
+    except Exception as e:  # noqa: BLE001 - the runs and the lag still matter; next tick
+        log.warning(f"partitioned checks not recorded: {type(e).__name__}: {e}")
     reconciled_at = float(state.get("reconciled_at") or 0.0)
     if (spec.reconcile_interval_s is not None and warehouse is not None
             and now - reconciled_at >= spec.reconcile_interval_s):
