@@ -26,6 +26,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from sqlalchemy.exc import IntegrityError
 
+from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.core.triggers import (
     PartitionBacklog,
     RetryPolicy,
@@ -46,10 +47,12 @@ from cg_pipelines.engine.model import FenceConflictError
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.testing.nats_server import NatsServer
 from tests.dagster import helpers as th
+from tests.dagster.defs_keyed import ASSET as KEYED_ASSET
 from tests.dagster.defs_keyed import BACKLOG_SENSOR, GROUP, make_resources
 from tests.dagster.defs_keyed import spec as make_spec
 
 ASSET = AssetKey("devices")
+ASSET_KEYED = AssetKey(KEYED_ASSET)
 CHECK = "lag_within_objective"
 
 
@@ -321,3 +324,30 @@ def test_docs_automation_condition_example_loads() -> None:
     graph = defs.resolve_asset_graph()
     assert graph.get(dg.AssetKey("order_totals")).automation_condition is not None
     assert dg.AssetKey("keyed_events") in graph.get(dg.AssetKey("big_orders")).parent_keys
+
+
+async def test_backlog_sensor_re_evaluates_a_partition(
+        nc: Client, js: JetStreamContext, nats_server: NatsServer, unique_name: str,
+        warehouse: str, any_instance: DagsterInstance) -> None:
+    """Through the sensor, on SQLite and Postgres: a partition's lag check fails, then (its
+    backlog gone) passes — the second evaluation of the same check and partition that a
+    run-less event could not record."""
+    stream = unique_name
+    await th.create_group(js, stream)
+    defs = build_definitions([replace(make_spec(stream), lag_objective_s=0.1)],
+                             resources=make_resources(nats_server.url, warehouse,
+                                                      min_pending=10**9))
+    evs = th.events_on({1})
+    await th.publish(js, stream, evs, len(evs))
+    await asyncio.sleep(0.3)
+
+    def lag() -> dict[str, bool | None]:
+        return {p: s.passed for (n, p), s in check_states(
+            any_instance, ASSET_KEYED, ["lag_within_objective"]).items()}
+
+    d1 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, any_instance)
+    assert lag() == {"g-0": True, "g-1": False, "g-2": True, "g-3": True}
+    async with JetStreamAPI(nc) as api:
+        await api.purge(work_queue_stream_name(stream, GROUP), filter="1.>")
+    await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, any_instance, cursor=d1.cursor)
+    assert lag() == {"g-0": True, "g-1": True, "g-2": True, "g-3": True}
