@@ -278,21 +278,37 @@ def _dead_letter_observations(spec: ConsumerGroupAsset, changed: list[DeadLetter
     return out
 
 
-def _changed_checks(spec: ConsumerGroupAsset, evaluations: list[AssetCheckEvaluation],
-                    instance: DagsterInstance | None) -> list[AssetCheckEvaluation]:
-    """The evaluations whose partition has no recorded result, another outcome, or one that
-    predates the partition's latest materialization (all of them without an instance), at
-    most :data:`CHECKS_PER_TICK` of them, failing ones first; those are recorded."""
-    if instance is None or not evaluations:
-        return evaluations
-    states = check_states(instance, asset_key_of(spec), {e.check_name for e in evaluations})
-    out = []
-    for e in evaluations:
-        st = states.get((e.check_name, e.partition or ""))
-        if st is None or st.passed is not e.passed or not st.current:
-            out.append(e)
-    out = sorted(out, key=lambda e: e.passed)[:CHECKS_PER_TICK]  # stable: failing first
-    if out:
+def _partition_checks(spec: ConsumerGroupAsset, reading: GroupReading, exhausted: list[RetryWait],
+                      policy: RetryPolicy, instance: DagsterInstance | None
+                      ) -> list[AssetCheckEvaluation]:
+    """The partitioned check evaluations of the served partitions whose outcome differs from
+    the recorded one, that have none, or whose recorded one predates the partition's latest
+    materialization (all of them without an instance), at most :data:`CHECKS_PER_TICK`,
+    failing ones first; recorded when there is an instance. Outcomes are compared first
+    (booleans): only the evaluations to record are built."""
+    served = set(reading.served)
+    backlog = [b for b in reading.backlog if b.partition in served]
+    given_up = {w.partition for w in exhausted}
+    want: dict[tuple[str, str], bool] = {}
+    if spec.lag_objective_s is not None:
+        for b in backlog:
+            want[(LAG_CHECK, spec.partition_key(b.partition))] = not (
+                b.pending > 0 and b.age_s > spec.lag_objective_s)
+    for p in sorted(served):
+        want[(RUNS_CHECK, spec.partition_key(p))] = p not in given_up
+    states = check_states(instance, asset_key_of(spec), {n for n, _ in want}) \
+        if instance is not None and want else {}
+    todo = [k for k, ok in want.items() if instance is None or (
+        (st := states.get(k)) is None or st.passed is not ok or not st.current)]
+    if instance is not None:
+        todo = sorted(todo, key=lambda k: want[k])[:CHECKS_PER_TICK]  # stable: failing first
+    keys = set(todo)
+    out = [*lag_evaluations(spec, [b for b in backlog
+                                   if (LAG_CHECK, spec.partition_key(b.partition)) in keys]),
+           *runs_evaluations(spec, [p for p in sorted(served)
+                                    if (RUNS_CHECK, spec.partition_key(p)) in keys],
+                             exhausted, policy)]
+    if instance is not None and out:
         record_partition_checks(instance, asset_key_of(spec), out, states)
     return out
 
@@ -359,12 +375,9 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     events: list[AssetObservation | AssetCheckEvaluation] = [
         *_lag_observations(spec, due, warehouse, log),
         *_dead_letter_observations(spec, reading.dead_changed)]
-    served = set(reading.served)
-    checks = [*lag_evaluations(spec, [b for b in reading.backlog if b.partition in served]),
-              *runs_evaluations(spec, sorted(served), plan.exhausted, policy)]
     try:
-        out.check_evaluations = _changed_checks(spec, checks,
-                                                instance if record_checks else None)
+        out.check_evaluations = _partition_checks(spec, reading, plan.exhausted, policy,
+                                                  instance if record_checks else None)
     except Exception as e:  # noqa: BLE001 - the runs and the lag still matter; next tick
         log.warning(f"partitioned checks not recorded: {type(e).__name__}: {e}")
     reconciled_at = float(state.get("reconciled_at") or 0.0)
