@@ -14,8 +14,11 @@ pure functions of :mod:`cg_pipelines.core.triggers`.
 At scale: a backlog tick is one NATS session (the config, then the backlog of the served
 partitions only, read as :mod:`cg_pipelines.jetstream.backlog` describes: a constant number of
 stream requests plus one direct get per partition that may hold messages, on one reply
-subscription); a tick logs at most ``_LOG_LINES`` per-partition lines.
-``bench/sensor_ticks.py`` measures ticks at 16 to 4096 partitions.
+subscription); a tick logs at most ``_LOG_LINES`` per-partition lines; the Dagster instance is
+asked a constant number of times (run history: :func:`cg_pipelines.dagster.history.partition_runs`;
+check states: one read); at most :data:`CHECKS_PER_TICK` check evaluations are written.
+``bench/sensor_ticks.py`` measures ticks at 256 and 4096 partitions (SQLite and Postgres).
+Signals, their meaning and volume: ``docs/signals.md``.
 """
 
 
@@ -457,9 +460,10 @@ def build_sensors(spec: ConsumerGroupAsset, job: Job) -> list[SensorDefinition]:
             description="Runs each served partition whose backlog is above the threshold or "
             "older than the max age; one run per backlog (run key = first pending sequence), "
             "failed partitions again after a backoff (new run key per retry) up to a limit. "
-            "Records each partition's lag (pending, oldest pending age, last committed "
-            "sequence) as asset observations and evaluates the lag_within_objective and "
-            "partition_runs_succeeding checks.")
+            "Records the lag (pending, oldest pending age, last committed sequence) of each "
+            "partition with a backlog as asset observations, at most every lag_refresh_s; "
+            "dead-letter counts when they change; and the partitioned lag_within_objective "
+            "and partition_runs_succeeding checks of each partition whose outcome changed.")
     def backlog_sensor(context: SensorEvaluationContext) -> SensorResult:
         got = backlog_tick(spec, getattr(context.resources, spec.nats_resource_key),
                            getattr(context.resources, spec.runs_resource_key), context.log,
