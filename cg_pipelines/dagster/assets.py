@@ -224,7 +224,9 @@ def _table_metadata(stats: TableStats | None, uri: str, table: str) -> dict[str,
 
 
 def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
-    """The partitioned asset of ``spec`` with its two (non-partitioned) asset checks."""
+    """The partitioned asset of ``spec`` with its three partitioned asset checks (results of
+    each run, also when it fails: :func:`failed_run_checks`) and its freshness policy
+    (:func:`freshness_policy_of`)."""
     partitions = StaticPartitionsDefinition(spec.partition_keys())
     # Partitioned checks (Dagster 1.13): each run's results are its partition's.
     checks = [
