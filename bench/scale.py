@@ -18,7 +18,8 @@
 2. ``run fixed cost: <s> s``: the median over every run of the bench of its run time (from
    the daemon's launch, RUN_STARTING, to its end) less its processing time (the engine's work
    on its messages: waiting for reads, processing, committing), with the median of each part of it.
-3. Sensor ticks for groups of 16, 64 and 256 partitions (``bench/sensor_ticks.py``; skip
+3. Sensor ticks for groups of 16, 64 and 256 partitions on a SQLite instance
+   (``bench/sensor_ticks.py --no-max --no-postgres``; skip
    with ``--no-sensors``): ``sensor tick <n> partitions: <seconds> s``.
 
 Run: ``.venv/bin/python bench/scale.py [--spark-local | --spark-cluster] [--limit N]
@@ -69,7 +70,8 @@ def concurrency_run(c: int, mode: str, limit: int | None, env: dict[str, str]
 
 
 def sensor_lines() -> list[str]:
-    out = subprocess.run([sys.executable, "bench/sensor_ticks.py", "--no-max"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "bench/sensor_ticks.py", "--no-max", "--no-postgres"],
+                         cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
     lines = re.findall(r"^sensor tick \d+ partitions: [\d.]+ s", out.stdout, re.M)
     if out.returncode != 0 or not lines:

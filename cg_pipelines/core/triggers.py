@@ -326,3 +326,76 @@ def lag_breaches(backlog: Sequence[PartitionBacklog], objective_s: float
     if objective_s <= 0:
         raise ValueError(f"lag objective must be > 0 seconds, got {objective_s:g}")
     return [b for b in backlog if b.pending > 0 and b.age_s > objective_s]
+
+
+# --------------------------------------------------------------------------------------------
+# Lag observations at a bounded rate
+# --------------------------------------------------------------------------------------------
+
+DEFAULT_LAG_REFRESH_S = 60.0
+"""Seconds: a partition's lag is observed at most this often (and, while it has a backlog, at
+least this often, tick interval permitting)."""
+
+
+def lag_observations_due(
+    backlog: Sequence[PartitionBacklog],
+    seen: Mapping[str, Sequence[float | int | None]],
+    now: float,
+    refresh_s: float = DEFAULT_LAG_REFRESH_S,
+) -> tuple[list[PartitionBacklog], dict[str, list[float | int | None]]]:
+    """Which partitions' lag to observe this tick, and the state to keep for the next one.
+
+    ``seen`` maps ``str(partition)`` to ``[pending, first_seq, observed_at]`` as last observed
+    (``observed_at`` in Unix seconds, 0 when never observed). A partition is due when at least
+    ``refresh_s`` seconds passed since its last observation and it has a backlog (its oldest
+    pending age is refreshed even when nothing else changed, so a stuck partition's age keeps
+    growing in the catalog) or its backlog changed (e.g. it was drained). A partition with
+    nothing pending and nothing changed is never due; a partition never seen is due only when
+    it has a backlog. So each partition is observed at most once per
+    ``max(refresh_s, tick interval)``: see :func:`lag_events_per_day`.
+
+    Returns:
+        ``(due, seen)``: the partitions to observe (in the order given) and the new ``seen``
+        (due partitions stamped ``now``; the others keep their last observed state, so a change
+        held back by the rate bound is observed when the bound allows).
+
+    Raises:
+        ValueError: ``refresh_s <= 0``.
+    """
+    if not refresh_s > 0:
+        raise ValueError(f"lag refresh interval must be > 0 seconds, got {refresh_s!r}")
+    due: list[PartitionBacklog] = []
+    out: dict[str, list[float | int | None]] = {}
+    for b in backlog:
+        key = str(b.partition)
+        prev = seen.get(key)
+        state: list[float | int | None] = [b.pending, b.first_seq]
+        if prev is None or len(prev) != 3:
+            if b.pending > 0:
+                due.append(b)
+                out[key] = [*state, now]
+            else:
+                out[key] = [*state, 0.0]
+            continue
+        observed_at = float(prev[2] or 0.0)
+        if now - observed_at >= refresh_s and (b.pending > 0 or list(prev[:2]) != state):
+            due.append(b)
+            out[key] = [*state, now]
+        else:
+            out[key] = list(prev)
+    return due, out
+
+
+def lag_events_per_day(partitions: int, tick_s: float,
+                       refresh_s: float = DEFAULT_LAG_REFRESH_S) -> int:
+    """The most lag observations a day of backlog ticks can emit: every partition with a
+    backlog all day, observed once per ``max(refresh_s, tick_s)`` seconds (the bound
+    :func:`lag_observations_due` keeps). Partitions without backlog add nothing.
+
+    Raises:
+        ValueError: ``partitions < 0`` or a non-positive interval.
+    """
+    if partitions < 0 or not tick_s > 0 or not refresh_s > 0:
+        raise ValueError(f"need partitions >= 0 and intervals > 0 s, got {partitions}, "
+                         f"{tick_s!r}, {refresh_s!r}")
+    return int(partitions * (86400 // max(refresh_s, tick_s)))

@@ -32,7 +32,8 @@ import os
 import threading
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +49,7 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     Failure,
+    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
     RunsFilter,
@@ -77,7 +79,7 @@ from cg_pipelines.dagster.resources import (
     stopping_foreign_spark,
 )
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
-from cg_pipelines.engine.model import RunResult
+from cg_pipelines.engine.model import FenceConflictError, RunResult
 from cg_pipelines.engine.rebuild import rebuild_partition
 from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
@@ -233,16 +235,25 @@ def _table_metadata(stats: TableStats | None, uri: str, table: str) -> dict[str,
 
 
 def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
-    """The partitioned asset of ``spec`` with its two (non-partitioned) asset checks."""
+    """The partitioned asset of ``spec`` with its three partitioned asset checks (results of
+    each run, also when it fails: :func:`failed_run_checks`) and its freshness policy
+    (:func:`freshness_policy_of`)."""
     partitions = StaticPartitionsDefinition(spec.partition_keys())
+    # Partitioned checks (Dagster 1.13): each run's results are its partition's.
     checks = [
-        # Not partitioned: AssetCheckSpec(partitions_def=...) is a preview feature in Dagster
-        # 1.13; each result carries the run's partition in its metadata instead.
-        AssetCheckSpec("backlog_drained", asset=spec.name,
-                       description="The run drained the partition's backlog seen at its start."),
-        AssetCheckSpec("no_unexplained_fence_conflicts", asset=spec.name,
-                       description="No commit was refused by the watermark fence (a refusal "
-                       "means another holder took the partition over mid-run)."),
+        AssetCheckSpec(DRAINED_CHECK, asset=spec.name, partitions_def=partitions,
+                       description="The run drained the partition's backlog seen at its start "
+                       "(a failed run did not; its description starts with the cause)."),
+        AssetCheckSpec(FENCE_CHECK, asset=spec.name, partitions_def=partitions,
+                       description="No commit of the run was refused by the watermark fence "
+                       "(a refusal means another holder took the partition over mid-run). A "
+                       "run that failed for another reason passes: it is not a fence "
+                       "conflict."),
+        AssetCheckSpec(DEAD_LETTER_CHECK, asset=spec.name, partitions_def=partitions,
+                       description="The run dead-lettered no message (a warning otherwise: "
+                       "new dead letters since the partition's previous successful run; the "
+                       "backlog sensor's observations give each partition's count, latest "
+                       "sequence and reason)."),
     ]
     keys = {spec.nats_resource_key, spec.warehouse_resource_key, spec.runs_resource_key}
     if spec.uses_spark:
@@ -251,6 +262,7 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
         {"nats", "delta", "spark"} if spec.uses_spark else {"nats", "delta"})
 
     @asset(
+        freshness_policy=freshness_policy_of(spec),
         name=spec.name,
         key_prefix=spec.key_prefix,
         group_name=spec.group_name,
@@ -269,14 +281,92 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
                      if isinstance(spec.write, Merge) else {}),
                   **spec.metadata},
     )
-    def _group_asset(context: AssetExecutionContext,
-                     config: PartitionRunConfig) -> MaterializeResult:
-        if not spec.uses_spark:
-            return _materialize(context, spec, config)
-        with stopping_foreign_spark(context, spec.spark_resource_key):
-            return _materialize(context, spec, config)
+    def _group_asset(context: AssetExecutionContext, config: PartitionRunConfig
+                     ) -> Iterator[MaterializeResult | AssetCheckResult]:
+        try:
+            if not spec.uses_spark:
+                result = _materialize(context, spec, config)
+            else:
+                with stopping_foreign_spark(context, spec.spark_resource_key):
+                    result = _materialize(context, spec, config)
+        except Exception as e:
+            # The partition's checks say what a failed run means for each of them (else
+            # Dagster marks them all "execution failed").
+            yield from failed_run_checks(e)
+            raise
+        yield result
 
     return _group_asset
+
+
+DRAINED_CHECK = "backlog_drained"
+FENCE_CHECK = "no_unexplained_fence_conflicts"
+DEAD_LETTER_CHECK = "no_new_dead_letters"
+_CAUSE_CHARS = 400
+
+
+def freshness_policy_of(spec: ConsumerGroupAsset) -> FreshnessPolicy | None:
+    """The group asset's Dagster freshness policy (the 1.13 ``FreshnessPolicy`` API), derived
+    from ``spec.lag_objective_s``: warn when no partition was materialized for the objective
+    plus one sensor interval (at least 60 s, Dagster's minimum), fail after twice that.
+    ``None`` without an objective. A group
+    whose stream is idle for that long shows as stale too: no run, no materialization."""
+    if spec.lag_objective_s is None:
+        return None
+    warn = max(60.0, spec.lag_objective_s + spec.sensor_interval_s)
+    return FreshnessPolicy.time_window(fail_window=timedelta(seconds=2 * warn),
+                                       warn_window=timedelta(seconds=warn))
+
+
+def _cause(e: BaseException) -> str:
+    text = " ".join((getattr(e, "description", None) or str(e)).split()) or type(e).__name__
+    return text if len(text) <= _CAUSE_CHARS else text[:_CAUSE_CHARS - 1] + "…"
+
+
+def _fenced(e: BaseException) -> bool:
+    seen: BaseException | None = e
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, FenceConflictError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def failed_run_checks(e: BaseException) -> list[AssetCheckResult]:
+    """The partition's check results of a run that raised ``e``: ``backlog_drained`` fails
+    (its description is the cause, up to 400 characters); ``no_unexplained_fence_conflicts``
+    fails only when the cause is a fence conflict (a ``FenceConflictError`` in the chain, or
+    a ``Failure`` whose metadata counts ``fence_conflicts``), else passes;
+    ``no_new_dead_letters`` is evaluated when a ``Failure``'s metadata counts ``dead_lettered``
+    (a halted or held run), else left to Dagster (execution failed)."""
+    md = dict(getattr(e, "metadata", None) or {})
+
+    def count(name: str) -> int | None:
+        v = md.get(name)
+        v = getattr(v, "value", v)
+        return int(v) if isinstance(v, int) else None
+
+    cause = _cause(e)
+    fences = count("fence_conflicts") or 0
+    fenced = fences > 0 or _fenced(e)
+    out = [
+        AssetCheckResult(check_name=DRAINED_CHECK, passed=False, severity=AssetCheckSeverity.WARN,
+                         description=cause, metadata={"error_type": type(e).__name__}),
+        AssetCheckResult(check_name=FENCE_CHECK, passed=not fenced,
+                         severity=AssetCheckSeverity.WARN,
+                         description=f"fence conflict: {cause}" if fenced else
+                         "the run failed, not for a fence conflict",
+                         metadata={"fence_conflicts": fences, "run_failed": True}),
+    ]
+    dead = count("dead_lettered")
+    if dead is not None:
+        out.append(AssetCheckResult(
+            check_name=DEAD_LETTER_CHECK, passed=dead == 0, severity=AssetCheckSeverity.WARN,
+            description=f"{dead} message(s) dead-lettered" if dead else "none dead-lettered",
+            metadata={"dead_lettered": dead}))
+    return out
 
 
 _ACTIVE = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
@@ -398,14 +488,23 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
         metadata=md,
         check_results=[
             AssetCheckResult(
-                check_name="backlog_drained", passed=drained,
-                severity=AssetCheckSeverity.WARN,
+                check_name=DRAINED_CHECK, passed=drained, severity=AssetCheckSeverity.WARN,
+                description=f"{result.status}: {result.detail}" if result.detail else
+                result.status,
                 metadata={"partition": p, "status": result.status, "detail": result.detail}),
             AssetCheckResult(
-                check_name="no_unexplained_fence_conflicts",
-                passed=result.fence_conflicts == 0, severity=AssetCheckSeverity.WARN,
+                check_name=FENCE_CHECK, passed=result.fence_conflicts == 0,
+                severity=AssetCheckSeverity.WARN,
+                description=f"{result.fence_conflicts} commit(s) refused by the fence: "
+                f"{result.detail}" if result.fence_conflicts else "no commit refused",
                 metadata={"partition": p, "fence_conflicts": result.fence_conflicts,
                           "detail": result.detail}),
+            AssetCheckResult(
+                check_name=DEAD_LETTER_CHECK, passed=result.dead_lettered == 0,
+                severity=AssetCheckSeverity.WARN,
+                description=f"{result.dead_lettered:,} message(s) dead-lettered (dead-letter "
+                "stream: cg dlq ls)" if result.dead_lettered else "none dead-lettered",
+                metadata={"partition": p, "dead_lettered": result.dead_lettered}),
         ],
     )
 

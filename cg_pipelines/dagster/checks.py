@@ -1,22 +1,28 @@
-"""A consumer group's operational asset checks, evaluated by the backlog sensor on every change
-and executable by hand (Dagster UI: the asset's Checks tab, "Execute"):
+"""A consumer group's operational asset checks evaluated outside its runs, partitioned like the
+group asset (``AssetCheckSpec(partitions_def=...)``, Dagster 1.13): one result per partition,
+and the check page shows each partition's state.
 
-- ``lag_within_objective`` (severity WARN): every served partition's oldest pending message is
-  at most ``ConsumerGroupAsset.lag_objective_s`` seconds old.
-- ``partition_runs_succeeding`` (severity ERROR): no partition has failed
+- ``lag_within_objective`` (severity WARN, only with ``ConsumerGroupAsset.lag_objective_s``):
+  the partition's oldest pending message is at most ``lag_objective_s`` seconds old.
+- ``partition_runs_succeeding`` (severity ERROR): the partition has not failed
   ``PartitionRunsResource.retry_max_failures`` runs in a row (such a partition is no longer
   retried until a run succeeds or new code is loaded; the check names it and its last error).
 
-Both are checks of the whole asset (not partitioned: partitioned checks are a preview feature
-in Dagster 1.13); their metadata name the partitions concerned.
+The backlog sensor evaluates both for every served partition at each tick and records a
+partition's result when its outcome changed or a new materialization made the last one stale
+(:func:`cg_pipelines.dagster.history.record_partition_checks` says how, given Dagster 1.13's
+one-run-less-result-per-partition limit). They can also be executed by hand (the asset's
+Checks tab, "Execute", per partition). The checks each run evaluates (``backlog_drained``,
+``no_unexplained_fence_conflicts``, ``no_new_dead_letters``) are declared on the asset
+(:mod:`cg_pipelines.dagster.assets`).
 """
 
 from dagster import (
-    AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
     Failure,
+    StaticPartitionsDefinition,
     asset_check,
 )
 
@@ -27,40 +33,45 @@ from cg_pipelines.dagster.spec import ConsumerGroupAsset
 __all__ = ["build_group_checks"]
 
 
-def _result(ev: AssetCheckEvaluation) -> AssetCheckResult:
-    return AssetCheckResult(passed=ev.passed, severity=ev.severity, description=ev.description,
-                            metadata=dict(ev.metadata))
-
-
 def _evaluate(context: AssetCheckExecutionContext, spec: ConsumerGroupAsset,
               name: str) -> AssetCheckResult:
+    """Evaluate check ``name`` on the run's partition (read the group as a tick does).
+
+    Raises:
+        Failure: the group cannot be read, or the partition is not served here.
+    """
     res = context.resources
+    key = context.partition_key
     tick = backlog_tick(spec, getattr(res, spec.nats_resource_key),
                         getattr(res, spec.runs_resource_key), context.log,
-                        instance=context.instance, observe=True)
-    for ev in tick.asset_events:
-        if isinstance(ev, AssetCheckEvaluation) and ev.check_name == name:
-            return _result(ev)
-    raise Failure(f"cannot evaluate {name}: {tick.skip_reason or 'no reading'}")
+                        instance=context.instance, observe=True, record_checks=False)
+    for ev in tick.check_evaluations:
+        if ev.check_name == name and ev.partition == key:
+            return AssetCheckResult(passed=ev.passed, severity=ev.severity,
+                                    description=ev.description, metadata=dict(ev.metadata))
+    raise Failure(f"cannot evaluate {name} on {key}: "
+                  f"{tick.skip_reason or 'the partition is not served by this deployment'}")
 
 
 def build_group_checks(spec: ConsumerGroupAsset) -> list[AssetChecksDefinition]:
-    """The ``lag_within_objective`` (when ``spec.lag_objective_s`` is set) and
+    """The partitioned ``lag_within_objective`` (when ``spec.lag_objective_s`` is set) and
     ``partition_runs_succeeding`` checks of ``spec``'s asset."""
     keys = {spec.nats_resource_key, spec.runs_resource_key}
     key = asset_key_of(spec)
+    parts = StaticPartitionsDefinition(spec.partition_keys())
     checks = []
     if spec.lag_objective_s is not None:
         @asset_check(asset=key, name=LAG_CHECK, required_resource_keys=keys,
-                     description=f"Every served partition's oldest pending message is at most "
+                     partitions_def=parts,
+                     description=f"The partition's oldest pending message is at most "
                      f"{spec.lag_objective_s:g} s old (evaluated by the backlog sensor).")
         def lag_within_objective(context: AssetCheckExecutionContext) -> AssetCheckResult:
             return _evaluate(context, spec, LAG_CHECK)
 
         checks.append(lag_within_objective)
 
-    @asset_check(asset=key, name=RUNS_CHECK, required_resource_keys=keys,
-                 description="No partition has failed its runs so often in a row that the "
+    @asset_check(asset=key, name=RUNS_CHECK, required_resource_keys=keys, partitions_def=parts,
+                 description="The partition has not failed its runs so often in a row that the "
                  "backlog sensor stopped retrying it (evaluated by the backlog sensor).")
     def partition_runs_succeeding(context: AssetCheckExecutionContext) -> AssetCheckResult:
         return _evaluate(context, spec, RUNS_CHECK)

@@ -14,13 +14,32 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterEvent,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    RunRecord,
+    RunsFilter,
+)
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy
 
-__all__ = ["CODE_TAG", "WORKER_TAG", "fail_lost_runs", "partition_runs", "run_worker_tags"]
+__all__ = ["CODE_TAG", "SIGNALS_RUN_ID", "WORKER_TAG", "CheckState", "check_states",
+           "fail_lost_runs", "partition_runs", "record_partition_checks", "run_worker_tags"]
 
 CODE_TAG = "cg/code_version"
 """Run tag: the code version (:func:`~cg_pipelines.core.fingerprint.code_version` or the
@@ -76,47 +95,91 @@ def worker_gone(tag: str) -> bool:
 def fail_lost_runs(instance: DagsterInstance, partition_keys: Iterable[str]) -> list[str]:
     """Mark failed every in-progress run of these partition keys whose recorded run worker
     (:data:`WORKER_TAG`) is gone from this host. Returns their run ids. Harmless if wrong:
-    the engine's lease and fenced commit keep a live run from double-committing."""
+    the engine's lease and fenced commit keep a live run from double-committing.
+
+    One run-records query for all the keys (a tag filter with a list of values)."""
+    keys = list(partition_keys)
+    if not keys:
+        return []
     lost = []
-    for key in partition_keys:
-        for rec in instance.get_run_records(RunsFilter(
-                tags={PARTITION_TAG: key}, statuses=[DagsterRunStatus.STARTED])):
-            run = rec.dagster_run
-            tag = run.tags.get(WORKER_TAG)
-            if tag and worker_gone(tag):
-                instance.report_run_failed(
-                    run, f"run worker process of partition {key} is gone ({tag.split()[1]} "
-                    "no longer runs on this host: killed or out of memory); marked failed so "
-                    "the partition can run again")
-                lost.append(run.run_id)
+    for rec in instance.get_run_records(RunsFilter(
+            tags={PARTITION_TAG: keys}, statuses=[DagsterRunStatus.STARTED])):
+        run = rec.dagster_run
+        tag = run.tags.get(WORKER_TAG)
+        if tag and worker_gone(tag):
+            key = run.tags.get(PARTITION_TAG, "?")
+            instance.report_run_failed(
+                run, f"run worker process of partition {key} is gone ({tag.split()[1]} "
+                "no longer runs on this host: killed or out of memory); marked failed so "
+                "the partition can run again")
+            lost.append(run.run_id)
     return lost
 
 
+RUNS_WINDOW = 2000
+"""Newest unsuccessful (queued, in progress, failed, canceled) runs a tick reads for all the
+partitions it asks about together; a partition whose unsuccessful runs are all older than that
+window counts as having none."""
+
+
 def partition_runs(instance: DagsterInstance, partition_keys: dict[int, str], code: str,
-                   policy: RetryPolicy, *, exclude_tag: tuple[str, str] | None = None
-                   ) -> dict[int, PartitionRuns]:
+                   policy: RetryPolicy, *, exclude_tag: tuple[str, str] | None = None,
+                   errors: dict[str, str] | None = None) -> dict[int, PartitionRuns]:
     """The run history of each partition (``{partition: its Dagster partition key}``).
 
-    Reads at most ``policy.max_failures + 1`` newest runs per partition (one query each)
-    and, for a partition with failures, the newest failure's error. Runs carrying
-    ``exclude_tag`` (e.g. rebuild runs) are ignored; a failed run counts only when it was made
-    with ``code`` (:data:`CODE_TAG`).
+    A constant number of run-records queries for all the partitions, whatever their number:
+    the newest :data:`RUNS_WINDOW` unsuccessful runs of these keys (one query), then, only if
+    some failed, the successful runs of the failing keys since the oldest of those failures
+    (one query). The error of a partition's newest failed run is read from that run's
+    failure events (one indexed query of at most 4 records, never its whole log), and only
+    when ``errors`` (``{run_id: error}``, updated in place and pruned to the runs this call
+    used, so it stays bounded by the partitions: pass the same dict from tick to tick, e.g.
+    kept in a sensor cursor) does not hold it yet.
+
+    Runs carrying ``exclude_tag`` (e.g. rebuild runs) are ignored; a failed run counts only
+    when it was made with ``code`` (:data:`CODE_TAG`); counting stops at the newest successful
+    run and at a failure under another code.
     """
+    keys = {key: p for p, key in partition_keys.items()}
+    if not keys:
+        return {}
+
+    def kept(run: DagsterRun) -> bool:
+        return exclude_tag is None or run.tags.get(exclude_tag[0]) != exclude_tag[1]
+
+    unsuccessful = [r for r in instance.get_run_records(
+        RunsFilter(tags={PARTITION_TAG: list(keys)}, statuses=[*_QUEUED, *_FAILED]),
+        limit=RUNS_WINDOW) if kept(r.dagster_run)]
+    by_key: dict[str, list[RunRecord]] = {}
+    for rec in unsuccessful:  # newest first
+        by_key.setdefault(rec.dagster_run.tags.get(PARTITION_TAG, ""), []).append(rec)
+    failing = [k for k, recs in by_key.items()
+               if any(r.dagster_run.status in _FAILED for r in recs)]
+    succeeded_at: dict[str, float] = {}
+    if failing:
+        oldest = min(r.create_timestamp for k in failing for r in by_key[k]
+                     if r.dagster_run.status in _FAILED)
+        for rec in instance.get_run_records(
+                RunsFilter(tags={PARTITION_TAG: failing}, statuses=[DagsterRunStatus.SUCCESS],
+                           created_after=oldest), limit=RUNS_WINDOW):
+            if kept(rec.dagster_run):
+                key = rec.dagster_run.tags.get(PARTITION_TAG, "")
+                succeeded_at[key] = max(succeeded_at.get(key, 0.0),
+                                        rec.create_timestamp.timestamp())
+    cache = errors if errors is not None else {}
+    used: set[str] = set()
     out: dict[int, PartitionRuns] = {}
-    for p, key in partition_keys.items():
-        records = instance.get_run_records(RunsFilter(tags={PARTITION_TAG: key}),
-                                           limit=policy.max_failures + 8)
+    for key, p in keys.items():
         failures, newest = 0, None
         in_progress = failed_before = False
         counting = True
-        for rec in records:  # newest first
+        since = succeeded_at.get(key, 0.0)
+        for rec in by_key.get(key, []):  # newest first
             run = rec.dagster_run
-            if exclude_tag is not None and run.tags.get(exclude_tag[0]) == exclude_tag[1]:
-                continue
             if run.status in _QUEUED:
                 in_progress = True
                 continue
-            if run.status not in _FAILED:
+            if rec.create_timestamp.timestamp() <= since:
                 break
             failed_before = True
             if counting and run.tags.get(CODE_TAG) == code:
@@ -128,23 +191,126 @@ def partition_runs(instance: DagsterInstance, partition_keys: dict[int, str], co
             out[p] = PartitionRuns(in_progress=in_progress, failed_before=failed_before)
             continue
         assert newest is not None
+        run_id = newest.dagster_run.run_id
+        used.add(run_id)
+        if run_id not in cache:
+            cache[run_id] = _error_of(instance, run_id)
         out[p] = PartitionRuns(
             failures=failures,
             last_failed_at=newest.end_time or newest.update_timestamp.timestamp(),
-            last_error=_error_of(instance, newest.dagster_run.run_id),
-            in_progress=in_progress, failed_before=True)
+            last_error=cache[run_id], in_progress=in_progress, failed_before=True)
+    for run_id in [r for r in cache if r not in used]:
+        del cache[run_id]
     return out
 
 
 def _error_of(instance: DagsterInstance, run_id: str) -> str:
-    """The failed run's error as one line (its step failure, else its run failure)."""
-    for kind in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE):
-        for entry in reversed(instance.all_logs(run_id, of_type=kind)):
-            event = entry.dagster_event
-            data = getattr(event, "event_specific_data", None) if event else None
-            err = getattr(data, "error", None)
-            text = getattr(err, "message", None) or entry.message or ""
-            if text:
-                line = " ".join(text.split())
-                return line if len(line) <= _ERROR_CHARS else line[:_ERROR_CHARS - 1] + "…"
+    """The failed run's error as one line (its newest step failure, else its run failure),
+    from at most 4 failure records of the run (an indexed query, not a read of its log)."""
+    records = instance.get_records_for_run(
+        run_id, of_type={DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE},
+        limit=4, ascending=False).records
+    order = {DagsterEventType.STEP_FAILURE: 0, DagsterEventType.RUN_FAILURE: 1}
+    for rec in sorted(records, key=lambda r: order.get(
+            r.event_log_entry.dagster_event_type, 2)):  # type: ignore[arg-type]
+        entry = rec.event_log_entry
+        event = entry.dagster_event
+        data = getattr(event, "event_specific_data", None) if event else None
+        err = getattr(data, "error", None)
+        text = getattr(err, "message", None) or entry.message or ""
+        if text:
+            line = " ".join(text.split())
+            return line if len(line) <= _ERROR_CHARS else line[:_ERROR_CHARS - 1] + "…"
     return ""
+
+
+# --------------------------------------------------------------------------------------------
+# Partitioned asset checks evaluated outside runs (by the backlog sensor)
+# --------------------------------------------------------------------------------------------
+
+SIGNALS_RUN_ID = "cg-signals"
+"""The run id under which the backlog sensor records its partitioned check evaluations (no
+such run exists: the check page's run link for them leads nowhere)."""
+
+
+@dataclass(frozen=True)
+class CheckState:
+    """The latest recorded evaluation of one check on one partition: ``passed`` (``None``
+    while only planned), whether it targets the partition's latest materialization
+    (``current``), and the run id it was recorded under."""
+
+    passed: bool | None
+    current: bool
+    run_id: str
+
+
+def check_states(instance: DagsterInstance, asset_key: AssetKey, names: Iterable[str]
+                 ) -> dict[tuple[str, str], CheckState]:
+    """``{(check name, partition key): CheckState}`` of these partitioned checks of
+    ``asset_key`` (partitions never evaluated are missing). One storage call (Dagster's
+    per-partition check info, as the UI reads it)."""
+    infos = instance.event_log_storage.get_asset_check_partition_info(
+        [AssetCheckKey(asset_key, n) for n in names])
+    out = {}
+    for i in infos:
+        if i.partition_key is None:
+            continue
+        status = i.latest_execution_status
+        passed = None if status == AssetCheckExecutionRecordStatus.PLANNED else (
+            status == AssetCheckExecutionRecordStatus.SUCCEEDED)
+        out[(i.check_key.name, i.partition_key)] = CheckState(
+            passed, i.is_current, i.latest_planned_run_id)
+    return out
+
+
+def record_partition_checks(instance: DagsterInstance, asset_key: AssetKey,
+                            evaluations: Sequence[AssetCheckEvaluation],
+                            states: Mapping[tuple[str, str], CheckState]) -> int:
+    """Record partitioned check evaluations made outside a run. Returns how many.
+
+    Why not ``SensorResult(asset_events=...)``: Dagster 1.13.27 stores a run-less evaluation
+    under run id ``""``, and its unique index on (asset key, check name, run id, partition)
+    refuses a second one for the same check and partition (``IntegrityError``, SQLite and
+    Postgres alike). Stored under a run id instead, an evaluation updates the row of that
+    run id, check and partition (Dagster's "planned, then evaluated" path), and inserts one when
+    there is none. So each evaluation is written under the run id of the partition's latest
+    row when that row is ours (:data:`SIGNALS_RUN_ID` or ``<it>-<n>``: updated in place, one
+    row per check and partition), under :data:`SIGNALS_RUN_ID` when the partition has none,
+    and under a new ``<SIGNALS_RUN_ID>-<ns>`` when a run's evaluation is the latest (a new row,
+    newer than it: the latest row per partition is what Dagster shows).
+
+    Each evaluation targets the partition's latest materialization (so the check page counts it
+    as current): one query for the partitions' latest materialization ids and one for those
+    materializations.
+    """
+    if not evaluations:
+        return 0
+    latest = instance.get_latest_storage_id_by_partition(
+        asset_key, DagsterEventType.ASSET_MATERIALIZATION,
+        {e.partition for e in evaluations if e.partition is not None})
+    targets: dict[str, AssetCheckEvaluationTargetMaterializationData] = {}
+    if latest:
+        records = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=asset_key, storage_ids=list(latest.values())),
+            limit=len(latest)).records
+        by_id = {r.storage_id: r for r in records}
+        for part, sid in latest.items():
+            if sid in by_id:
+                targets[part] = AssetCheckEvaluationTargetMaterializationData(
+                    storage_id=sid, run_id=by_id[sid].run_id, timestamp=by_id[sid].timestamp)
+    fresh = f"{SIGNALS_RUN_ID}-{time.time_ns()}"
+    for ev in evaluations:
+        part = ev.partition or ""
+        st = states.get((ev.check_name, part))
+        run_id = SIGNALS_RUN_ID if st is None else (
+            st.run_id if st.run_id.startswith(SIGNALS_RUN_ID) else fresh)
+        stored = AssetCheckEvaluation(
+            asset_key=ev.asset_key, check_name=ev.check_name, passed=ev.passed,
+            metadata=ev.metadata, severity=ev.severity, description=ev.description,
+            partition=ev.partition, target_materialization_data=targets.get(part))
+        instance.report_dagster_event(DagsterEvent(
+            event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION.value, job_name="",
+            event_specific_data=stored,
+            message=f"Asset check '{ev.check_name}' on '{asset_key.to_user_string()}' "
+            f"partition '{part}' {'passed' if ev.passed else 'failed'}."), run_id=run_id)
+    return len(evaluations)

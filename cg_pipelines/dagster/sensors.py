@@ -14,8 +14,11 @@ pure functions of :mod:`cg_pipelines.core.triggers`.
 At scale: a backlog tick is one NATS session (the config, then the backlog of the served
 partitions only, read as :mod:`cg_pipelines.jetstream.backlog` describes: a constant number of
 stream requests plus one direct get per partition that may hold messages, on one reply
-subscription); a tick logs at most ``_LOG_LINES`` per-partition lines.
-``bench/sensor_ticks.py`` measures ticks at 16 to 4096 partitions.
+subscription); a tick logs at most ``_LOG_LINES`` per-partition lines; the Dagster instance is
+asked a constant number of times (run history: :func:`cg_pipelines.dagster.history.partition_runs`;
+check states: one read); at most :data:`CHECKS_PER_TICK` check evaluations are written.
+``bench/sensor_ticks.py`` measures ticks at 256 and 4096 partitions (SQLite and Postgres).
+Signals, their meaning and volume: ``docs/signals.md``.
 """
 
 
@@ -52,7 +55,7 @@ from cg_pipelines.core.triggers import (
     decode_membership_cursor,
     encode_membership_cursor,
     gained_partitions,
-    lag_breaches,
+    lag_observations_due,
     plan_backlog_runs,
     served_partitions,
     summary_lines,
@@ -64,7 +67,13 @@ from cg_pipelines.dagster.assets import (
     check_partitions,
     load_group_config,
 )
-from cg_pipelines.dagster.history import CODE_TAG, fail_lost_runs, partition_runs
+from cg_pipelines.dagster.history import (
+    CODE_TAG,
+    check_states,
+    fail_lost_runs,
+    partition_runs,
+    record_partition_checks,
+)
 from cg_pipelines.dagster.reconcile import reconcile_evaluation
 from cg_pipelines.dagster.resources import (
     DeltaWarehouseResource,
@@ -72,10 +81,16 @@ from cg_pipelines.dagster.resources import (
     PartitionRunsResource,
 )
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.engine.deadletter import dlq_stream_name
 from cg_pipelines.engine.runner import app_id_for
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
-from cg_pipelines.jetstream.backlog import partition_backlog
+from cg_pipelines.jetstream.backlog import (
+    DeadLetterSummary,
+    dead_letter_counts,
+    latest_dead_letters,
+    partition_backlog,
+)
 
 __all__ = ["BacklogTick", "backlog_tick", "build_drain_schedule", "build_sensors"]
 
@@ -98,6 +113,11 @@ BACKLOG_CHECK_NAMES = ("lag_within_objective", "partition_runs_succeeding")
 
 LAG_CHECK, RUNS_CHECK = BACKLOG_CHECK_NAMES
 
+CHECKS_PER_TICK = 100
+"""Partitioned check evaluations a tick records at most (failing ones first); the others are
+recorded by the next ticks (they are still "changed" then). Keeps the first tick of a large
+group (two checks per partition) well inside the 60 s tick limit."""
+
 RECONCILE_TIMEOUT_S = 30.0
 """Seconds a tick gives the ``origin_reconciled`` evaluation (the tick limit is 60 s)."""
 
@@ -105,27 +125,37 @@ RECONCILE_TIMEOUT_S = 30.0
 @dataclass
 class BacklogTick:
     """What one backlog tick decided: ``run_requests``; ``skip_reason`` when there are none;
-    ``asset_events`` (per-partition lag observations and check evaluations whose outcome
-    changed; the drain schedule drops them); the sensor's next ``cursor``."""
+    ``asset_events`` (per-partition lag and dead-letter observations, the unpartitioned
+    ``origin_reconciled`` evaluation; the drain schedule drops them); the sensor's next
+    ``cursor``; ``check_evaluations``: the partitioned check evaluations whose outcome changed
+    (already recorded when the tick had an instance)."""
 
     run_requests: list[RunRequest] = field(default_factory=list)
     skip_reason: str | None = None
     asset_events: list[AssetObservation | AssetCheckEvaluation] = field(default_factory=list)
     cursor: str | None = None
+    check_evaluations: list[AssetCheckEvaluation] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class GroupReading:
-    """One bounded read of a group: the served partitions and their backlog."""
+    """One bounded read of a group: the served partitions and their backlog; with
+    ``dead_letters``, the served partitions' dead-letter counts and the latest dead letter of
+    each partition whose count changed."""
 
     served: list[int]
     backlog: list[PartitionBacklog]
+    dead_counts: dict[int, int] = field(default_factory=dict)
+    dead_changed: list[DeadLetterSummary] = field(default_factory=list)
 
 
 def read_group(spec: ConsumerGroupAsset, nats_res: NatsResource,
-               runs: PartitionRunsResource) -> GroupReading:
+               runs: PartitionRunsResource, *,
+               dead_letters_seen: dict[int, int] | None = None) -> GroupReading:
     """One bounded NATS session: the group's config (partition count checked), then the
-    backlog of the partitions this deployment serves (and only those).
+    backlog of the partitions this deployment serves (and only those); with
+    ``dead_letters_seen`` (``{partition: count}`` last observed), also the dead-letter counts
+    (one request) and the latest dead letter of each served partition whose count changed.
 
     Raises:
         GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError: as reading
@@ -139,53 +169,64 @@ def read_group(spec: ConsumerGroupAsset, nats_res: NatsResource,
         check_partitions(v.config, spec)
         served = served_partitions(assignment(v.config), served_members)
         async with JetStreamAPI(nc, timeout=nats_res.call_timeout_s) as api:
-            return GroupReading(served, await partition_backlog(api, spec.stream, spec.group,
-                                                                served))
+            backlog = await partition_backlog(api, spec.stream, spec.group, served)
+            if dead_letters_seen is None:
+                return GroupReading(served, backlog)
+            dlq = dlq_stream_name(spec.stream, spec.group)
+            mine = set(served)
+            counts = {p: n for p, n in (await dead_letter_counts(api, dlq)).items()
+                      if p in mine}
+            changed = {p: counts.get(p, 0) for p in mine
+                       if counts.get(p, 0) != dead_letters_seen.get(p, 0)}
+            return GroupReading(served, backlog, counts,
+                                await latest_dead_letters(api, dlq, changed))
 
     return nats_res.run(read)
 
 
-def lag_evaluation(spec: ConsumerGroupAsset, backlog: list[PartitionBacklog]
-                   ) -> AssetCheckEvaluation | None:
-    """The ``lag_within_objective`` check over the served partitions (``None`` without an
-    objective): fails while any partition's oldest pending message is older than
-    ``spec.lag_objective_s``; metadata names them and their ages."""
+def lag_evaluations(spec: ConsumerGroupAsset, backlog: list[PartitionBacklog]
+                    ) -> list[AssetCheckEvaluation]:
+    """The ``lag_within_objective`` check of each partition in ``backlog`` (none without an
+    objective): fails while the partition's oldest pending message is older than
+    ``spec.lag_objective_s`` seconds; the description gives its age and backlog."""
     if spec.lag_objective_s is None:
-        return None
-    late = lag_breaches(backlog, spec.lag_objective_s)
-    worst = max(backlog, key=lambda b: b.age_s if b.pending else -1.0, default=None)
-    return AssetCheckEvaluation(
-        asset_key=asset_key_of(spec), check_name=LAG_CHECK, passed=not late,
-        severity=AssetCheckSeverity.WARN,
-        description=(f"{len(late)} partition(s) lag more than {spec.lag_objective_s:g} s: "
-                     + ", ".join(f"{spec.partition_key(b.partition)} ({b.age_s:.0f} s, "
-                                 f"{b.pending} pending)" for b in late[:10])) if late else
-        f"every served partition's oldest pending message is under "
-        f"{spec.lag_objective_s:g} s old",
-        metadata={"objective_s": spec.lag_objective_s,
-                  "partitions_late": [spec.partition_key(b.partition) for b in late],
-                  "max_oldest_pending_age_s": round(worst.age_s, 1) if worst and worst.pending
-                  else 0.0,
-                  "pending_total": sum(b.pending for b in backlog)})
+        return []
+    out = []
+    for b in backlog:
+        late = b.pending > 0 and b.age_s > spec.lag_objective_s
+        out.append(AssetCheckEvaluation(
+            asset_key=asset_key_of(spec), check_name=LAG_CHECK, passed=not late,
+            partition=spec.partition_key(b.partition), severity=AssetCheckSeverity.WARN,
+            description=(f"oldest pending message {b.age_s:.0f} s old, more than the "
+                         f"{spec.lag_objective_s:g} s objective ({b.pending} pending)")
+            if late else f"oldest pending message under {spec.lag_objective_s:g} s old "
+            f"({b.pending} pending)",
+            metadata={"objective_s": spec.lag_objective_s, "pending": b.pending,
+                      "oldest_pending_age_s": round(b.age_s, 1) if b.pending else 0.0}))
+    return out
 
 
-def runs_evaluation(spec: ConsumerGroupAsset, exhausted: list[RetryWait],
-                    policy: RetryPolicy) -> AssetCheckEvaluation:
-    """The ``partition_runs_succeeding`` check: fails while a partition has failed
-    ``policy.max_failures`` times in a row (no longer retried); names them and their last
-    error."""
-    return AssetCheckEvaluation(
-        asset_key=asset_key_of(spec), check_name=RUNS_CHECK, passed=not exhausted,
-        severity=AssetCheckSeverity.ERROR,
-        description="; ".join(
-            f"{spec.partition_key(w.partition)} failed {w.failures} runs in a row, not retried "
-            f"until a run succeeds or new code is loaded; last error: {w.last_error}"
-            for w in exhausted[:10]) if exhausted else
-        f"no partition has failed {policy.max_failures} runs in a row",
-        metadata={"partitions_failing": [spec.partition_key(w.partition) for w in exhausted],
-                  "max_failures": policy.max_failures,
-                  "last_errors": {spec.partition_key(w.partition): w.last_error
-                                  for w in exhausted[:10]}})
+def runs_evaluations(spec: ConsumerGroupAsset, partitions: list[int],
+                     exhausted: list[RetryWait], policy: RetryPolicy
+                     ) -> list[AssetCheckEvaluation]:
+    """The ``partition_runs_succeeding`` check of each of ``partitions``: fails while the
+    partition has failed ``policy.max_failures`` runs in a row (no longer retried); the
+    description names it and its last error (up to 400 characters)."""
+    given_up = {w.partition: w for w in exhausted}
+    out = []
+    for p in partitions:
+        w = given_up.get(p)
+        key = spec.partition_key(p)
+        out.append(AssetCheckEvaluation(
+            asset_key=asset_key_of(spec), check_name=RUNS_CHECK, passed=w is None,
+            partition=key, severity=AssetCheckSeverity.ERROR,
+            description=(f"{key} failed {w.failures} runs in a row, not retried until a run "
+                         f"succeeds or new code is loaded; last error: {w.last_error}")
+            if w is not None else f"{key} has not failed {policy.max_failures} runs in a row",
+            metadata={"max_failures": policy.max_failures,
+                      "failures": w.failures if w is not None else 0,
+                      "last_error": w.last_error if w is not None else ""}))
+    return out
 
 
 def _decode_cursor(cursor: str | None) -> dict[str, Any]:
@@ -196,32 +237,24 @@ def _decode_cursor(cursor: str | None) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else {}
 
 
-def _observations(spec: ConsumerGroupAsset, reading: GroupReading, seen: dict[str, Any],
-                  warehouse: DeltaWarehouseResource | None, log: Any
-                  ) -> tuple[list[AssetObservation], dict[str, Any]]:
-    """Per-partition lag observations for partitions whose backlog changed since the last
-    emitted one (``seen``: partition -> [pending, first pending seq]); returns them and the
-    new ``seen``."""
-    now_seen: dict[str, Any] = {}
-    changed = []
-    for b in reading.backlog:
-        state = [b.pending, b.first_seq]
-        now_seen[str(b.partition)] = state
-        if seen.get(str(b.partition)) != state:
-            changed.append(b)
-    if not changed:
-        return [], now_seen
+def _lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
+                      warehouse: DeltaWarehouseResource | None, log: Any
+                      ) -> list[AssetObservation]:
+    """Lag observations of the partitions ``due``
+    (:func:`~cg_pipelines.core.triggers.lag_observations_due`), with each one's last committed
+    sequence when the warehouse can tell it (one watermark read for all of them)."""
+    if not due:
+        return []
     committed: dict[int, int] = {}
     if warehouse is not None:
         try:
-            ids = {b.partition: app_id_for(spec.stream, spec.group, b.partition)
-                   for b in changed}
+            ids = {b.partition: app_id_for(spec.stream, spec.group, b.partition) for b in due}
             marks = warehouse.sink(spec.table_name).watermarks(ids.values())
             committed = {p: marks[a] for p, a in ids.items()}
         except Exception as e:  # noqa: BLE001 - the lag is still worth reporting
             log.warning(f"cannot read the committed watermarks of {spec.table_name}: {e}")
     events = []
-    for b in changed:
+    for b in due:
         md: dict[str, Any] = {"pending": b.pending,
                               "oldest_pending_age_s": MetadataValue.float(round(b.age_s, 1)),
                               "first_pending_seq": b.first_seq or 0}
@@ -229,21 +262,87 @@ def _observations(spec: ConsumerGroupAsset, reading: GroupReading, seen: dict[st
             md["last_committed_seq"] = committed[b.partition]
         events.append(AssetObservation(asset_key=asset_key_of(spec),
                                        partition=spec.partition_key(b.partition), metadata=md))
-    return events, now_seen
+    return events
+
+
+def _dead_letter_observations(spec: ConsumerGroupAsset, changed: list[DeadLetterSummary]
+                              ) -> list[AssetObservation]:
+    """One observation per partition whose dead-letter count changed: how many, the latest
+    one's dead-letter and source sequences and reason (cut at 400 characters)."""
+    out = []
+    for d in changed:
+        reason = " ".join((d.latest_reason or "").split())
+        out.append(AssetObservation(
+            asset_key=asset_key_of(spec), partition=spec.partition_key(d.partition),
+            metadata={"dead_letters": d.count, "latest_dead_letter_seq": d.latest_seq or 0,
+                      "latest_dead_letter_source_seq": d.latest_source_seq or 0,
+                      "latest_dead_letter_reason": reason[:400],
+                      "dead_letter_stream": dlq_stream_name(spec.stream, spec.group)}))
+    return out
+
+
+def _partition_checks(spec: ConsumerGroupAsset, reading: GroupReading, exhausted: list[RetryWait],
+                      policy: RetryPolicy, instance: DagsterInstance | None
+                      ) -> list[AssetCheckEvaluation]:
+    """The partitioned check evaluations of the served partitions whose outcome differs from
+    the recorded one, that have none, or whose recorded one predates the partition's latest
+    materialization (all of them without an instance), at most :data:`CHECKS_PER_TICK`,
+    failing ones first; recorded when there is an instance. Outcomes are compared first
+    (booleans): only the evaluations to record are built."""
+    served = set(reading.served)
+    backlog = [b for b in reading.backlog if b.partition in served]
+    given_up = {w.partition for w in exhausted}
+    want: dict[tuple[str, str], bool] = {}
+    if spec.lag_objective_s is not None:
+        for b in backlog:
+            want[(LAG_CHECK, spec.partition_key(b.partition))] = not (
+                b.pending > 0 and b.age_s > spec.lag_objective_s)
+    for p in sorted(served):
+        want[(RUNS_CHECK, spec.partition_key(p))] = p not in given_up
+    states = check_states(instance, asset_key_of(spec), {n for n, _ in want}) \
+        if instance is not None and want else {}
+    todo = [k for k, ok in want.items() if instance is None or (
+        (st := states.get(k)) is None or st.passed is not ok or not st.current)]
+    if instance is not None:
+        todo = sorted(todo, key=lambda k: want[k])[:CHECKS_PER_TICK]  # stable: failing first
+    keys = set(todo)
+    out = [*lag_evaluations(spec, [b for b in backlog
+                                   if (LAG_CHECK, spec.partition_key(b.partition)) in keys]),
+           *runs_evaluations(spec, [p for p in sorted(served)
+                                    if (RUNS_CHECK, spec.partition_key(p)) in keys],
+                             exhausted, policy)]
+    if instance is not None and out:
+        record_partition_checks(instance, asset_key_of(spec), out, states)
+    return out
 
 
 def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                  runs: PartitionRunsResource, log: Any, *,
                  instance: DagsterInstance | None = None,
                  warehouse: DeltaWarehouseResource | None = None,
-                 cursor: str | None = None, observe: bool = False) -> BacklogTick:
+                 cursor: str | None = None, observe: bool = False,
+                 now: float | None = None, record_checks: bool = True) -> BacklogTick:
     """One backlog tick: read the group (:func:`read_group`), mark failed the runs whose
     worker process is gone, plan the runs with retries
-    (:func:`~cg_pipelines.core.triggers.plan_backlog_runs`, run history from ``instance``),
-    and with ``observe`` add lag observations and the two check evaluations when they changed
-    since ``cursor``. Never raises for NATS or config trouble: the skip reason says it."""
+    (:func:`~cg_pipelines.core.triggers.plan_backlog_runs`, run history from ``instance``:
+    a constant number of queries, :func:`~cg_pipelines.dagster.history.partition_runs`).
+
+    With ``observe``: lag observations at a bounded rate
+    (:func:`~cg_pipelines.core.triggers.lag_observations_due`, every
+    ``spec.lag_refresh_s`` seconds at most), dead-letter observations of the partitions whose
+    count changed, and the partitioned ``lag_within_objective`` and
+    ``partition_runs_succeeding`` checks of each served partition whose outcome changed,
+    written to ``instance`` (:func:`~cg_pipelines.dagster.history.record_partition_checks`;
+    all of them are returned in ``check_evaluations`` instead without an instance or with
+    ``record_checks=False``). ``now``: Unix seconds
+    (default the clock). Never raises for NATS or config trouble: the skip reason says it.
+    """
+    now = time.time() if now is None else now
+    state = _decode_cursor(cursor) if observe else {}
+    dlq_seen = {int(k): int(v) for k, v in (state.get("dead_letters") or {}).items()}
     try:
-        reading = read_group(spec, nats_res, runs)
+        reading = read_group(spec, nats_res, runs,
+                             dead_letters_seen=dlq_seen if observe else None)
     except TICK_ERRORS as e:
         return BacklogTick(skip_reason=f"consumer group {spec.stream}.{spec.group}: {e}",
                            cursor=cursor)
@@ -252,12 +351,13 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     keys = {b.partition: spec.partition_key(b.partition) for b in reading.backlog
             if b.pending > 0}
     history = {}
+    errors: dict[str, str] = dict(state.get("errors") or {})
     if instance is not None:
         for run_id in fail_lost_runs(instance, keys.values()):
             log.warning(f"run {run_id}: its run worker process is gone; marked failed")
         history = partition_runs(instance, keys, code, policy,
-                                 exclude_tag=(MODE_TAG, "rebuild"))
-    plan = plan_backlog_runs(spec.group, reading.backlog, history, policy, time.time(),
+                                 exclude_tag=(MODE_TAG, "rebuild"), errors=errors)
+    plan = plan_backlog_runs(spec.group, reading.backlog, history, policy, now,
                              code=code, min_pending=runs.min_pending, max_age_s=runs.max_age_s,
                              partitions=reading.served)
     reasons = plan.reason_lines(policy)
@@ -273,31 +373,31 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
         out.skip_reason = "; ".join(summary_lines(reasons, 5)) or "no partition with backlog"
     if not observe:
         return out
-    state = _decode_cursor(cursor)
-    events, seen = _observations(spec, reading, state.get("observed") or {}, warehouse, log)
-    checks: dict[str, list[int]] = dict(state.get("checks") or {})
-    lag = lag_evaluation(spec, reading.backlog)
-    late = sorted(b.partition for b in lag_breaches(reading.backlog, spec.lag_objective_s)
-                  ) if spec.lag_objective_s is not None else []
-    if lag is not None and checks.get(LAG_CHECK) != late:
-        events.append(lag)
-        checks[LAG_CHECK] = late
-    failing = sorted(w.partition for w in plan.exhausted)
-    if checks.get(RUNS_CHECK) != failing:
-        events.append(runs_evaluation(spec, plan.exhausted, policy))
-        checks[RUNS_CHECK] = failing
+    due, seen = lag_observations_due(reading.backlog, state.get("observed") or {}, now,
+                                     spec.lag_refresh_s)
+    events: list[AssetObservation | AssetCheckEvaluation] = [
+        *_lag_observations(spec, due, warehouse, log),
+        *_dead_letter_observations(spec, reading.dead_changed)]
+    try:
+        out.check_evaluations = _partition_checks(spec, reading, plan.exhausted, policy,
+                                                  instance if record_checks else None)
+    except Exception as e:  # noqa: BLE001 - the runs and the lag still matter; next tick
+        log.warning(f"partitioned checks not recorded: {type(e).__name__}: {e}")
     reconciled_at = float(state.get("reconciled_at") or 0.0)
     if (spec.reconcile_interval_s is not None and warehouse is not None
-            and time.time() - reconciled_at >= spec.reconcile_interval_s):
+            and now - reconciled_at >= spec.reconcile_interval_s):
         try:
             events.append(reconcile_evaluation(spec, nats_res, warehouse,
                                                timeout_s=RECONCILE_TIMEOUT_S))
-            reconciled_at = time.time()
+            reconciled_at = now
         except Exception as e:  # noqa: BLE001 - reported, retried at the next tick
             log.warning(f"origin_reconciled not evaluated: {type(e).__name__}: {e}")
     out.asset_events = events
-    out.cursor = json.dumps({"observed": seen, "checks": checks,
-                             "reconciled_at": reconciled_at}, separators=(",", ":"))
+    out.cursor = json.dumps({
+        "observed": seen, "reconciled_at": reconciled_at,
+        "dead_letters": {str(p): n for p, n in reading.dead_counts.items()},
+        "errors": errors},  # pruned by partition_runs to the partitions' newest failures
+        separators=(",", ":"))
     return out
 
 
@@ -359,9 +459,10 @@ def build_sensors(spec: ConsumerGroupAsset, job: Job) -> list[SensorDefinition]:
             description="Runs each served partition whose backlog is above the threshold or "
             "older than the max age; one run per backlog (run key = first pending sequence), "
             "failed partitions again after a backoff (new run key per retry) up to a limit. "
-            "Records each partition's lag (pending, oldest pending age, last committed "
-            "sequence) as asset observations and evaluates the lag_within_objective and "
-            "partition_runs_succeeding checks.")
+            "Records the lag (pending, oldest pending age, last committed sequence) of each "
+            "partition with a backlog as asset observations, at most every lag_refresh_s; "
+            "dead-letter counts when they change; and the partitioned lag_within_objective "
+            "and partition_runs_succeeding checks of each partition whose outcome changed.")
     def backlog_sensor(context: SensorEvaluationContext) -> SensorResult:
         got = backlog_tick(spec, getattr(context.resources, spec.nats_resource_key),
                            getattr(context.resources, spec.runs_resource_key), context.log,

@@ -46,6 +46,11 @@ class ConsumerGroupAsset:
             time (lower it for fresher tables; each tick is one bounded NATS session).
         lag_objective_s: seconds; the ``lag_within_objective`` asset check fails while any
             served partition's oldest pending message is older (``None``: no lag check).
+        lag_refresh_s: seconds; the backlog sensor observes a partition's lag (pending,
+            oldest pending age) at most this often, and at least this often (tick interval
+            permitting) while it has a backlog, so a stuck partition's age keeps growing in the
+            catalog. At most ``partitions * 86400 / max(lag_refresh_s, sensor_interval_s)``
+            observations a day (:func:`cg_pipelines.core.triggers.lag_events_per_day`).
         origin_seq_column: the output column that holds each row's origin stream sequence
             (``_seq`` unless the transform renames it). The ``origin_reconciled`` check no
             longer reads it: it uses the coverage each commit records (docs/reconcile.md).
@@ -90,6 +95,7 @@ class ConsumerGroupAsset:
     pool: str | None = None
     sensor_interval_s: int = 30
     lag_objective_s: float | None = 300.0
+    lag_refresh_s: float = 60.0
     code_version: str | None = None
     origin_seq_column: str = "_seq"
     reconcile_interval_s: float | None = None
@@ -115,6 +121,9 @@ class ConsumerGroupAsset:
         if self.reconcile_interval_s is not None and not self.reconcile_interval_s > 0:
             raise ConfigError("reconcile_interval_s", f"must be > 0 seconds (or None), got "
                               f"{self.reconcile_interval_s!r}")
+        if not self.lag_refresh_s > 0:
+            raise ConfigError("lag_refresh_s", f"must be > 0 seconds, got "
+                              f"{self.lag_refresh_s!r}")
         if self.lag_objective_s is not None and not self.lag_objective_s > 0:
             raise ConfigError("lag_objective_s", f"must be > 0 seconds (or None), got "
                               f"{self.lag_objective_s!r}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +42,12 @@ from cg_pipelines.jetstream.errors import (
     JetStreamError,
     JetStreamUnavailableError,
     RequestTimeoutError,
+    StreamNotFoundError,
     error_from_status,
 )
 
-__all__ = ["DEFAULT_WINDOW", "PartitionHolder", "first_pending", "partition_backlog",
-           "partition_holders"]
+__all__ = ["DEFAULT_WINDOW", "DeadLetterSummary", "PartitionHolder", "dead_letter_counts",
+           "first_pending", "latest_dead_letters", "partition_backlog", "partition_holders"]
 
 DEFAULT_WINDOW = 256
 """Direct gets in flight at once (one reply subscription for all of them)."""
@@ -233,4 +234,64 @@ async def partition_holders(api: JetStreamAPI, wq: str, partitions: Iterable[int
                     lst.append(holder)
     for lst in out.values():
         lst.sort(key=lambda h: (h.pinned_id is None, h.consumer))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterSummary:
+    """One partition's dead letters: how many the dead-letter stream holds, and the latest
+    one's sequence there, source sequence (``Cg-Sequence``), reason (``Cg-Error``) and store
+    time (ns since the epoch). The ``latest_*`` fields are ``None``/0 when ``count`` is 0."""
+
+    partition: int
+    count: int
+    latest_seq: int | None = None
+    latest_source_seq: int | None = None
+    latest_reason: str | None = None
+    latest_time_ns: int = 0
+
+
+async def dead_letter_counts(api: JetStreamAPI, dlq_stream: str) -> dict[int, int]:
+    """``{partition: dead letters held}`` of dead-letter stream ``dlq_stream`` (subjects
+    ``<dlq_stream>.<partition>``): one ``STREAM.INFO`` with a subject filter, whatever the
+    number of messages (its size grows with the partitions that hold dead letters). A missing
+    stream (nothing ever dead-lettered) reads as none.
+
+    Raises:
+        JetStreamError, RequestTimeoutError: the request fails.
+    """
+    try:
+        info = await api.stream_info(dlq_stream, subjects_filter=f"{dlq_stream}.>")
+    except StreamNotFoundError:
+        return {}
+    out: dict[int, int] = {}
+    for subject, n in ((info.get("state") or {}).get("subjects") or {}).items():
+        token = subject.rsplit(".", 1)[-1]
+        if token.isdigit():
+            out[int(token)] = out.get(int(token), 0) + int(n)
+    return out
+
+
+async def latest_dead_letters(api: JetStreamAPI, dlq_stream: str,
+                              counts: Mapping[int, int]) -> list[DeadLetterSummary]:
+    """A :class:`DeadLetterSummary` per partition of ``counts`` (from
+    :func:`dead_letter_counts`): one leader read (``last_by_subj``) per partition with dead
+    letters; ask only for the partitions whose count changed.
+
+    Raises:
+        JetStreamError, RequestTimeoutError: a read fails.
+    """
+    out = []
+    for p, n in sorted(counts.items()):
+        if n <= 0:
+            out.append(DeadLetterSummary(p, 0))
+            continue
+        msg = await api.msg_get(dlq_stream, last_by_subj=f"{dlq_stream}.{p}")
+        if msg is None:
+            out.append(DeadLetterSummary(p, 0))
+            continue
+        h = dict(msg.headers or {})
+        src = h.get("Cg-Sequence", "")
+        out.append(DeadLetterSummary(p, n, msg.seq, int(src) if src.isdigit() else None,
+                                     h.get("Cg-Error"), msg.time_ns))
     return out

@@ -35,6 +35,7 @@ from dagster import (
     DagsterInstance,
     DagsterRunStatus,
 )
+from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.scheduler.instigation import InstigatorType
 from nats.js.api import StreamConfig
 
@@ -95,9 +96,12 @@ def _statuses(instance: DagsterInstance, key: str) -> list[DagsterRunStatus]:
     return [r.status for r in partition_runs(instance, key)]
 
 
-def _check(instance: DagsterInstance, name: str):  # noqa: ANN202
+def _check(instance: DagsterInstance, name: str, partition: str | None = None):  # noqa: ANN202
+    """The check's latest evaluation (of ``partition``: the checks are partitioned)."""
     rec = instance.event_log_storage.get_latest_asset_check_execution_by_key(
-        [AssetCheckKey(AssetKey("devices"), name)]).get(AssetCheckKey(AssetKey("devices"), name))
+        [AssetCheckKey(AssetKey("devices"), name)],
+        partition_filter=None if partition is None else PartitionKeyFilter(key=partition),
+    ).get(AssetCheckKey(AssetKey("devices"), name))
     data = None if rec is None or rec.event is None else rec.event.dagster_event \
         .event_specific_data
     return data if hasattr(data, "passed") else None  # not a mere "planned" record
@@ -158,7 +162,7 @@ async def test_failed_partitions_recover_without_a_human(js, nats_server, unique
             wait_until("partition 2 failed 3 times", lambda: _statuses(instance, "g-2") == [
                 DagsterRunStatus.FAILURE] * 3, 240, home)
             failing = wait_until("partition_runs_succeeding failed", lambda: (
-                (c := _check(instance, "partition_runs_succeeding")) is not None
+                (c := _check(instance, "partition_runs_succeeding", "g-2")) is not None
                 and not c.passed and c), 60, home)
             assert "g-2 failed 3 runs in a row" in (failing.description or "")
             assert "bad transform: unit mix-up (v1)" in (failing.description or "")
@@ -174,7 +178,7 @@ async def test_failed_partitions_recover_without_a_human(js, nats_server, unique
             wait_until("partition 2 succeeded after the fix", lambda: DagsterRunStatus.SUCCESS
                        in _statuses(instance, "g-2"), 240, home)
             wait_until("partition_runs_succeeding passes again", lambda: (
-                (c := _check(instance, "partition_runs_succeeding")) is not None
+                (c := _check(instance, "partition_runs_succeeding", "g-2")) is not None
                 and c.passed), 60, home)
         runs2 = partition_runs(instance, "g-2")
         assert [r.status for r in runs2] == [DagsterRunStatus.FAILURE] * 3 + [

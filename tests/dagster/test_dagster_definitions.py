@@ -60,7 +60,11 @@ def test_test_definitions_load(tmp_path: Path) -> None:
     assert defs.resolve_schedule_def(DRAIN_SCHEDULE).job_name == JOB
     asset = defs.resolve_assets_def(ASSET)
     assert {k.name for k in asset.check_keys} == {"backlog_drained",
-                                                  "no_unexplained_fence_conflicts"}
+                                                  "no_unexplained_fence_conflicts",
+                                                  "no_new_dead_letters"}
+    # partitioned like the asset (Dagster 1.13), and freshness from the lag objective
+    assert all(s.partitions_def == asset.partitions_def for s in asset.check_specs)
+    assert asset.specs_by_key[asset.key].freshness_policy is not None
 
 
 def test_cli_validate_without_nats(tmp_path: Path) -> None:

@@ -60,9 +60,11 @@ async def test_materialize_one_partition(js: JetStreamContext, nats_server: Nats
         assert cols["key"] == "string" and cols["count"] == "int64" and "_partition" in cols
         assert md["delta_version"] >= 1
         checks = {c.check_name: c for c in res.get_asset_check_evaluations()}
-        assert set(checks) == {"backlog_drained", "no_unexplained_fence_conflicts"}
+        assert set(checks) == {"backlog_drained", "no_unexplained_fence_conflicts",
+                               "no_new_dead_letters"}
         for c in checks.values():
             assert c.passed, c
+            assert c.partition == pkey(p)  # partitioned checks: the run's partition
             assert c.target_materialization_data is not None
             assert c.target_materialization_data.run_id == res.run_id
         # the partition's keys are exactly the reference; nothing else was written yet

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
-from dagster import DagsterInstance, RunRequest, SkipReason
+from dagster import AssetKey, DagsterInstance, RunRequest, SkipReason
 from nats.js import JetStreamContext
 
 from cg_pipelines.core.assignment import assignment
@@ -25,12 +25,14 @@ from cg_pipelines.core.config import (
 )
 from cg_pipelines.core.triggers import decode_membership_cursor
 from cg_pipelines.dagster import build_definitions
+from cg_pipelines.dagster.history import check_states
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.errors import StreamNotFoundError
 from cg_pipelines.testing.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import (
+    ASSET,
     BACKLOG_SENSOR,
     DRAIN_SCHEDULE,
     GROUP,
@@ -333,50 +335,68 @@ async def test_broken_config_skips_with_reason(
 async def test_backlog_sensor_records_lag_checks_and_reconciles(
         js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
         instance: DagsterInstance) -> None:
-    """Each tick records an observation per partition whose backlog changed, evaluates the
-    lag and runs checks when their outcome changed (cursor), and the origin reconciliation at
-    most every ``reconcile_interval_s``."""
+    """Each tick observes the lag of partitions with a backlog at most every
+    ``lag_refresh_s`` (a stuck partition's age is refreshed, an idle one is never observed),
+    records the partitioned lag and runs checks of each partition whose outcome changed or
+    whose result a new materialization made stale, and the origin reconciliation at most
+    every ``reconcile_interval_s``."""
     stream = unique_name
     await h.create_group(js, stream)
     info = await js.stream_info(stream)  # the reconciliation reads the origin by direct get
     await js.update_stream(replace(info.config, allow_direct=True))
     spec = replace(make_spec(stream), lag_objective_s=0.1, reconcile_interval_s=3600.0,
-                   origin_seq_column="seq")
+                   origin_seq_column="seq", lag_refresh_s=2.0)
     defs = build_definitions([spec], resources=make_resources(nats_server.url, warehouse))
     evs = h.events_on({1, 3})
     await h.publish(js, stream, evs, len(evs))
     await asyncio.sleep(0.3)  # older than the 0.1 s lag objective
 
+    def observations(d: h.SensorExecutionData) -> dict[str, dict]:
+        return {e.partition: e.metadata for e in d.asset_events
+                if type(e).__name__ == "AssetObservation"}
+
+    def states() -> dict[tuple[str, str], tuple[bool | None, bool]]:
+        return {k: (s.passed, s.current) for k, s in check_states(
+            instance, AssetKey(ASSET), ["lag_within_objective", "partition_runs_succeeding"]
+        ).items()}
+
+    t1 = time.time()
     d1 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
-    obs = {e.partition: e.metadata for e in d1.asset_events
-           if type(e).__name__ == "AssetObservation"}
-    assert sorted(obs) == ["g-0", "g-1", "g-2", "g-3"]
+    obs = observations(d1)
+    assert sorted(obs) == ["g-1", "g-3"]  # nothing pending on 0 and 2: nothing to say
     pending = {p: sum(1 for k, _ in evs if h.partition_of(k) == p) for p in range(4)}
     assert {k: md["pending"].value for k, md in obs.items()} == {
-        f"g-{p}": n for p, n in pending.items()}
+        f"g-{p}": n for p, n in pending.items() if n}
     assert obs["g-1"]["oldest_pending_age_s"].value >= 0.1
+    lag = {p: passed for (name, p), (passed, _) in states().items()
+           if name == "lag_within_objective"}
+    assert lag == {"g-0": True, "g-1": False, "g-2": True, "g-3": False}
+    assert all(passed for (name, _), (passed, _) in states().items()
+               if name == "partition_runs_succeeding")
+    assert len(states()) == 8
     checks = {e.check_name: e for e in d1.asset_events if hasattr(e, "check_name")}
-    assert not checks["lag_within_objective"].passed
-    assert checks["lag_within_objective"].metadata["partitions_late"].value == ["g-1", "g-3"]
-    assert checks["partition_runs_succeeding"].passed
     # nothing processed yet: every origin message is still queued, so the group reconciles
     assert checks["origin_reconciled"].passed
 
-    # Same backlog, same outcomes: no new events (the cursor remembers them).
+    # Same backlog, within the refresh interval: no event, no check recorded again.
     d2 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance, cursor=d1.cursor)
     assert d2.asset_events == []
 
-    # Partition 1 drained: its observation changes (pending 0); lag still late on 3 only.
+    # Partition 1 drained (a run): its lag check passes, both of its checks are current
+    # again; partition 3, stuck, gets its age refreshed (older than at the first tick).
     job = defs.resolve_job_def(JOB)
     assert (await asyncio.to_thread(job.execute_in_process, partition_key="g-1",
                                     instance=instance)).success
+    await asyncio.sleep(max(0.0, t1 + 2.1 - time.time()))
     d3 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance, cursor=d2.cursor)
-    obs3 = {e.partition: e.metadata for e in d3.asset_events
-            if type(e).__name__ == "AssetObservation"}
-    assert list(obs3) == ["g-1"] and obs3["g-1"]["pending"].value == 0
+    obs3 = observations(d3)
+    assert sorted(obs3) == ["g-1", "g-3"] and obs3["g-1"]["pending"].value == 0
     assert obs3["g-1"]["last_committed_seq"].value > 0
-    lag3 = [e for e in d3.asset_events if getattr(e, "check_name", "") ==
-            "lag_within_objective"]
-    assert len(lag3) == 1 and lag3[0].metadata["partitions_late"].value == ["g-3"]
+    assert obs3["g-3"]["oldest_pending_age_s"].value > obs["g-3"]["oldest_pending_age_s"].value
+    assert obs3["g-3"]["pending"].value == pending[3]
+    now = states()
+    assert now[("lag_within_objective", "g-1")] == (True, True)
+    assert now[("partition_runs_succeeding", "g-1")] == (True, True)
+    assert now[("lag_within_objective", "g-3")] == (False, True)
     assert not any(getattr(e, "check_name", "") == "origin_reconciled"
                    for e in d3.asset_events)  # not again within the hour

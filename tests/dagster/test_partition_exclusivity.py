@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterInstance, ExecuteInProcessResult, materialize
+from dagster import (
+    DagsterInstance,
+    DagsterRunStatus,
+    ExecuteInProcessResult,
+    RunsFilter,
+    materialize,
+)
 from dagster._core.instance.methods.event_methods import EventMethods
 from nats.js import JetStreamContext
 
@@ -83,9 +89,15 @@ async def test_two_runs_of_one_partition_do_not_overlap(
             results["other"] = job.execute_in_process(partition_key=pkey(2), instance=instance)
 
         threads = [threading.Thread(target=f) for f in (via_job, via_materialize)]
-        for t in threads:
-            t.start()
-            time.sleep(0.3)  # the job run starts first
+        threads[0].start()
+        # the job run starts first (waiting for it to be STARTED, not a fixed delay: creating
+        # a run writes its planned materialization and check events, slow on a busy machine)
+        deadline = time.monotonic() + 60
+        while not instance.get_run_records(RunsFilter(
+                tags={"dagster/partition": pkey(1)}, statuses=[DagsterRunStatus.STARTED])):
+            assert time.monotonic() < deadline, "the job run did not start"
+            time.sleep(0.05)
+        threads[1].start()
         other = threading.Thread(target=other_partition)
         other.start()
         await asyncio.to_thread(lambda: [t.join(120) for t in [*threads, other]])

@@ -1,0 +1,353 @@
+"""Signals an operator can trust (issue 29): partitioned checks recorded outside runs on SQLite
+and Postgres instances, lag observations at a bounded rate (events per day held), run history
+in a constant number of queries, a failed run's check results, dead letters in the catalog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pyarrow as pa
+import pytest
+from dagster import (
+    AssetCheckEvaluation,
+    AssetKey,
+    AssetMaterialization,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    Failure,
+    instance_for_test,
+)
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from sqlalchemy.exc import IntegrityError
+
+from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.triggers import (
+    PartitionBacklog,
+    RetryPolicy,
+    lag_events_per_day,
+    lag_observations_due,
+)
+from cg_pipelines.dagster import build_definitions
+from cg_pipelines.dagster.assets import failed_run_checks
+from cg_pipelines.dagster.history import (
+    CODE_TAG,
+    SIGNALS_RUN_ID,
+    check_states,
+    partition_runs,
+    record_partition_checks,
+)
+from cg_pipelines.engine.deadletter import dead_letter_headers, dlq_stream_name, ensure_dlq_stream
+from cg_pipelines.engine.model import FenceConflictError
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.testing.nats_server import NatsServer
+from tests.dagster import helpers as th
+from tests.dagster.defs_keyed import ASSET as KEYED_ASSET
+from tests.dagster.defs_keyed import BACKLOG_SENSOR, GROUP, make_resources
+from tests.dagster.defs_keyed import spec as make_spec
+
+ASSET = AssetKey("devices")
+ASSET_KEYED = AssetKey(KEYED_ASSET)
+CHECK = "lag_within_objective"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_instance(request: pytest.FixtureRequest) -> Iterator[DagsterInstance]:
+    """A persistent Dagster instance on SQLite, or on a throwaway PostgreSQL database
+    (dagster-postgres)."""
+    if request.param == "sqlite":
+        with instance_for_test() as inst:
+            yield inst
+        return
+    url = request.getfixturevalue("postgres_database").replace(
+        "postgresql://", "postgresql+psycopg2://", 1)  # the driver dagster-postgres brings
+    with instance_for_test(overrides={"storage": {"postgres": {"postgres_url": url}}}) as inst:
+        yield inst
+
+
+def _ev(partition: str, passed: bool, name: str = CHECK) -> AssetCheckEvaluation:
+    return AssetCheckEvaluation(asset_key=ASSET, check_name=name, passed=passed,
+                                partition=partition, description=f"{partition} {passed}")
+
+
+def _record(instance: DagsterInstance, evs: list[AssetCheckEvaluation]) -> None:
+    states = check_states(instance, ASSET, {e.check_name for e in evs})
+    record_partition_checks(instance, ASSET, evs, states)
+
+
+def _passed(instance: DagsterInstance) -> dict[str, bool | None]:
+    return {p: s.passed for (n, p), s in check_states(instance, ASSET, [CHECK]).items()}
+
+
+def test_partitioned_check_re_evaluated_outside_runs(any_instance: DagsterInstance) -> None:
+    """The 1.13.27 fact (a second run-less evaluation of one check and partition is refused)
+    and the way around it: evaluations recorded again and again per partition, the latest
+    shown, current against the partition's latest materialization, newer than a run's."""
+    inst = any_instance
+    inst.report_runless_asset_event(_ev("g-9", True))
+    with pytest.raises(IntegrityError):
+        inst.report_runless_asset_event(_ev("g-9", False))
+
+    _record(inst, [_ev(f"g-{p}", True) for p in range(4)])
+    assert _passed(inst) == {"g-0": True, "g-1": True, "g-2": True, "g-3": True, "g-9": True}
+    for passed in (False, True, False):  # the same partition, again and again
+        _record(inst, [_ev("g-2", passed)])
+        assert _passed(inst)["g-2"] is passed
+    states = check_states(inst, ASSET, [CHECK])
+    assert states[(CHECK, "g-2")].run_id == SIGNALS_RUN_ID  # one row per partition, updated
+
+    # A materialization of g-1 makes its result stale; recording targets the new one.
+    inst.report_runless_asset_event(AssetMaterialization(asset_key=ASSET, partition="g-1"))
+    assert not check_states(inst, ASSET, [CHECK])[(CHECK, "g-1")].current
+    _record(inst, [_ev("g-1", True)])
+    assert check_states(inst, ASSET, [CHECK])[(CHECK, "g-1")].current
+
+    # A newer result of a run (e.g. executed by hand) on g-3: the next recording is newer.
+    run_ev = _ev("g-3", False)
+    inst.report_dagster_event(
+        __import__("dagster").DagsterEvent(
+            event_type_value="ASSET_CHECK_EVALUATION", job_name="by_hand",
+            event_specific_data=run_ev), run_id=str(uuid.uuid4()))
+    assert _passed(inst)["g-3"] is False
+    _record(inst, [_ev("g-3", True)])
+    st = check_states(inst, ASSET, [CHECK])[(CHECK, "g-3")]
+    assert st.passed is True and st.run_id.startswith(SIGNALS_RUN_ID + "-")
+    _record(inst, [_ev("g-3", False)])  # and that row is then updated in place
+    assert check_states(inst, ASSET, [CHECK])[(CHECK, "g-3")].run_id == st.run_id
+    assert _passed(inst)["g-3"] is False
+
+
+# ------------------------------------------------------------------------------ lag volume
+
+
+def _b(p: int, pending: int, first: int | None, age: float) -> PartitionBacklog:
+    return PartitionBacklog(p, pending, first, age)
+
+
+@pytest.mark.parametrize(("prev", "b", "now", "due"), [
+    (None, _b(0, 0, None, 0.0), 100.0, False),            # never seen, nothing pending
+    (None, _b(0, 5, 10, 3.0), 100.0, True),               # never seen, a backlog
+    ([5, 10, 90.0], _b(0, 5, 10, 13.0), 100.0, False),    # stuck, refreshed 10 s ago
+    ([5, 10, 40.0], _b(0, 5, 10, 63.0), 100.0, True),     # stuck, 60 s since: age refreshed
+    ([0, None, 0.0], _b(0, 0, None, 0.0), 1e9, False),    # idle and unchanged: never
+    ([5, 10, 90.0], _b(0, 0, None, 0.0), 100.0, False),   # drained, but observed 10 s ago
+    ([5, 10, 40.0], _b(0, 0, None, 0.0), 100.0, True),    # drained, 60 s since
+    ([0, None, 0.0], _b(0, 3, 20, 1.0), 100.0, True),     # new backlog after an idle spell
+])
+def test_lag_observation_due(prev: list | None, b: PartitionBacklog, now: float,
+                             due: bool) -> None:
+    got, seen = lag_observations_due([b], {} if prev is None else {"0": prev}, now, 60.0)
+    assert (got == [b]) is due
+    assert seen["0"] == ([b.pending, b.first_seq, now] if due else
+                         (prev if prev is not None else [0, None, 0.0]))
+
+
+def test_lag_events_per_day_at_256_partitions() -> None:
+    """A simulated day of 30 s ticks on 256 partitions: every partition's backlog changes at
+    every tick (steady traffic, the old worst case: 737,280 a day) -> at most one observation
+    per partition per minute, 368,640 a day; idle partitions -> none; a stuck partition's age
+    is refreshed every minute (never frozen)."""
+    assert lag_events_per_day(256, 30.0) == 368_640
+    assert lag_events_per_day(256, 30.0, 300.0) == 73_728
+    seen: dict = {}
+    busy = idle = 0
+    stuck_ages: list[float] = []
+    for t in range(2880):  # a day of 30 s ticks
+        now = t * 30.0
+        backlog = [_b(p, 1 + t % 7, 1000 * t + p, 12.0) for p in range(256)]
+        due, seen = lag_observations_due(backlog, seen, now)
+        busy += len(due)
+    assert busy <= lag_events_per_day(256, 30.0) and busy == 368_640
+    seen, stuck_seen = {}, {}
+    quiet = [_b(p, 0, None, 0.0) for p in range(256)]
+    for t in range(2880):
+        due, seen = lag_observations_due(quiet, seen, t * 30.0)
+        idle += len(due)
+        due, stuck_seen = lag_observations_due([_b(0, 9, 5, t * 30.0)], stuck_seen, t * 30.0)
+        stuck_ages += [d.age_s for d in due]
+    assert idle == 0
+    assert len(stuck_ages) == 1440 and stuck_ages == sorted(stuck_ages)
+    with pytest.raises(ValueError, match="refresh interval"):
+        lag_observations_due([], {}, 0.0, 0.0)
+
+
+# ------------------------------------------------------------------------------ tick cost
+
+
+def _add_run(instance: DagsterInstance, key: str, status: DagsterRunStatus,
+             code: str = "v1") -> None:
+    instance.add_run(DagsterRun(job_name="devices_job", run_id=str(uuid.uuid4()), status=status,
+                                tags={"dagster/partition": key, CODE_TAG: code}))
+
+
+class _Counting:
+    """Counts an instance's run-records queries and per-run event reads."""
+
+    def __init__(self, instance: DagsterInstance) -> None:
+        self.runs = self.events = 0
+        self._inst = instance
+        self._grr, self._gfr = instance.get_run_records, instance.get_records_for_run
+
+    def __enter__(self) -> _Counting:
+        def grr(*a: object, **k: object) -> object:
+            self.runs += 1
+            return self._grr(*a, **k)
+
+        def gfr(*a: object, **k: object) -> object:
+            self.events += 1
+            return self._gfr(*a, **k)
+
+        self._inst.get_run_records = grr  # type: ignore[method-assign]
+        self._inst.get_records_for_run = gfr  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self._inst.get_run_records, self._inst.get_records_for_run
+
+
+@pytest.mark.parametrize("n", [4, 128])
+def test_partition_runs_constant_queries(n: int) -> None:
+    """Run history of n partitions in 2 run-records queries (with failures; 1 without), the
+    error of each newest failure read once (cached across ticks), counts as before."""
+    policy = RetryPolicy(max_failures=3)
+    with DagsterInstance.ephemeral() as inst:
+        keys = {p: f"g-{p}" for p in range(n)}
+        for p in range(n):
+            _add_run(inst, keys[p], DagsterRunStatus.SUCCESS)
+        for _ in range(3):
+            _add_run(inst, "g-1", DagsterRunStatus.FAILURE)
+        _add_run(inst, "g-2", DagsterRunStatus.FAILURE, code="v0")  # older code: no count
+        _add_run(inst, "g-3", DagsterRunStatus.FAILURE)
+        _add_run(inst, "g-3", DagsterRunStatus.STARTED)
+        errors: dict[str, str] = {}
+        with _Counting(inst) as c:
+            hist = partition_runs(inst, keys, "v1", policy, errors=errors)
+        assert (c.runs, c.events) == (2, 2)
+        assert hist[1].failures == 3 and hist[0].failures == 0 and not hist[0].failed_before
+        assert hist[2].failures == 0 and hist[2].failed_before
+        assert hist[3].failures == 1 and hist[3].in_progress
+        assert len(errors) == 2
+        with _Counting(inst) as c:
+            assert partition_runs(inst, keys, "v1", policy, errors=errors) == hist
+        assert (c.runs, c.events) == (2, 0)  # errors cached
+        _add_run(inst, "g-1", DagsterRunStatus.SUCCESS)  # a success ends the count
+        assert partition_runs(inst, keys, "v1", policy, errors=errors)[1].failures == 0
+
+
+# ------------------------------------------------------------------------ failed run checks
+
+
+def test_a_failed_run_is_not_a_fence_conflict() -> None:
+    got = {r.check_name: r for r in failed_run_checks(Failure("ValueError: amount feed under "
+                                                              "in cents"))}
+    assert not got["backlog_drained"].passed
+    assert got["backlog_drained"].description.startswith("ValueError: amount feed")
+    assert got["no_unexplained_fence_conflicts"].passed
+    assert "no_new_dead_letters" not in got  # unknown: left to Dagster (execution failed)
+    try:
+        try:
+            raise FenceConflictError("s/g/1", 10, 12)
+        except FenceConflictError as e:
+            raise RuntimeError("commit refused") from e
+    except RuntimeError as e:
+        fenced = {r.check_name: r for r in failed_run_checks(e)}
+    assert not fenced["no_unexplained_fence_conflicts"].passed
+    held = {r.check_name: r for r in failed_run_checks(Failure(
+        "partition 1 halted: bad payload", metadata={"fence_conflicts": 0,
+                                                     "dead_lettered": 2}))}
+    assert held["no_unexplained_fence_conflicts"].passed
+    assert not held["no_new_dead_letters"].passed
+
+
+# ------------------------------------------------------------------------------ dead letters
+
+
+async def test_dead_letters_observed_per_partition(
+        nc: Client, js: JetStreamContext, nats_server: NatsServer, unique_name: str,
+        warehouse: str, instance: DagsterInstance) -> None:
+    """Per partition: how many dead letters, the latest one's sequence and reason, observed
+    when a partition's count changes (only then)."""
+    stream = unique_name
+    await th.create_group(js, stream)
+    defs = build_definitions([replace(make_spec(stream), lag_objective_s=None)],
+                             resources=make_resources(nats_server.url, warehouse))
+    d0 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, instance)
+    assert d0.asset_events == []  # no dead-letter stream yet: none, nothing to say
+
+    async def dead(p: int, seq: int, reason: str) -> None:
+        headers = dead_letter_headers(None, origin_stream=stream, read_stream="wq", seq=seq,
+                                      subject=f"{stream}.k", partition=p, reason=reason)
+        await js.publish(f"{dlq_stream_name(stream, GROUP)}.{p}", b"{bad", headers=headers)
+
+    async with JetStreamAPI(nc) as api:
+        await ensure_dlq_stream(api, stream, GROUP)
+    await dead(1, 11, "KeyError: 'amount'")
+    await dead(1, 12, "ValueError: amount feed under in cents")
+    await dead(3, 30, "bad json")
+    d1 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, instance, cursor=d0.cursor)
+    obs = {e.partition: {k: v.value for k, v in e.metadata.items()} for e in d1.asset_events}
+    assert sorted(obs) == ["g-1", "g-3"]
+    assert obs["g-1"]["dead_letters"] == 2
+    assert obs["g-1"]["latest_dead_letter_source_seq"] == 12
+    assert obs["g-1"]["latest_dead_letter_reason"] == "ValueError: amount feed under in cents"
+    assert obs["g-3"]["dead_letters"] == 1 and obs["g-3"]["latest_dead_letter_seq"] > 0
+    d2 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, instance, cursor=d1.cursor)
+    assert d2.asset_events == []  # unchanged: not observed again
+    await dead(3, 31, "bad json again")
+    d3 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, instance, cursor=d2.cursor)
+    assert [(e.partition, e.metadata["dead_letters"].value) for e in d3.asset_events] == [
+        ("g-3", 2)]
+
+
+def test_docs_automation_condition_example_loads() -> None:
+    """docs/signals.md's downstream assets (AutomationCondition) load with a group asset."""
+    import dagster as dg
+
+    group = make_spec("orders_stream")
+
+    @dg.asset(automation_condition=dg.AutomationCondition.on_cron("*/10 * * * *"))
+    def order_totals(keyed_events: pa.Table) -> pa.Table:
+        return keyed_events
+
+    @dg.asset(automation_condition=dg.AutomationCondition.eager())
+    def big_orders(keyed_events: pa.Table) -> pa.Table:
+        return keyed_events
+
+    defs = build_definitions([group], resources=make_resources("nats://127.0.0.1:1", "/tmp/x"),
+                             assets=[order_totals, big_orders])
+    dg.Definitions.validate_loadable(defs)
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey("order_totals")).automation_condition is not None
+    assert dg.AssetKey("keyed_events") in graph.get(dg.AssetKey("big_orders")).parent_keys
+
+
+async def test_backlog_sensor_re_evaluates_a_partition(
+        nc: Client, js: JetStreamContext, nats_server: NatsServer, unique_name: str,
+        warehouse: str, any_instance: DagsterInstance) -> None:
+    """Through the sensor, on SQLite and Postgres: a partition's lag check fails, then (its
+    backlog gone) passes — the second evaluation of the same check and partition that a
+    run-less event could not record."""
+    stream = unique_name
+    await th.create_group(js, stream)
+    defs = build_definitions([replace(make_spec(stream), lag_objective_s=0.1)],
+                             resources=make_resources(nats_server.url, warehouse,
+                                                      min_pending=10**9))
+    evs = th.events_on({1})
+    await th.publish(js, stream, evs, len(evs))
+    await asyncio.sleep(0.3)
+
+    def lag() -> dict[str, bool | None]:
+        return {p: s.passed for (n, p), s in check_states(
+            any_instance, ASSET_KEYED, ["lag_within_objective"]).items()}
+
+    d1 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, any_instance)
+    assert lag() == {"g-0": True, "g-1": False, "g-2": True, "g-3": True}
+    async with JetStreamAPI(nc) as api:
+        await api.purge(work_queue_stream_name(stream, GROUP), filter="1.>")
+    await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, any_instance, cursor=d1.cursor)
+    assert lag() == {"g-0": True, "g-1": True, "g-2": True, "g-3": True}
