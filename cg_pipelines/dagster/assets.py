@@ -68,6 +68,7 @@ from cg_pipelines.core.errors import (
     GroupNotFoundError,
     PartitionRunError,
     cause_text,
+    one_line,
 )
 from cg_pipelines.core.write import Merge
 from cg_pipelines.dagster.history import CODE_TAG, run_worker_tags
@@ -302,7 +303,6 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
 DRAINED_CHECK = "backlog_drained"
 FENCE_CHECK = "no_unexplained_fence_conflicts"
 DEAD_LETTER_CHECK = "no_new_dead_letters"
-_CAUSE_CHARS = 400
 
 
 def freshness_policy_of(spec: ConsumerGroupAsset) -> FreshnessPolicy | None:
@@ -319,8 +319,7 @@ def freshness_policy_of(spec: ConsumerGroupAsset) -> FreshnessPolicy | None:
 
 
 def _cause(e: BaseException) -> str:
-    text = " ".join((getattr(e, "description", None) or str(e)).split()) or type(e).__name__
-    return text if len(text) <= _CAUSE_CHARS else text[:_CAUSE_CHARS - 1] + "…"
+    return one_line(getattr(e, "description", None) or str(e)) or type(e).__name__
 
 
 def _fenced(e: BaseException) -> bool:
@@ -336,7 +335,8 @@ def _fenced(e: BaseException) -> bool:
 
 def failed_run_checks(e: BaseException) -> list[AssetCheckResult]:
     """The partition's check results of a run that raised ``e``: ``backlog_drained`` fails
-    (its description is the cause, up to 400 characters); ``no_unexplained_fence_conflicts``
+    (its description is the cause, up to
+    :data:`~cg_pipelines.core.errors.CAUSE_CHARS` characters); ``no_unexplained_fence_conflicts``
     fails only when the cause is a fence conflict (a ``FenceConflictError`` in the chain, or
     a ``Failure`` whose metadata counts ``fence_conflicts``), else passes;
     ``no_new_dead_letters`` is evaluated when a ``Failure``'s metadata counts ``dead_lettered``

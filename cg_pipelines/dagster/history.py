@@ -36,6 +36,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
+from cg_pipelines.core.errors import one_line
 from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy
 
 __all__ = ["CODE_TAG", "SIGNALS_RUN_ID", "WORKER_TAG", "CheckState", "check_states",
@@ -52,7 +53,7 @@ PARTITION_TAG = "dagster/partition"
 _QUEUED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
            DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 _FAILED = {DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
-_ERROR_CHARS = 400
+_FAILURE_PREFIX = "dagster._core.definitions.events.Failure: "
 
 
 def run_worker_tags() -> dict[str, str]:
@@ -219,8 +220,9 @@ def _error_of(instance: DagsterInstance, run_id: str) -> str:
         err = getattr(data, "error", None)
         text = getattr(err, "message", None) or entry.message or ""
         if text:
-            line = " ".join(text.split())
-            return line if len(line) <= _ERROR_CHARS else line[:_ERROR_CHARS - 1] + "…"
+            # Dagster's error text starts with the exception's qualified class name; a
+            # Failure's description (the cause first) is what an operator needs.
+            return one_line(text.removeprefix(_FAILURE_PREFIX))
     return ""
 
 
