@@ -68,12 +68,18 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
-from cg_pipelines.sinks.deltaread import DeltaTableAccess, TableStats
+from cg_pipelines.sinks.deltaread import TableStats
 from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
+from cg_pipelines.sinks.maintenance import DeltaMaintenance, Maintenance
 from cg_pipelines.sinks.storage import mask_options, s3_options
 from cg_pipelines.version import __version__
 
-__all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "Merge", "TableStats"]
+__all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "Maintenance", "Merge",
+           "TableStats"]
+
+CONFLICT_RETRIES: Final = 3
+"""Times a commit is tried again after losing a race to a commit that did not move its
+watermark (a compaction of the same files, for instance); a moved watermark is a fence."""
 
 LINEAGE_PREFIX: Final = "cg."
 """Prefix of the lineage keys in each Delta version's commit info (``cg.stream`` ...)."""
@@ -91,7 +97,7 @@ def _txn(dt: DeltaTable | None, app_id: str) -> int:
     return dt.transaction_version(app_id) or 0
 
 
-class DeltaSink(DeltaTableAccess):
+class DeltaSink(DeltaMaintenance):
     """A :class:`~cg_pipelines.engine.model.Sink` over one Delta table (local path or ``s3://``).
 
     Thread-safe for concurrent use with *different* app ids (one snapshot per app id); calls for
@@ -112,6 +118,7 @@ class DeltaSink(DeltaTableAccess):
         checkpoint_interval: int = 10,
         write: Append | Merge | None = None,
         commit_metadata: Mapping[str, str] | None = None,
+        maintenance: Maintenance | None = None,
     ) -> None:
         """
         Args:
@@ -135,10 +142,18 @@ class DeltaSink(DeltaTableAccess):
             commit_metadata: extra lineage recorded in every commit's ``custom_metadata``
                 (string keys and values; keys without the ``cg.`` prefix get it), e.g.
                 ``{"dagster_run_id": run_id}``.
+            maintenance: what :meth:`maintain` does after a run's commits (compaction,
+                state snapshots, vacuum; :class:`~cg_pipelines.sinks.maintenance.Maintenance`,
+                on by default; ``Maintenance.off()`` for nothing).
 
         Raises:
-            ValueError: ``checkpoint_interval < 1``; ``write`` is not Append/Merge/None.
+            ValueError: ``checkpoint_interval < 1``; ``write`` is not Append/Merge/None;
+                ``maintenance`` is not a Maintenance.
         """
+        if maintenance is not None and not isinstance(maintenance, Maintenance):
+            raise ValueError(f"maintenance must be a Maintenance, got {maintenance!r}")
+        self._maintenance = maintenance if maintenance is not None else Maintenance()
+        self._states = None
         if checkpoint_interval < 1:
             raise ValueError("checkpoint_interval must be >= 1")
         if write is not None and not isinstance(write, (Append, Merge)):
@@ -295,28 +310,35 @@ class DeltaSink(DeltaTableAccess):
                 *(Transaction(k, v) for k, v in (markers or {}).items())],
                 custom_metadata=self._lineage(app_id, version, "merge" if merge else (
                     "empty" if empty else "append"), lineage))
-            try:
-                if empty:
-                    self._empty_commit(dt, props)
-                elif merge:
-                    assert table is not None and isinstance(self._write, Merge)
-                    merge_into(dt, table, self._write, props, self._safe_uri())
-                    if _txn(dt, app_id) != version:
-                        # delta-rs commits no version for a merge that changes no row: record
-                        # the watermark alone, fenced against the same snapshot.
+            for attempt in range(CONFLICT_RETRIES + 1):
+                try:
+                    if empty:
                         self._empty_commit(dt, props)
-                else:
-                    write_deltalake(dt, table, mode="append", commit_properties=props)
-            except CommitFailedError as e:
-                fresh = self._load()
-                found = _txn(fresh, app_id)
-                with self._lock:
-                    self._snapshots[app_id] = fresh
-                if "concurrent transaction" in str(e).lower() or found != expected:
-                    raise FenceConflictError(
-                        app_id, expected, None if found == expected else found
-                    ) from e
-                raise
+                    elif merge:
+                        assert table is not None and isinstance(self._write, Merge)
+                        merge_into(dt, table, self._write, props, self._safe_uri())
+                        if _txn(dt, app_id) != version:
+                            # delta-rs commits no version for a merge that changes no row: record
+                            # the watermark alone, fenced against the same snapshot.
+                            self._empty_commit(dt, props)
+                    else:
+                        write_deltalake(dt, table, mode="append", commit_properties=props)
+                    break
+                except CommitFailedError as e:
+                    fresh = self._load()
+                    found = _txn(fresh, app_id)
+                    with self._lock:
+                        self._snapshots[app_id] = fresh
+                    if "concurrent transaction" in str(e).lower() or found != expected:
+                        raise FenceConflictError(
+                            app_id, expected, None if found == expected else found
+                        ) from e
+                    if attempt == CONFLICT_RETRIES or fresh is None:
+                        raise
+                    # The watermark did not move: a commit that is not a data commit of this
+                    # partition (e.g. someone's OPTIMIZE of the files a merge reads) won the
+                    # race. Nothing was written: try again, fenced against the new snapshot.
+                    dt = fresh
             # write_deltalake and merge advance dt in place to the version they wrote,
             # create_write_transaction does not.
             if _txn(dt, app_id) != version:
