@@ -11,8 +11,9 @@ Compressed-time ageing, append + ``KeyedState`` and merge + ``KeyedState``:
    partition's keys), written straight through ``DeltaSink.commit`` under app ids of their own
    (``aging/<p>``) and followed, as the engine does after a run, by ``DeltaSink.maintain(p)``
    (compaction, state snapshots; VACUUM at most every ``--vacuum-interval`` seconds with a
-   retention of ``--retention-hours``, default 0: compressed time has no days to wait; the
-   library's default is 7 days). No NATS round trips, so 10,000 versions take minutes, not
+   retention of ``--retention-hours``, default 0, and a log retention of
+   ``--log-retention-s`` seconds, default 60: compressed time has no days to wait; the
+   library's defaults are 7 and 30 days). No NATS round trips, so 10,000 versions take minutes, not
    days; the timed part below is the real engine.
 3. **Timed cycles**, ``--cycles`` of them (default 3), interleaved: publish ``--messages``
    messages over ``--keys`` keys to the origin, then drain the 4 partitions of the aged group
@@ -113,7 +114,8 @@ def table_figures(path: str, sink: DeltaSink) -> dict[str, int]:
 
 def maintenance(args: argparse.Namespace) -> Maintenance:
     return Maintenance(vacuum_retention_hours=args.retention_hours,
-                       vacuum_interval_s=args.vacuum_interval)
+                       vacuum_interval_s=args.vacuum_interval,
+                       log_retention_hours=args.log_retention_s / 3600)
 
 
 def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part: int,
@@ -251,6 +253,7 @@ if __name__ == "__main__":
     ap.add_argument("--modes", default="append,merge")
     ap.add_argument("--retention-hours", type=int, default=0)
     ap.add_argument("--vacuum-interval", type=float, default=30.0)
+    ap.add_argument("--log-retention-s", type=float, default=60.0)
     ap.add_argument("--smoke", action="store_true", help="40 versions, 1 cycle")
     a = ap.parse_args()
     if a.smoke:

@@ -329,7 +329,7 @@ class DeltaSink(DeltaMaintenance):
                     found = _txn(fresh, app_id)
                     with self._lock:
                         self._snapshots[app_id] = fresh
-                    if "concurrent transaction" in str(e).lower() or found != expected:
+                    if "concurrent transaction failed" in str(e).lower() or found != expected:
                         raise FenceConflictError(
                             app_id, expected, None if found == expected else found
                         ) from e
@@ -388,8 +388,10 @@ class DeltaSink(DeltaMaintenance):
     # ---------------------------------------------------------------- table management
 
     def ensure_table(self, schema: pa.Schema) -> bool:
-        """Create the table empty (schema, partitioning, ``delta.checkpointInterval``; no data,
-        no transaction) unless it exists. Idempotent and safe under concurrency: of concurrent
+        """Create the table empty (schema, partitioning, ``delta.checkpointInterval``, the
+        retention properties of :meth:`Maintenance.table_properties
+        <cg_pipelines.sinks.maintenance.Maintenance.table_properties>`; no data, no
+        transaction) unless it exists. Idempotent and safe under concurrency: of concurrent
         creators exactly one writes version 0, the others see the table and return.
 
         Args:
@@ -410,7 +412,8 @@ class DeltaSink(DeltaMaintenance):
                     delta_schema(schema),
                     mode="error",
                     partition_by=self._partition_columns(schema),
-                    configuration={"delta.checkpointInterval": str(self._checkpoint_interval)},
+                    configuration={"delta.checkpointInterval": str(self._checkpoint_interval),
+                                   **self._maintenance.table_properties()},
                     storage_options=self._options or None,
                     # No retry: a losing creator must not re-create the table at version 1.
                     commit_properties=CommitProperties(max_commit_retries=0),

@@ -79,6 +79,15 @@ class Maintenance:
         vacuum_interval_s: seconds between two VACUUM + log cleanups of the table (default
             3,600: the cost is one listing of the table's files).
         snapshots: write the partitions' state snapshots (default on).
+        log_retention_hours: ``delta.logRetentionDuration`` of a table the sink creates:
+            log entries (commit infos, the ``cg.*`` lineage of ``DeltaTable.history()``) and
+            checkpoints older than this are deleted by the log cleanup. ``None`` (default):
+            Delta's default, 30 days.
+
+    A table the sink creates also gets ``delta.deletedFileRetentionDuration`` =
+    ``vacuum_retention_hours`` (Delta's default is 7 days): how long removed files stay listed
+    (as tombstones) in every checkpoint. Existing tables keep their properties (change them
+    with ``DeltaTable.alter.set_table_properties`` while no run commits).
 
     Raises:
         ValueError: bad numbers.
@@ -90,6 +99,7 @@ class Maintenance:
     vacuum_retention_hours: int | None = 168
     vacuum_interval_s: float = 3600.0
     snapshots: bool = True
+    log_retention_hours: float | None = None
 
     def __post_init__(self) -> None:
         if self.compact_min_files < 2:
@@ -100,6 +110,19 @@ class Maintenance:
             raise ValueError("vacuum_retention_hours must be >= 0 (or None: never vacuum)")
         if self.vacuum_interval_s < 0:
             raise ValueError("vacuum_interval_s must be >= 0 seconds")
+        if self.log_retention_hours is not None and self.log_retention_hours <= 0:
+            raise ValueError("log_retention_hours must be > 0 (or None: Delta's 30 days)")
+
+    def table_properties(self) -> dict[str, str]:
+        """Delta table properties for a table created under this policy (see above)."""
+        props = {}
+        if self.vacuum_retention_hours is not None:
+            props["delta.deletedFileRetentionDuration"] = \
+                f"interval {int(self.vacuum_retention_hours) * 3600} seconds"
+        if self.log_retention_hours is not None:
+            props["delta.logRetentionDuration"] = \
+                f"interval {max(1, round(self.log_retention_hours * 3600))} seconds"
+        return props
 
     @classmethod
     def off(cls) -> Maintenance:
