@@ -102,7 +102,7 @@ class TimedSink(DeltaSink):
 def table_figures(path: str, sink: DeltaSink) -> dict[str, int]:
     """Versions, live data files, data files on disk, log bytes, checkpoints."""
     on_disk = 0
-    for root, dirs, files in os.walk(path):
+    for _root, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d not in ("_delta_log", "_cg_state")]
         on_disk += sum(1 for f in files if f.endswith(".parquet"))
     log = Path(path) / "_delta_log"

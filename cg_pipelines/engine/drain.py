@@ -515,7 +515,7 @@ class Drain:
         """Step 4's stream: create the group's DLQ stream (idempotent; retried)."""
         c = self.ctx
         await c.retry.call("create the DLQ stream", lambda: ensure_dlq_stream(
-            c.api, c.stream, c.group))
+            c.api, c.stream, c.group, max_age_s=c.opt.dlq_max_age_s))
         return True
 
 
