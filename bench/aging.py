@@ -200,7 +200,9 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
     sinks = {g: TimedSink(f"{tmp}/{mode}-{g}", write=write, schema=SCHEMA,
                           maintenance=maintenance(args)) for g in ("aged", "control")}
     t = time.monotonic()
-    age(sinks["aged"], keys_of, args.versions, args.messages // PARTS, seed=rnd.randrange(1 << 30))
+    # in a thread: the event loop keeps answering the server's pings meanwhile
+    await asyncio.to_thread(age, sinks["aged"], keys_of, args.versions, args.messages // PARTS,
+                            rnd.randrange(1 << 30))
     print(f"  aged {mode} to {sinks['aged'].stats().version:,} versions in "
           f"{time.monotonic() - t:,.0f} s", flush=True)
     api = JetStreamAPI(nc)
