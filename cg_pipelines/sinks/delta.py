@@ -49,6 +49,18 @@ integration adds ``cg.dagster_run_id``), and the same as one JSON object in ``us
 (the column Spark's ``DESCRIBE HISTORY`` shows). ``DeltaTable.history()`` returns them as
 top-level keys of each version.
 
+Races that are not fences: a commit that loses to a commit which did not move its watermark
+(delta-rs' "a concurrent transaction(s) added/deleted data", e.g. a compaction of the files a
+MERGE reads) wrote nothing and is tried again against the new snapshot, up to
+:data:`CONFLICT_RETRIES` times; a moved watermark, or delta-rs' "Concurrent transaction failed"
+(a commit with the same app id won), is a fence.
+
+Upkeep (:mod:`cg_pipelines.sinks.maintenance`, :meth:`DeltaSink.maintain`, called by the
+engine after a run's last commit): compaction of the partition's small files, the per-partition
+state snapshots that keep :meth:`last_rows` independent of the table's age
+(:mod:`cg_pipelines.sinks.deltastate`), VACUUM and log cleanup. ``docs/growth.md`` lists what
+grows and what bounds it.
+
 Reads go through pyarrow datasets over a native pyarrow filesystem (local or ``S3FileSystem``),
 not delta-rs' default Python filesystem handler: with that handler the interpreter sometimes
 aborts at exit ("terminate called without an active exception", delta-rs issue #2184).
