@@ -3,7 +3,8 @@ settings), through the real engine on a real nats-server: a kill -9 after a comm
 between the compaction commit and the snapshot write, a zombie resumed after the new holder
 compacted, and two concurrent runs of the same partition change nothing. The table equals the
 keyed pipeline's pandas reference (its ``count`` column is right only if every state read was
-exact), the watermark is the work queue's last sequence, live files stay bounded."""
+exact), the watermark is the work queue's last sequence, live files stay bounded. On local
+disk and moto S3."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
@@ -31,11 +33,19 @@ HERE = Path(__file__).resolve().parent
 BATCH = 20
 
 
-def _worker(url: str, stream: str, uri: str, step: str, at: int,
+@pytest.fixture(params=["local", "s3"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str] | None]:
+    if request.param == "local":
+        return str(tmp_path / "t"), None
+    moto = request.getfixturevalue("moto_s3")
+    return f"s3://{moto.bucket}/t", moto.options
+
+
+def _worker(url: str, stream: str, where, step: str, at: int,
             sig: str = "KILL") -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(HERE / "worker.py"), url, stream, "g", "0", uri, str(BATCH),
-         str(FAST["ack_wait_s"]), step, str(at), sig],
+        [sys.executable, str(HERE / "worker.py"), url, stream, "g", "0", where[0], str(BATCH),
+         str(FAST["ack_wait_s"]), step, str(at), sig, json.dumps(where[1])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -48,14 +58,18 @@ async def _publish(js, api: JetStreamAPI, stream: str, evs, total: int) -> None:
     raise AssertionError("the work queue did not receive the events")
 
 
-async def _run(nc, stream: str, uri: str):
+def _sink(where, **kw) -> DeltaSink:
+    return DeltaSink(where[0], storage_options=where[1], **kw)
+
+
+async def _run(nc, stream: str, where):
     return await run_partition(nc, stream, "g", 0, keyed.processor(),
-                               DeltaSink(uri, maintenance=EAGER),
+                               _sink(where, maintenance=EAGER),
                                EngineOptions(batch_max_msgs=BATCH, **FAST))
 
 
-def _check(uri: str, evs, watermark: int, app_id: str) -> None:
-    sink = DeltaSink(uri)
+def _check(where, evs, watermark: int, app_id: str) -> None:
+    sink = _sink(where)
     table = sink.read()
     assert keyed.mismatches(table, evs) is None
     assert sink.watermark(app_id) == watermark
@@ -68,8 +82,8 @@ def _check(uri: str, evs, watermark: int, app_id: str) -> None:
 
 
 async def test_kill_zombie_and_concurrent_runs_around_maintenance(
-        nats_server, nc, js, unique_name, tmp_path) -> None:
-    stream, uri = unique_name, str(tmp_path / "t")
+        nats_server, nc, js, unique_name, where) -> None:
+    stream, uri = unique_name, where
     app_id = f"{stream}/g/0"
     await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
     await admin.create_elastic(js, stream, "g", ElasticConfig(
@@ -85,7 +99,7 @@ async def test_kill_zombie_and_concurrent_runs_around_maintenance(
     proc = _worker(nats_server.url, stream, uri, "committed", at=4)
     _, err = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == -signal.SIGKILL, err
-    assert DeltaSink(uri).watermark(app_id) == 80
+    assert _sink(uri).watermark(app_id) == 80
     r = await _run(nc, stream, uri)
     assert r.status == "drained" and r.maintenance.get("compact") == "done", r
     _check(uri, done, 120, app_id)
@@ -130,7 +144,7 @@ async def test_kill_zombie_and_concurrent_runs_around_maintenance(
 
     # 5. rebuild from the origin (after all that compaction and vacuum), maintain, drain more:
     # the same table and state as a fresh drain (the keyed reference)
-    sink = DeltaSink(uri, maintenance=EAGER)
+    sink = _sink(uri, maintenance=EAGER)
     r = await rebuild_partition(nc, stream, "g", 0, keyed.processor(), sink,
                                 EngineOptions(batch_max_msgs=50, read_chunk=100, **FAST))
     assert r.status == "rebuilt", r

@@ -2,7 +2,8 @@
 for kill -9 and zombie tests of maintenance (tests/months).
 
 Usage: python tests/months/worker.py URL STREAM GROUP PARTITION TABLE_URI BATCH ACK_WAIT_S
-       SIGNAL_STEP SIGNAL_AT SIGNAL   (SIGNAL: KILL or STOP; step "-" = none; step
+       SIGNAL_STEP SIGNAL_AT SIGNAL [STORAGE_OPTIONS_JSON]
+       (SIGNAL: KILL or STOP; step "-" = none; step
        "compacted": SIGKILL inside maintenance, after the compaction commit and before the
        state snapshots are carried over and written)
 Prints the run result as one JSON line.
@@ -36,6 +37,7 @@ class KilledAfterCompaction(DeltaSink):
 
 async def main() -> None:
     url, stream, group, part, uri, batch, ack_wait, step, at, sig = sys.argv[1:11]
+    storage = json.loads(sys.argv[11]) if len(sys.argv) > 11 else None
     seen = {"n": 0}
 
     def hook(name: str, info: dict) -> None:
@@ -49,7 +51,8 @@ async def main() -> None:
                          priority_timeout_s=float(ack_wait), hold_wait_s=4 * float(ack_wait))
     cls = KilledAfterCompaction if step == "compacted" else DeltaSink
     res = await run_partition(nc, stream, group, int(part), keyed.processor(),
-                              cls(uri, maintenance=EAGER), opts, hook=hook)
+                              cls(uri, storage_options=storage, maintenance=EAGER), opts,
+                              hook=hook)
     await nc.close()
     print(json.dumps(res.as_dict()), flush=True)
 
