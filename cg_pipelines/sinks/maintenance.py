@@ -157,6 +157,7 @@ class DeltaMaintenance(DeltaTableAccess):
     docstring); ``_maintenance`` is set by the sink's constructor."""
 
     _maintenance: Maintenance
+    _vacuumed_at: float | None
 
     @property
     def maintenance(self) -> Maintenance:
@@ -262,8 +263,9 @@ class DeltaMaintenance(DeltaTableAccess):
 
     def _vacuum_due(self, pol: Maintenance) -> bool:
         fs = self._filesystem()
-        if fs is None:
-            return True
+        if fs is None:  # no marker without a native filesystem: this sink object's own clock
+            last_here = getattr(self, "_vacuumed_at", None)
+            return last_here is None or time.time() - last_here >= pol.vacuum_interval_s
         try:
             with fs.open_input_stream(_VACUUM_MARKER) as f:
                 last = float(json.loads(f.read())["at"])
@@ -276,6 +278,7 @@ class DeltaMaintenance(DeltaTableAccess):
         if dt is None or pol.vacuum_retention_hours is None:
             return
         fs = self._filesystem()
+        self._vacuumed_at = time.time()
         if fs is not None:  # first: a slow vacuum is not started again by every run meanwhile
             fs.create_dir(STATE_DIR, recursive=True)
             with fs.open_output_stream(_VACUUM_MARKER) as f:
