@@ -171,14 +171,18 @@ async def wait_for(api: JetStreamAPI, wq: str, messages: int) -> None:
         await asyncio.sleep(0.05)
 
 
-async def drain(nc: nats.NATS, stream: str, group: str, sink: TimedSink) -> tuple[float, float]:
-    """Drain the group's 4 partitions; (seconds, state-read seconds)."""
+async def drain(nc: nats.NATS, stream: str, group: str, sink: TimedSink,
+                steps: dict[str, float]) -> tuple[float, float]:
+    """Drain the group's 4 partitions; (seconds, state-read seconds); adds the runs' step
+    timings into ``steps``."""
     sink.state_s = 0.0
     t = time.perf_counter()
     for p in range(PARTS):
         res = await run_partition(nc, stream, group, p, ArrowProcessor(
             DECODER, transform, state=STATE), sink, EngineOptions(batch_max_msgs=10_000))
         assert res.status in ("drained", "empty"), res
+        for k, v in res.timings.items():
+            steps[k] = steps.get(k, 0.0) + v
     return time.perf_counter() - t, sink.state_s
 
 
@@ -208,6 +212,7 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
     api = JetStreamAPI(nc)
     published = 0
     times: dict[str, list[float]] = {"aged": [], "control": []}
+    steps: dict[str, dict[str, float]] = {"aged": {}, "control": {}}
     state_s: list[float] = []
     try:
         for cycle in range(args.cycles + 1):  # cycle 0 warms both up (not timed)
@@ -217,7 +222,8 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
                 await wait_for(api, f"{stream}-{g}", args.messages)
             order = ["aged", "control"] if cycle % 2 == 0 else ["control", "aged"]
             for g in order:
-                seconds, state = await drain(nc, stream, g, sinks[g])
+                seconds, state = await drain(nc, stream, g, sinks[g],
+                                             steps[g] if cycle else {})
                 if cycle:
                     times[g].append(seconds)
                     if g == "aged":
@@ -225,6 +231,9 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
     finally:
         await api.close()
     aged, control = (statistics.median(times[g]) for g in ("aged", "control"))
+    for g in ("aged", "control"):  # where a cycle's time goes (per cycle, all partitions)
+        print(f"  {mode} {g} steps/cycle: " + ", ".join(
+            f"{k} {v / args.cycles:.3f}" for k, v in sorted(steps[g].items())), flush=True)
     figs = table_figures(f"{tmp}/{mode}-aged", sinks["aged"])
     return {**figs, "state_s": statistics.median(state_s), "aged_s": aged,
             "control_s": control, "ratio": aged / control}

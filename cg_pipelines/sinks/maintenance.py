@@ -21,9 +21,11 @@ Per call, for the one consumer-group partition:
    ``target_size`` bytes of the partition's data.
 3. **Retention**, at most every :attr:`Maintenance.vacuum_interval_s` seconds per table (a
    marker ``_cg_state/_vacuum.json`` holds the last time): ``DeltaTable.vacuum(retention_hours=
-   ..., dry_run=False)`` deletes files no version within the retention needs (delta-rs keeps
-   every file the current version references and every file removed less than the retention
-   ago; it never enters ``_``-directories such as ``_delta_log`` and ``_cg_state``), then
+   ..., dry_run=False, full=True)`` deletes files no version within the retention needs
+   (delta-rs keeps every file the current version references and every file removed less than
+   the retention ago; ``full`` also deletes unreferenced files older than the retention whose
+   tombstones already left the checkpoints, which the default mode leaks; it never enters
+   ``_``-directories such as ``_delta_log`` and ``_cg_state``), then
    ``cleanup_metadata()`` deletes log entries and checkpoints older than the table's
    ``delta.logRetentionDuration`` (Delta's default: 30 days) that the latest checkpoint makes
    unnecessary. Time travel (and ``DeltaTable.history()`` lineage) is kept for the vacuum
@@ -285,9 +287,12 @@ class DeltaMaintenance(DeltaTableAccess):
                 f.write(json.dumps({"at": time.time()}).encode())
         props = CommitProperties(custom_metadata=self._lineage(
             app_id, dt.transaction_version(app_id) or 0, "vacuum", None))
+        # full=True: also files whose tombstones already left the checkpoints (after
+        # delta.deletedFileRetentionDuration), which the default "lite" mode never deletes
+        # (checked on 1.6.6); files still tombstoned are kept for the retention as in lite mode.
         gone = dt.vacuum(retention_hours=pol.vacuum_retention_hours, dry_run=False,
                          enforce_retention_duration=pol.vacuum_retention_hours >= 168,
-                         commit_properties=props)
+                         commit_properties=props, full=True)
         dt.cleanup_metadata()
         out["vacuum"] = "done"
         out["files_vacuumed"] = len(gone)
