@@ -84,7 +84,9 @@ class Maintenance:
         log_retention_hours: ``delta.logRetentionDuration`` of a table the sink creates:
             log entries (commit infos, the ``cg.*`` lineage of ``DeltaTable.history()``) and
             checkpoints older than this are deleted by the log cleanup. ``None`` (default):
-            Delta's default, 30 days.
+            Delta's default, 30 days. A commit's cost grows with the entries in
+            ``_delta_log`` (delta-rs 1.6.6, local disk: 6 ms at 20 entries, 111 ms at 1,500),
+            so a table with many commits a day needs a shorter retention (docs/growth.md).
 
     A table the sink creates also gets ``delta.deletedFileRetentionDuration`` =
     ``vacuum_retention_hours`` (Delta's default is 7 days): how long removed files stay listed
