@@ -12,9 +12,10 @@ Compressed-time ageing, append + ``KeyedState`` and merge + ``KeyedState``:
    (``aging/<p>``) and followed, as the engine does after a run, by ``DeltaSink.maintain(p)``
    (compaction, state snapshots; VACUUM at most every ``--vacuum-interval`` seconds with a
    retention of ``--retention-hours``, default 0, and a log retention of
-   ``--log-retention-s`` seconds, default 60: compressed time has no days to wait; the
-   library's defaults are 7 and 30 days). No NATS round trips, so 10,000 versions take minutes, not
-   days; the timed part below is the real engine.
+   ``--log-retention-s`` seconds, default 5, about 100 log entries at the ageing rate:
+   compressed time has no days to wait; the library's defaults are 7 and 30 days, and a
+   commit's cost grows with the log's entries, see docs/growth.md). No NATS round trips, so
+   10,000 versions take minutes, not days; the timed part below is the real engine.
 3. **Timed cycles**, ``--cycles`` of them (default 3), interleaved: publish ``--messages``
    messages over ``--keys`` keys to the origin, then drain the 4 partitions of the aged group
    and of the control group (order alternating per cycle). A cycle's time is the sum of the 4
@@ -272,7 +273,7 @@ if __name__ == "__main__":
     ap.add_argument("--modes", default="append,merge")
     ap.add_argument("--retention-hours", type=int, default=0)
     ap.add_argument("--vacuum-interval", type=float, default=30.0)
-    ap.add_argument("--log-retention-s", type=float, default=60.0)
+    ap.add_argument("--log-retention-s", type=float, default=5.0)
     ap.add_argument("--smoke", action="store_true", help="40 versions, 1 cycle")
     a = ap.parse_args()
     if a.smoke:
