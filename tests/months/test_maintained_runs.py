@@ -130,7 +130,10 @@ async def test_kill_zombie_and_concurrent_runs_around_maintenance(
         os.kill(zombie.pid, signal.SIGCONT)
     out, err = await asyncio.to_thread(zombie.communicate, timeout=60)
     zr = json.loads(out.strip().splitlines()[-1])
-    assert zr["status"] == "fenced" and zr["fence_conflicts"] == 1, (zr, err)
+    # Resumed, the zombie either commits its stale batch (refused: fenced) or, when its batch
+    # before was already settled, finds the partition drained by the new holder and commits
+    # nothing (then it maintains, which changes no row): which one is timing.
+    assert (zr["status"], zr["fence_conflicts"]) in (("fenced", 1), ("drained", 0)), (zr, err)
     _check(uri, done, 360, app_id)
 
     # 4. two runs of the partition at once (one holds it, the other finds it held or empty)
