@@ -42,7 +42,7 @@ from cg_pipelines.jetstream.connect import (
     close_quietly,
     redact_url,
 )
-from cg_pipelines.sinks.delta import PARTITION_COLUMN, DeltaSink
+from cg_pipelines.sinks.delta import PARTITION_COLUMN, DeltaSink, Maintenance
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -362,6 +362,20 @@ class DeltaWarehouseResource(ConfigurableResource):
     aws_secret_access_key: str | None = Field(None, description="Use EnvVar.")
     aws_region: str = Field("us-east-1")
     allow_http: bool = Field(False, description="Allow a plain-http S3 endpoint.")
+    compaction: bool = Field(True, description="Runs compact their partition's small files "
+                             "(a group's ConsumerGroupAsset.maintenance overrides all four).")
+    compact_min_files: int = Field(16, description="Small files a partition may have before "
+                                   "its run compacts them (>= 2).")
+    target_file_size_mb: int = Field(128, description="MiB compaction aims for.")
+    vacuum_retention_hours: int | None = Field(168, description="VACUUM keeps unreferenced "
+                                               "files this long (hours; null: never vacuum).")
+
+    def maintenance(self) -> Maintenance:
+        """The table maintenance of this warehouse's sinks
+        (:class:`~cg_pipelines.sinks.maintenance.Maintenance`)."""
+        return Maintenance(compact=self.compaction, compact_min_files=self.compact_min_files,
+                           target_size=self.target_file_size_mb * 1024 * 1024,
+                           vacuum_retention_hours=self.vacuum_retention_hours)
 
     def table_uri(self, table: str) -> str:
         """URI of ``table`` under the root (local roots are made absolute)."""
@@ -378,13 +392,16 @@ class DeltaWarehouseResource(ConfigurableResource):
                                     allow_http=self.allow_http)
 
     def sink(self, table: str, write: Append | Merge | None = None,
-             commit_metadata: Mapping[str, str] | None = None) -> DeltaSink:
+             commit_metadata: Mapping[str, str] | None = None,
+             maintenance: Maintenance | None = None) -> DeltaSink:
         """A fenced Delta sink for ``table``, partitioned by ``_partition``, in write mode
         ``write`` (default append), adding ``commit_metadata`` (e.g. the Dagster run id) to
-        every commit's lineage."""
+        every commit's lineage, maintained after each run by ``maintenance`` (default: this
+        resource's :meth:`maintenance`)."""
         return DeltaSink(self.table_uri(table), storage_options=self.storage_options(),
                          partition_by=[PARTITION_COLUMN], write=write,
-                         commit_metadata=commit_metadata)
+                         commit_metadata=commit_metadata,
+                         maintenance=maintenance or self.maintenance())
 
 
 class PartitionRunsResource(ConfigurableResource):

@@ -9,6 +9,7 @@ from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import Processor, with_defaults
+from cg_pipelines.sinks.maintenance import Maintenance
 
 __all__ = ["ConsumerGroupAsset"]
 
@@ -75,6 +76,9 @@ class ConsumerGroupAsset:
             delete_when=("op", "delete"))``: one current row per key, upserts and deletes,
             under the same fence). Downstream assets get the table as it is: the history, or
             the current rows.
+        maintenance: the table upkeep each run of this group does after its commits
+            (:class:`~cg_pipelines.sinks.maintenance.Maintenance`: compaction, state
+            snapshots, VACUUM); ``None`` (default): the warehouse resource's settings.
 
     Raises:
         ConfigError: ``partitions < 1``, empty names, ``write`` not Append/Merge, or a
@@ -107,6 +111,7 @@ class ConsumerGroupAsset:
     io_manager_key: str = "cg_io_manager"
     metadata: Mapping[str, object] = field(default_factory=dict)
     write: Append | Merge = field(default_factory=Append)
+    maintenance: Maintenance | None = None
 
     def __post_init__(self) -> None:
         for what in ("name", "stream", "group"):
@@ -127,6 +132,8 @@ class ConsumerGroupAsset:
         if self.lag_objective_s is not None and not self.lag_objective_s > 0:
             raise ConfigError("lag_objective_s", f"must be > 0 seconds (or None), got "
                               f"{self.lag_objective_s!r}")
+        if self.maintenance is not None and not isinstance(self.maintenance, Maintenance):
+            raise ConfigError("maintenance", f"must be a Maintenance, got {self.maintenance!r}")
         if not isinstance(self.write, (Append, Merge)):
             raise ConfigError("write", f"must be Append() or Merge(key=...), got {self.write!r}")
         state = with_defaults(self.processor).state

@@ -40,6 +40,10 @@ from cg_pipelines.jetstream.errors import (
 
 DLQ_DUPLICATE_WINDOW_S = 7 * 24 * 3600.0
 
+DLQ_MAX_AGE_S = 30 * 24 * 3600.0
+"""Default retention of the dead-letter stream (seconds): dead letters older than 30 days are
+dropped by the server (``max_age``); ``EngineOptions.dlq_max_age_s`` sets it per run."""
+
 
 def source_seq(headers: dict[str, str] | None) -> int | None:
     """The origin sequence in a sourced message's ``Nats-Stream-Source`` header
@@ -56,8 +60,13 @@ def dlq_stream_name(stream: str, group: str) -> str:
 async def ensure_dlq_stream(
     api: JetStreamAPI, stream: str, group: str, *, replicas: int | None = None,
     duplicate_window_s: float = DLQ_DUPLICATE_WINDOW_S,
+    max_age_s: float | None = DLQ_MAX_AGE_S,
 ) -> str:
     """Create the dead-letter stream if missing (subjects ``<name>.>``); returns its name.
+
+    ``max_age_s`` bounds how long dead letters are kept (seconds; ``None``: for ever); an
+    existing stream with another ``max_age`` is updated to it (best effort, like replicas).
+    The duplicate window is cut to ``max_age_s`` when longer (the server requires it).
 
     ``replicas`` defaults to the origin stream's replica count (the work queue's when the
     origin cannot be read), so on a cluster the dead letters survive a node as the group's
@@ -76,16 +85,25 @@ async def ensure_dlq_stream(
             raise
         info = None
     want = replicas if replicas is not None else await group_replicas(api, stream, group)
+    max_age = seconds_to_ns(max_age_s) if max_age_s else 0
+    window = seconds_to_ns(min(duplicate_window_s, max_age_s) if max_age_s
+                           else duplicate_window_s)
     if info is None:
         await api.create_stream({
             "name": name, "subjects": [f"{name}.>"], "storage": "file",
-            "num_replicas": want, "retention": "limits",
-            "duplicate_window": seconds_to_ns(duplicate_window_s), "allow_direct": True,
+            "num_replicas": want, "retention": "limits", "max_age": max_age,
+            "duplicate_window": window, "allow_direct": True,
         })
         return name
     config = dict(info.get("config") or {})
+    changed = False
     if int(config.get("num_replicas") or 1) < want:
-        config["num_replicas"] = want
+        config["num_replicas"], changed = want, True
+    if int(config.get("max_age") or 0) != max_age:
+        config["max_age"], changed = max_age, True
+        if max_age and int(config.get("duplicate_window") or 0) > max_age:
+            config["duplicate_window"] = max_age
+    if changed:
         with contextlib.suppress(JetStreamError):
             await api.update_stream(config)
     return name

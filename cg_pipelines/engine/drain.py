@@ -68,6 +68,7 @@ from cg_pipelines.engine.model import (
     BatchContext,
     DeadLetter,
     FenceConflictError,
+    MaintainedSink,
     Processed,
     origin_marker,
     with_partition_column,
@@ -143,7 +144,9 @@ class Drain:
         try:
             while lease is not None:
                 if lease.seq > start_last or self.ctx.limit_hit():
-                    # Arrived after the run started, or a limit: leave it for the next run.
+                    # Arrived after the run started, or a limit: leave it for the next run
+                    # (the table's upkeep first, while the lease is still held).
+                    await self._maintain()
                     await self.lease.put_back(lease)
                     self.ctx.res.status = "drained" if lease.seq > start_last else "limit"
                     return
@@ -194,6 +197,8 @@ class Drain:
                 # 3.-7., pipelined.
                 lease, prefetch = await self._pipeline(lease, records, watermark, start_last,
                                                        prefetch)
+            if self.ctx.res.status == "drained":  # nothing left: still pinned, nothing leased
+                await self._maintain()
         finally:
             if prefetch is not None:
                 prefetch[1].cancel()
@@ -201,6 +206,18 @@ class Drain:
                     await prefetch[1]
             if lease is not None:
                 await self.lease.release(lease)
+
+    async def _maintain(self) -> None:
+        """After the run's last commit, while the partition is still held: the sink's optional
+        upkeep (:class:`~cg_pipelines.engine.model.MaintainedSink`: compaction, snapshots,
+        retention), its figures in ``res.maintenance`` (skipped when nothing was committed)."""
+        sink = self.ctx.sink
+        if self.ctx.res.commits == 0 or not isinstance(sink, MaintainedSink):
+            return
+        t = time.monotonic()
+        self.ctx.res.maintenance = await asyncio.to_thread(
+            sink.maintain, self.ctx.partition, self.ctx.app_id)
+        self.ctx.timed("maintain", t)
 
     async def _executor_source(self, from_seq: int, start_last: int) -> dict[str, str] | None:
         """The ``jetstream`` source options for reading ``[from_seq, start_last]`` of the
@@ -515,7 +532,7 @@ class Drain:
         """Step 4's stream: create the group's DLQ stream (idempotent; retried)."""
         c = self.ctx
         await c.retry.call("create the DLQ stream", lambda: ensure_dlq_stream(
-            c.api, c.stream, c.group))
+            c.api, c.stream, c.group, max_age_s=c.opt.dlq_max_age_s))
         return True
 
 

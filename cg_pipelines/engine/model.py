@@ -237,6 +237,18 @@ class Sink(Protocol):
                lineage: Mapping[str, object] | None = None) -> None: ...
 
 
+@runtime_checkable
+class MaintainedSink(Protocol):
+    """An optional sink method: ``maintain(partition, app_id)`` does the table's upkeep for one
+    partition (compaction, state snapshots, retention) and returns figures for the run's
+    metadata (``{name: int | float | str}``). The engine calls it while it holds the
+    partition's lease, after the run's last commit, when the run committed something; it must
+    not change a row or a watermark and should report failures in the figures (``error``)
+    rather than raise (:meth:`cg_pipelines.sinks.delta.DeltaSink.maintain`)."""
+
+    def maintain(self, partition: int, app_id: str) -> dict[str, int | float | str]: ...
+
+
 def origin_marker(app_id: str) -> str:
     """The key under which a partition's commits record the origin stream sequence of their
     last message: ``<app_id>@origin``. A rebuild replays the origin stream up to it."""
@@ -362,7 +374,8 @@ class RunResult:
     by ``rows_written``; ``first_seq``/``last_seq`` are then origin sequences).
     ``nats_retries`` counts NATS steps retried while NATS was unreachable; ``repins`` counts
     times the run's pin was gone with no other holder (a restarted server forgets pins) and
-    the run pinned itself again.
+    the run pinned itself again. ``maintenance``: the figures of the sink's ``maintain``
+    hook (:class:`MaintainedSink`) when it ran (empty otherwise).
     """
 
     stream: str
@@ -386,6 +399,7 @@ class RunResult:
     rows_written: int = 0
     detail: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    maintenance: dict[str, int | float | str] = field(default_factory=dict)
 
     @property
     def messages_per_second(self) -> float:

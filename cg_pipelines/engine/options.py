@@ -73,6 +73,8 @@ class EngineOptions:
             ``batch_max_msgs``/``batch_max_bytes`` do not bound that batch: the driver holds
             its output rows. ``None`` (default): off (bench/spark_read.py measures the
             crossover; on 2 local cores the driver read wins at every size).
+        dlq_max_age_s: seconds the group's dead-letter stream keeps a dead letter (its
+            ``max_age``; default 30 days; ``None``: for ever). An existing stream is updated.
     """
 
     batch_max_msgs: int = 20_000
@@ -90,6 +92,7 @@ class EngineOptions:
     retry_backoff_s: float = 0.1
     retry_max_backoff_s: float = 3.0
     executor_read_min_msgs: int | None = None
+    dlq_max_age_s: float | None = 30 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         if self.batch_max_msgs < 1 or self.batch_max_bytes < 1 or self.read_chunk < 1:
@@ -102,6 +105,8 @@ class EngineOptions:
             raise ValueError("need 0 < retry_backoff_s <= retry_max_backoff_s seconds")
         if self.executor_read_min_msgs is not None and self.executor_read_min_msgs < 1:
             raise ValueError("executor_read_min_msgs must be >= 1 messages (or None: off)")
+        if self.dlq_max_age_s is not None and self.dlq_max_age_s <= 0:
+            raise ValueError("dlq_max_age_s must be > 0 seconds (or None: keep for ever)")
         if self.dead_letter_policy not in ("dlq", "halt"):
             raise ValueError(f"dead_letter_policy must be 'dlq' or 'halt', not "
                              f"{self.dead_letter_policy!r}")

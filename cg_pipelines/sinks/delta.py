@@ -49,6 +49,18 @@ integration adds ``cg.dagster_run_id``), and the same as one JSON object in ``us
 (the column Spark's ``DESCRIBE HISTORY`` shows). ``DeltaTable.history()`` returns them as
 top-level keys of each version.
 
+Races that are not fences: a commit that loses to a commit which did not move its watermark
+(delta-rs' "a concurrent transaction(s) added/deleted data", e.g. a compaction of the files a
+MERGE reads) wrote nothing and is tried again against the new snapshot, up to
+:data:`CONFLICT_RETRIES` times; a moved watermark, or delta-rs' "Concurrent transaction failed"
+(a commit with the same app id won), is a fence.
+
+Upkeep (:mod:`cg_pipelines.sinks.maintenance`, :meth:`DeltaSink.maintain`, called by the
+engine after a run's last commit): compaction of the partition's small files, the per-partition
+state snapshots that keep :meth:`last_rows` independent of the table's age
+(:mod:`cg_pipelines.sinks.deltastate`), VACUUM and log cleanup. ``docs/growth.md`` lists what
+grows and what bounds it.
+
 Reads go through pyarrow datasets over a native pyarrow filesystem (local or ``S3FileSystem``),
 not delta-rs' default Python filesystem handler: with that handler the interpreter sometimes
 aborts at exit ("terminate called without an active exception", delta-rs issue #2184).
@@ -68,12 +80,18 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
-from cg_pipelines.sinks.deltaread import DeltaTableAccess, TableStats
+from cg_pipelines.sinks.deltaread import TableStats
 from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
+from cg_pipelines.sinks.maintenance import DeltaMaintenance, Maintenance
 from cg_pipelines.sinks.storage import mask_options, s3_options
 from cg_pipelines.version import __version__
 
-__all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "Merge", "TableStats"]
+__all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "Maintenance", "Merge",
+           "TableStats"]
+
+CONFLICT_RETRIES: Final = 3
+"""Times a commit is tried again after losing a race to a commit that did not move its
+watermark (a compaction of the same files, for instance); a moved watermark is a fence."""
 
 LINEAGE_PREFIX: Final = "cg."
 """Prefix of the lineage keys in each Delta version's commit info (``cg.stream`` ...)."""
@@ -91,7 +109,7 @@ def _txn(dt: DeltaTable | None, app_id: str) -> int:
     return dt.transaction_version(app_id) or 0
 
 
-class DeltaSink(DeltaTableAccess):
+class DeltaSink(DeltaMaintenance):
     """A :class:`~cg_pipelines.engine.model.Sink` over one Delta table (local path or ``s3://``).
 
     Thread-safe for concurrent use with *different* app ids (one snapshot per app id); calls for
@@ -112,6 +130,7 @@ class DeltaSink(DeltaTableAccess):
         checkpoint_interval: int = 10,
         write: Append | Merge | None = None,
         commit_metadata: Mapping[str, str] | None = None,
+        maintenance: Maintenance | None = None,
     ) -> None:
         """
         Args:
@@ -135,10 +154,18 @@ class DeltaSink(DeltaTableAccess):
             commit_metadata: extra lineage recorded in every commit's ``custom_metadata``
                 (string keys and values; keys without the ``cg.`` prefix get it), e.g.
                 ``{"dagster_run_id": run_id}``.
+            maintenance: what :meth:`maintain` does after a run's commits (compaction,
+                state snapshots, vacuum; :class:`~cg_pipelines.sinks.maintenance.Maintenance`,
+                on by default; ``Maintenance.off()`` for nothing).
 
         Raises:
-            ValueError: ``checkpoint_interval < 1``; ``write`` is not Append/Merge/None.
+            ValueError: ``checkpoint_interval < 1``; ``write`` is not Append/Merge/None;
+                ``maintenance`` is not a Maintenance.
         """
+        if maintenance is not None and not isinstance(maintenance, Maintenance):
+            raise ValueError(f"maintenance must be a Maintenance, got {maintenance!r}")
+        self._maintenance = maintenance if maintenance is not None else Maintenance()
+        self._states = None
         if checkpoint_interval < 1:
             raise ValueError("checkpoint_interval must be >= 1")
         if write is not None and not isinstance(write, (Append, Merge)):
@@ -295,28 +322,35 @@ class DeltaSink(DeltaTableAccess):
                 *(Transaction(k, v) for k, v in (markers or {}).items())],
                 custom_metadata=self._lineage(app_id, version, "merge" if merge else (
                     "empty" if empty else "append"), lineage))
-            try:
-                if empty:
-                    self._empty_commit(dt, props)
-                elif merge:
-                    assert table is not None and isinstance(self._write, Merge)
-                    merge_into(dt, table, self._write, props, self._safe_uri())
-                    if _txn(dt, app_id) != version:
-                        # delta-rs commits no version for a merge that changes no row: record
-                        # the watermark alone, fenced against the same snapshot.
+            for attempt in range(CONFLICT_RETRIES + 1):
+                try:
+                    if empty:
                         self._empty_commit(dt, props)
-                else:
-                    write_deltalake(dt, table, mode="append", commit_properties=props)
-            except CommitFailedError as e:
-                fresh = self._load()
-                found = _txn(fresh, app_id)
-                with self._lock:
-                    self._snapshots[app_id] = fresh
-                if "concurrent transaction" in str(e).lower() or found != expected:
-                    raise FenceConflictError(
-                        app_id, expected, None if found == expected else found
-                    ) from e
-                raise
+                    elif merge:
+                        assert table is not None and isinstance(self._write, Merge)
+                        merge_into(dt, table, self._write, props, self._safe_uri())
+                        if _txn(dt, app_id) != version:
+                            # delta-rs commits no version for a merge that changes no row: record
+                            # the watermark alone, fenced against the same snapshot.
+                            self._empty_commit(dt, props)
+                    else:
+                        write_deltalake(dt, table, mode="append", commit_properties=props)
+                    break
+                except CommitFailedError as e:
+                    fresh = self._load()
+                    found = _txn(fresh, app_id)
+                    with self._lock:
+                        self._snapshots[app_id] = fresh
+                    if "concurrent transaction failed" in str(e).lower() or found != expected:
+                        raise FenceConflictError(
+                            app_id, expected, None if found == expected else found
+                        ) from e
+                    if attempt == CONFLICT_RETRIES or fresh is None:
+                        raise
+                    # The watermark did not move: a commit that is not a data commit of this
+                    # partition (e.g. someone's OPTIMIZE of the files a merge reads) won the
+                    # race. Nothing was written: try again, fenced against the new snapshot.
+                    dt = fresh
             # write_deltalake and merge advance dt in place to the version they wrote,
             # create_write_transaction does not.
             if _txn(dt, app_id) != version:
@@ -366,8 +400,10 @@ class DeltaSink(DeltaTableAccess):
     # ---------------------------------------------------------------- table management
 
     def ensure_table(self, schema: pa.Schema) -> bool:
-        """Create the table empty (schema, partitioning, ``delta.checkpointInterval``; no data,
-        no transaction) unless it exists. Idempotent and safe under concurrency: of concurrent
+        """Create the table empty (schema, partitioning, ``delta.checkpointInterval``, the
+        retention properties of :meth:`Maintenance.table_properties
+        <cg_pipelines.sinks.maintenance.Maintenance.table_properties>`; no data, no
+        transaction) unless it exists. Idempotent and safe under concurrency: of concurrent
         creators exactly one writes version 0, the others see the table and return.
 
         Args:
@@ -388,7 +424,8 @@ class DeltaSink(DeltaTableAccess):
                     delta_schema(schema),
                     mode="error",
                     partition_by=self._partition_columns(schema),
-                    configuration={"delta.checkpointInterval": str(self._checkpoint_interval)},
+                    configuration={"delta.checkpointInterval": str(self._checkpoint_interval),
+                                   **self._maintenance.table_properties()},
                     storage_options=self._options or None,
                     # No retry: a losing creator must not re-create the table at version 1.
                     commit_properties=CommitProperties(max_commit_retries=0),

@@ -24,6 +24,7 @@ from deltalake.exceptions import TableNotFoundError
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.deltastate import PartitionStates
 from cg_pipelines.sinks.storage import safe_uri, scrubbed, table_filesystem
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class DeltaTableAccess:
     _reader: DeltaTable | None
     _read_fs: pafs.FileSystem | None
     _names: list[str]
+    _states: PartitionStates | None
 
     def exists(self) -> bool:
         """Whether the Delta table exists (has a log).
@@ -88,11 +90,7 @@ class DeltaTableAccess:
         """
         with self._guard():
             with self._read_lock:  # serialize refreshes of the shared reader snapshot
-                dt = self._reader
-                if dt is None:
-                    dt = self._reader = self._load()
-                else:
-                    dt.update_incremental()
+                dt = self._latest()
                 ds = dt.to_pyarrow_dataset(filesystem=self._filesystem()) if dt else None
             if ds is None:
                 if self._schema is not None:
@@ -124,6 +122,12 @@ class DeltaTableAccess:
         of :class:`~cg_pipelines.core.state.KeyedState` (the state-sink contract,
         :class:`~cg_pipelines.engine.model.StateSink`).
 
+        In append mode, for one partition of a table partitioned by :data:`PARTITION_COLUMN`
+        (the default), the rows come from the partition's state snapshot caught up from the
+        files committed since (:mod:`cg_pipelines.sinks.deltastate`): the cost does not grow
+        with the table's history. Otherwise (and in merge mode, where the table is the
+        current state, one row per key) the table is read.
+
         Args:
             key: key column. keys: key values (Python values of the column's type).
             columns: columns to return (must include ``key`` and ``order_by``).
@@ -144,6 +148,10 @@ class DeltaTableAccess:
         if not keys:
             return self.read(columns=cols).slice(0, 0) if self.exists() else pa.table(
                 {c: pa.nulls(0) for c in cols})
+        if partition is not None and not isinstance(self._write, Merge):
+            got = self._snapshot_rows(key, keys, cols, order_by, partition)
+            if got is not None:
+                return got
         flt = pc.field(key).isin(list(keys))
         part = None
         if partition is not None and PARTITION_COLUMN in self._column_names():
@@ -159,6 +167,40 @@ class DeltaTableAccess:
         if part is not None:
             flt = flt & part
         return last_per_key(self.read(columns=cols, filter=flt), key, order_by)
+
+    def _snapshot_rows(self, key: str, keys: Sequence[object], cols: list[str], order_by: str,
+                       partition: int) -> pa.Table | None:
+        """:meth:`last_rows` through the partition's state snapshot, or None when it does not
+        apply (no table, no native filesystem, not partitioned by :data:`PARTITION_COLUMN`)."""
+        states = self._partition_states()
+        if states is None:
+            return None
+        with self._guard():
+            with self._read_lock:
+                dt = self._latest()
+                if dt is None:
+                    return None
+                missing = [c for c in (key, order_by) if c not in dt.schema().to_arrow().names]
+                if missing:
+                    raise KeyError(f"columns {missing} not in the table")
+                return states.last_rows(dt, key, keys, cols, order_by, partition)
+
+    def _partition_states(self) -> PartitionStates | None:
+        """The table's state snapshots (None without a native pyarrow filesystem)."""
+        if getattr(self, "_states", None) is None:
+            fs = self._filesystem()
+            self._states = PartitionStates(fs) if fs is not None else None
+        return self._states
+
+    def _latest(self) -> DeltaTable | None:
+        """The shared reader snapshot brought up to the latest version (None: no table).
+        Call with ``_read_lock`` held."""
+        dt = self._reader
+        if dt is None:
+            dt = self._reader = self._load()
+        else:
+            dt.update_incremental()
+        return dt
 
     def stats(self, partition: int | None = None) -> TableStats:
         """The latest version's statistics, from the Delta log (no data files are read).

@@ -1,0 +1,281 @@
+"""Benchmark: does a partition run cost the same on an aged table as on a fresh one?
+
+Compressed-time ageing, append + ``KeyedState`` and merge + ``KeyedState``:
+
+1. One origin stream; per mode two elastic groups (4 partitions each) read it: ``aged`` and
+   ``control``, each drained into its own local Delta table by
+   :func:`cg_pipelines.engine.run_partition` (ArrowProcessor, ``KeyedState(key="k",
+   columns=("total",))``, transform ``total = coalesce(last_total, 0) + v``).
+2. **Ageing** (compressed time): the aged table gets ``--versions`` Delta versions of the same
+   shape as the timed cycles (per partition, one commit of ``--messages / 4`` rows over that
+   partition's keys), written straight through ``DeltaSink.commit`` under app ids of their own
+   (``aging/<p>``) and followed, as the engine does after a run, by ``DeltaSink.maintain(p)``
+   (compaction, state snapshots; VACUUM at most every ``--vacuum-interval`` seconds with a
+   retention of ``--retention-hours``, default 0, and a log retention of
+   ``--log-retention-s`` seconds, default 5, about 100 log entries at the ageing rate:
+   compressed time has no days to wait; the library's defaults are 7 and 30 days, and a
+   commit's cost grows with the log's entries, see docs/growth.md). No NATS round trips, so
+   10,000 versions take minutes, not days; the timed part below is the real engine.
+3. **Timed cycles**, ``--cycles`` of them (default 3), interleaved: publish ``--messages``
+   messages over ``--keys`` keys to the origin, then drain the 4 partitions of the aged group
+   and of the control group (order alternating per cycle). A cycle's time is the sum of the 4
+   runs' wall seconds (each run includes its maintenance); the state read is the time spent
+   in ``DeltaSink.last_rows``. Medians are printed.
+
+The control table is fresh (created just before the timed cycles, one warm-up cycle).
+
+Prints a table (mode, versions, live files, files on disk, log size, checkpoints, state-read
+seconds, seconds to load the aged table's snapshot and read a watermark as the backlog sensor
+does each tick, cycle seconds aged/control, ratio) and one line::
+
+    aging: append x<ratio> at <n> versions, merge x<ratio> at <n> versions, files <live>/<on disk>
+
+(``files``: live data files / data files on disk of the aged append table, all partitions.)
+
+Run: ``.venv/bin/python bench/aging.py [--versions 10000] [--messages 200] [--keys 2000]
+[--cycles 3] [--modes append,merge]``; ``--smoke``: 40 versions, 1 cycle (seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import nats
+import pyarrow as pa
+import pyarrow.compute as pc
+from nats.js.api import StreamConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter  # noqa: E402
+from cg_pipelines.core.decode import Field, JsonDecoder  # noqa: E402
+from cg_pipelines.core.partitioning import SubjectPartitioner  # noqa: E402
+from cg_pipelines.core.state import KeyedState  # noqa: E402
+from cg_pipelines.core.write import Append, Merge  # noqa: E402
+from cg_pipelines.engine import ArrowProcessor, EngineOptions, run_partition  # noqa: E402
+from cg_pipelines.engine.model import BatchContext  # noqa: E402
+from cg_pipelines.jetstream import admin  # noqa: E402
+from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
+from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
+from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
+from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
+from cg_pipelines.sinks.maintenance import Maintenance  # noqa: E402
+
+PARTS = 4
+DECODER = JsonDecoder([Field("k", "string", nullable=False), Field("v", "int", nullable=False)])
+STATE = KeyedState(key="k", columns=("total",),
+                   schema=pa.schema([("k", pa.string()), ("total", pa.int64())]))
+SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64()), ("total", pa.int64()),
+                    ("_seq", pa.int64()), ("_partition", pa.int32())])
+
+
+def transform(table: pa.Table, ctx: BatchContext) -> pa.Table:
+    """``total = coalesce(last_total, 0) + v`` (the running total's shape)."""
+    total = pc.add(pc.coalesce(table["last_total"], pa.scalar(0, pa.int64())),
+                   table["v"].cast(pa.int64()))
+    return pa.table({"k": table["k"], "v": table["v"].cast(pa.int64()), "total": total,
+                     "_seq": table["_seq"]})
+
+
+class TimedSink(DeltaSink):
+    """A DeltaSink that adds up the seconds spent reading state."""
+
+    state_s = 0.0
+
+    def last_rows(self, key: str, keys: Sequence[object], columns: Sequence[str],
+                  order_by: str, partition: int | None = None) -> pa.Table:
+        t = time.perf_counter()
+        try:
+            return super().last_rows(key, keys, columns, order_by, partition)
+        finally:
+            self.state_s += time.perf_counter() - t
+
+
+def table_figures(path: str, sink: DeltaSink) -> dict[str, int]:
+    """Versions, live data files, data files on disk, log bytes, checkpoints."""
+    on_disk = 0
+    for _root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d not in ("_delta_log", "_cg_state")]
+        on_disk += sum(1 for f in files if f.endswith(".parquet"))
+    log = Path(path) / "_delta_log"
+    entries = list(log.iterdir())
+    loads = []
+    for _ in range(3):  # what the backlog sensor does each tick: load, read watermarks
+        t = time.perf_counter()
+        DeltaSink(path).watermarks(["aging/0"])
+        loads.append(time.perf_counter() - t)
+    return {"versions": sink.stats().version, "live": len(sink.file_uris()),
+            "on_disk": on_disk, "log_bytes": sum(e.stat().st_size for e in entries),
+            "checkpoints": sum(1 for e in entries if ".checkpoint." in e.name),
+            "load_s": statistics.median(loads)}
+
+
+def maintenance(args: argparse.Namespace) -> Maintenance:
+    return Maintenance(vacuum_retention_hours=args.retention_hours,
+                       vacuum_interval_s=args.vacuum_interval,
+                       log_retention_hours=args.log_retention_s / 3600)
+
+
+def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part: int,
+        seed: int) -> None:
+    """Commit one batch per partition, maintain it, until the table has ``versions``."""
+    rnd = random.Random(seed)
+    seq = {p: 0 for p in range(PARTS)}
+    totals: dict[str, int] = {}
+    t0, last_print = time.monotonic(), 0.0
+    while True:
+        for p in range(PARTS):
+            ks = [rnd.choice(keys_of[p]) for _ in range(per_part)]
+            vs = [rnd.randrange(100) for _ in ks]
+            tot = []
+            for k, v in zip(ks, vs, strict=True):
+                totals[k] = totals.get(k, 0) + v
+                tot.append(totals[k])
+            first = seq[p] + 1
+            seq[p] += per_part
+            batch = pa.table([ks, vs, tot, list(range(first, seq[p] + 1)), [p] * per_part],
+                             schema=SCHEMA)
+            app = f"aging/{p}"
+            sink.commit(batch, app, seq[p], first - 1)
+            sink.maintain(p, app)
+        version = sink.stats().version
+        if time.monotonic() - last_print > 30:
+            last_print = time.monotonic()
+            print(f"  ageing {sink.write.name}: {version:,} versions "
+                  f"({time.monotonic() - t0:,.0f} s)", flush=True)
+        if version >= versions:
+            return
+
+
+async def publish(nc: nats.NATS, stream: str, n: int, keys: int, rnd: random.Random) -> None:
+    ks = [f"k{rnd.randrange(keys)}" for _ in range(n)]
+    await publish_many(nc, [f"{stream}.{k}" for k in ks],
+                       [json.dumps({"k": k, "v": rnd.randrange(100)}).encode() for k in ks],
+                       stream=stream)
+
+
+async def wait_for(api: JetStreamAPI, wq: str, messages: int) -> None:
+    deadline = time.monotonic() + 30
+    while int((await api.stream_info(wq))["state"]["messages"]) < messages:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{wq} never held {messages} messages")
+        await asyncio.sleep(0.05)
+
+
+async def drain(nc: nats.NATS, stream: str, group: str, sink: TimedSink,
+                steps: dict[str, float]) -> tuple[float, float]:
+    """Drain the group's 4 partitions; (seconds, state-read seconds); adds the runs' step
+    timings into ``steps``."""
+    sink.state_s = 0.0
+    t = time.perf_counter()
+    for p in range(PARTS):
+        res = await run_partition(nc, stream, group, p, ArrowProcessor(
+            DECODER, transform, state=STATE), sink, EngineOptions(batch_max_msgs=10_000))
+        assert res.status in ("drained", "empty"), res
+        for k, v in res.timings.items():
+            steps[k] = steps.get(k, 0.0) + v
+    return time.perf_counter() - t, sink.state_s
+
+
+async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
+                   rnd: random.Random) -> dict[str, float | int]:
+    stream = f"AGE{mode.upper()}"
+    js = nc.jetstream(timeout=30)
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
+    config = ElasticConfig(PARTS, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",))
+    for group in ("aged", "control"):
+        await admin.create_elastic(js, stream, group, config)
+    part = SubjectPartitioner(config)
+    keys_of: dict[int, list[str]] = {p: [] for p in range(PARTS)}
+    for i in range(args.keys):
+        p = part(f"{stream}.k{i}")
+        assert p is not None
+        keys_of[p].append(f"k{i}")
+    write = Merge(key="k") if mode == "merge" else Append()
+    sinks = {g: TimedSink(f"{tmp}/{mode}-{g}", write=write, schema=SCHEMA,
+                          maintenance=maintenance(args)) for g in ("aged", "control")}
+    t = time.monotonic()
+    # in a thread: the event loop keeps answering the server's pings meanwhile
+    await asyncio.to_thread(age, sinks["aged"], keys_of, args.versions, args.messages // PARTS,
+                            rnd.randrange(1 << 30))
+    print(f"  aged {mode} to {sinks['aged'].stats().version:,} versions in "
+          f"{time.monotonic() - t:,.0f} s", flush=True)
+    api = JetStreamAPI(nc)
+    published = 0
+    times: dict[str, list[float]] = {"aged": [], "control": []}
+    steps: dict[str, dict[str, float]] = {"aged": {}, "control": {}}
+    state_s: list[float] = []
+    try:
+        for cycle in range(args.cycles + 1):  # cycle 0 warms both up (not timed)
+            await publish(nc, stream, args.messages, args.keys, rnd)
+            published += args.messages
+            for g in ("aged", "control"):
+                await wait_for(api, f"{stream}-{g}", args.messages)
+            order = ["aged", "control"] if cycle % 2 == 0 else ["control", "aged"]
+            for g in order:
+                seconds, state = await drain(nc, stream, g, sinks[g],
+                                             steps[g] if cycle else {})
+                if cycle:
+                    times[g].append(seconds)
+                    if g == "aged":
+                        state_s.append(state)
+    finally:
+        await api.close()
+    aged, control = (statistics.median(times[g]) for g in ("aged", "control"))
+    for g in ("aged", "control"):  # where a cycle's time goes (per cycle, all partitions)
+        print(f"  {mode} {g} steps/cycle: " + ", ".join(
+            f"{k} {v / args.cycles:.3f}" for k, v in sorted(steps[g].items())), flush=True)
+    figs = table_figures(f"{tmp}/{mode}-aged", sinks["aged"])
+    return {**figs, "state_s": statistics.median(state_s), "aged_s": aged,
+            "control_s": control, "ratio": aged / control}
+
+
+async def main(args: argparse.Namespace) -> None:
+    rnd = random.Random(7)
+    results: dict[str, dict[str, float | int]] = {}
+    with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats", port=0) as srv:
+        nc = await nats.connect(srv.url)
+        try:
+            for mode in args.modes.split(","):
+                results[mode] = await run_mode(nc, tmp, mode, args, rnd)
+        finally:
+            await nc.close()
+    print(f"{args.messages} messages over {args.keys:,} keys a cycle, {PARTS} partitions, "
+          f"medians of {args.cycles} interleaved cycles; maintenance: {maintenance(args)}")
+    print(f"{'mode':<7}{'versions':>9}{'live':>6}{'on disk':>9}{'log KiB':>9}{'ckpts':>7}"
+          f"{'state s':>9}{'load s':>8}{'aged s':>8}{'ctrl s':>8}{'ratio':>7}")
+    for mode, r in results.items():
+        print(f"{mode:<7}{r['versions']:>9,}{r['live']:>6}{r['on_disk']:>9,}"
+              f"{r['log_bytes'] / 1024:>9,.0f}{r['checkpoints']:>7}{r['state_s']:>9.3f}"
+              f"{r['load_s']:>8.3f}"
+              f"{r['aged_s']:>8.3f}{r['control_s']:>8.3f}{r['ratio']:>7.2f}")
+    parts = [f"{m} x{r['ratio']:.2f} at {r['versions']:,} versions" for m, r in results.items()]
+    files = results.get("append") or next(iter(results.values()))
+    print(f"aging: {', '.join(parts)}, files {files['live']}/{files['on_disk']}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--versions", type=int, default=10_000)
+    ap.add_argument("--messages", type=int, default=200)
+    ap.add_argument("--keys", type=int, default=2_000)
+    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--modes", default="append,merge")
+    ap.add_argument("--retention-hours", type=int, default=0)
+    ap.add_argument("--vacuum-interval", type=float, default=30.0)
+    ap.add_argument("--log-retention-s", type=float, default=5.0)
+    ap.add_argument("--smoke", action="store_true", help="40 versions, 1 cycle")
+    a = ap.parse_args()
+    if a.smoke:
+        a.versions, a.cycles = 40, 1
+    asyncio.run(main(a))

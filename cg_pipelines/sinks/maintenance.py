@@ -1,0 +1,300 @@
+"""Table maintenance of a :class:`~cg_pipelines.sinks.delta.DeltaSink`, run by the holder of a
+partition's lease after its run's last commit (:meth:`DeltaMaintenance.maintain`, the engine's
+optional ``maintain(partition, app_id)`` hook): what keeps a partition run's cost flat as the
+table ages.
+
+Per call, for the one consumer-group partition:
+
+1. **State snapshots** of the partition are caught up to the latest version
+   (:mod:`cg_pipelines.sinks.deltastate`).
+2. **Compaction** (anchor: Delta's auto-compaction, ``delta.autoOptimize.autoCompact``): when
+   the partition has at least :attr:`Maintenance.compact_min_files` live files smaller than
+   :attr:`Maintenance.target_size`, ``DeltaTable.optimize.compact(partition_filters=
+   [("_partition", "=", p)], target_size=...)`` bin-packs them (append and merge tables). The
+   commit rewrites files without changing rows (``dataChange = false``) and carries
+   ``cg.operation = "compact"``; its removed/added files (read from its own log entry) carry
+   the state snapshots over. A compaction that loses a commit race while the partition's
+   watermark did not move (someone else's OPTIMIZE, say) is retried
+   (:data:`COMPACT_ATTEMPTS` in all); when the watermark moved (a newer holder committed) it is
+   given up (``compact = "fenced"``): the newer holder compacts after its own run.
+   Live files per partition stay below ``compact_min_files`` small files plus one file per
+   ``target_size`` bytes of the partition's data.
+3. **Retention**, at most every :attr:`Maintenance.vacuum_interval_s` seconds per table (a
+   marker ``_cg_state/_vacuum.json`` holds the last time): ``DeltaTable.vacuum(retention_hours=
+   ..., dry_run=False, full=True)`` deletes files no version within the retention needs
+   (delta-rs keeps every file the current version references and every file removed less than
+   the retention ago; ``full`` also deletes unreferenced files older than the retention whose
+   tombstones already left the checkpoints, which the default mode leaks; it never enters
+   ``_``-directories such as ``_delta_log`` and ``_cg_state``), then
+   ``cleanup_metadata()`` deletes log entries and checkpoints older than the table's
+   ``delta.logRetentionDuration`` (Delta's default: 30 days) that the latest checkpoint makes
+   unnecessary. Time travel (and ``DeltaTable.history()`` lineage) is kept for the vacuum
+   retention (data) and the log retention (commit infos) respectively. VACUUM's two commits
+   carry ``cg.operation = "vacuum"``.
+
+Maintenance never changes a row or a watermark. Failures are returned as figures
+(``error``), never raised into the run whose data is already committed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import CommitFailedError
+
+from cg_pipelines.core.statesnap import needs_compaction
+from cg_pipelines.core.write import Merge
+from cg_pipelines.engine.model import PARTITION_COLUMN
+from cg_pipelines.sinks.deltaread import DeltaTableAccess
+from cg_pipelines.sinks.deltastate import partition_files
+from cg_pipelines.sinks.statesnapshot import STATE_DIR
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["COMPACT_ATTEMPTS", "DeltaMaintenance", "Maintenance", "rewritten_files"]
+
+COMPACT_ATTEMPTS: Final = 3
+"""Compaction attempts when a commit race is lost while the watermark stays put."""
+
+_VACUUM_MARKER: Final = f"{STATE_DIR}/_vacuum.json"
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """What :meth:`DeltaMaintenance.maintain` does (per group: the Dagster resource and
+    ``DeltaSink(maintenance=...)`` take one).
+
+    Attributes:
+        compact: compact the partition's small files (default on).
+        compact_min_files: small files (under ``target_size``) a partition may have before it
+            is compacted (>= 2; default 16).
+        target_size: bytes; the size compaction aims for (default 128 MiB).
+        vacuum_retention_hours: keep unreferenced files this long (default 168 = 7 days,
+            Delta's default ``delta.deletedFileRetentionDuration``); ``None``: never vacuum.
+            Under 168 hours delta-rs' retention check is switched off for the call: readers
+            older than the retention may then find files gone.
+        vacuum_interval_s: seconds between two VACUUM + log cleanups of the table (default
+            3,600: the cost is one listing of the table's files).
+        snapshots: write the partitions' state snapshots (default on).
+        log_retention_hours: ``delta.logRetentionDuration`` of a table the sink creates:
+            log entries (commit infos, the ``cg.*`` lineage of ``DeltaTable.history()``) and
+            checkpoints older than this are deleted by the log cleanup. ``None`` (default):
+            Delta's default, 30 days. A commit's cost grows with the entries in
+            ``_delta_log`` (delta-rs 1.6.6, local disk: 6 ms at 20 entries, 111 ms at 1,500),
+            so a table with many commits a day needs a shorter retention (docs/growth.md).
+
+    A table the sink creates also gets ``delta.deletedFileRetentionDuration`` =
+    ``vacuum_retention_hours`` (Delta's default is 7 days): how long removed files stay listed
+    (as tombstones) in every checkpoint. Existing tables keep their properties (change them
+    with ``DeltaTable.alter.set_table_properties`` while no run commits).
+
+    Raises:
+        ValueError: bad numbers.
+    """
+
+    compact: bool = True
+    compact_min_files: int = 16
+    target_size: int = 128 * 1024 * 1024
+    vacuum_retention_hours: int | None = 168
+    vacuum_interval_s: float = 3600.0
+    snapshots: bool = True
+    log_retention_hours: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.compact_min_files < 2:
+            raise ValueError(f"compact_min_files must be >= 2, got {self.compact_min_files}")
+        if self.target_size < 1:
+            raise ValueError(f"target_size must be >= 1 byte, got {self.target_size}")
+        if self.vacuum_retention_hours is not None and self.vacuum_retention_hours < 0:
+            raise ValueError("vacuum_retention_hours must be >= 0 (or None: never vacuum)")
+        if self.vacuum_interval_s < 0:
+            raise ValueError("vacuum_interval_s must be >= 0 seconds")
+        if self.log_retention_hours is not None and self.log_retention_hours <= 0:
+            raise ValueError("log_retention_hours must be > 0 (or None: Delta's 30 days)")
+
+    def table_properties(self) -> dict[str, str]:
+        """Delta table properties for a table created under this policy (see above)."""
+        props = {}
+        if self.vacuum_retention_hours is not None:
+            props["delta.deletedFileRetentionDuration"] = \
+                f"interval {int(self.vacuum_retention_hours) * 3600} seconds"
+        if self.log_retention_hours is not None:
+            props["delta.logRetentionDuration"] = \
+                f"interval {max(1, round(self.log_retention_hours * 3600))} seconds"
+        return props
+
+    @classmethod
+    def off(cls) -> Maintenance:
+        """No compaction, no vacuum, no snapshot writes."""
+        return cls(compact=False, vacuum_retention_hours=None, snapshots=False)
+
+
+def rewritten_files(entry: str, partition: int) -> tuple[list[str], list[str]] | None:
+    """``(removed, added)`` data file paths of ``partition`` in one Delta log entry (JSON
+    lines), or None when the entry changes data (an ``add``/``remove`` with
+    ``dataChange = true``): only a pure rewrite (a compaction) keeps a snapshot's rows."""
+    removed: list[str] = []
+    added: list[str] = []
+    for line in entry.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        for kind, into in (("remove", removed), ("add", added)):
+            a = action.get(kind)
+            if a is None:
+                continue
+            if a.get("dataChange", True):
+                return None
+            values = a.get("partitionValues") or {}
+            if str(values.get(PARTITION_COLUMN)) == str(int(partition)):
+                into.append(a["path"])
+    return removed, added
+
+
+class DeltaMaintenance(DeltaTableAccess):
+    """The maintenance half of :class:`~cg_pipelines.sinks.delta.DeltaSink` (see the module
+    docstring); ``_maintenance`` is set by the sink's constructor."""
+
+    _maintenance: Maintenance
+    _vacuumed_at: float | None
+
+    @property
+    def maintenance(self) -> Maintenance:
+        """The maintenance policy."""
+        return self._maintenance
+
+    def _lineage(self, app_id: str, watermark: int, operation: str,
+                 lineage: Mapping[str, object] | None) -> dict[str, str]:
+        """The commit's ``custom_metadata`` (defined by the sink)."""
+        raise NotImplementedError
+
+    def maintain(self, partition: int, app_id: str) -> dict[str, int | float | str]:
+        """Maintain ``partition`` (see the module docstring); call it while holding its lease,
+        after the last commit. Never raises for a maintenance failure: returns it as
+        ``error`` (with the figures so far).
+
+        Returns:
+            Figures for run metadata: ``maintain_s`` (seconds), ``files_live`` (the partition's
+            live data files afterwards), ``compact`` ("no", "done", "fenced", "failed"),
+            ``files_compacted``, ``files_added``, ``snapshots_written``, ``vacuum`` ("no",
+            "done"), ``files_vacuumed``.
+        """
+        t0 = time.monotonic()
+        pol = self._maintenance
+        out: dict[str, int | float | str] = {"compact": "no", "vacuum": "no"}
+        try:
+            with self._guard():
+                self._maintain(partition, app_id, pol, out)
+        except Exception as e:  # noqa: BLE001 - reported, the run's data is committed
+            out["error"] = f"{type(e).__name__}: {e}"[:500]
+        out["maintain_s"] = round(time.monotonic() - t0, 3)
+        return out
+
+    def _maintain(self, partition: int, app_id: str, pol: Maintenance,
+                  out: dict[str, int | float | str]) -> None:
+        states = self._partition_states() if pol.snapshots else None
+        with self._read_lock:
+            dt = self._latest()
+            if dt is None:
+                return
+            if states is not None and not isinstance(self._write, Merge):
+                states.load_stored(dt, partition)
+                states.refresh(dt, partition)
+        live = partition_files(dt, partition)
+        if live is None:
+            out["files_live"] = -1
+        elif pol.compact and needs_compaction([s for _, s in live], pol.compact_min_files,
+                                              pol.target_size):
+            self._compact(partition, app_id, pol, out)
+            dt = self._load()
+            if dt is not None:
+                live = partition_files(dt, partition)
+        if live is not None:
+            out["files_live"] = len(live)
+        if states is not None:
+            out["snapshots_written"] = states.persist(partition)
+        if pol.vacuum_retention_hours is not None and self._vacuum_due(pol):
+            self._vacuum(app_id, pol, out)
+
+    def _compact(self, partition: int, app_id: str, pol: Maintenance,
+                 out: dict[str, int | float | str]) -> None:
+        for attempt in range(COMPACT_ATTEMPTS):
+            dt = self._load()
+            if dt is None:
+                return
+            watermark = dt.transaction_version(app_id) or 0
+            props = CommitProperties(custom_metadata=self._lineage(
+                app_id, watermark, "compact", {"partition": partition}))
+            try:
+                metrics = dt.optimize.compact(
+                    partition_filters=[(PARTITION_COLUMN, "=", str(int(partition)))],
+                    target_size=pol.target_size, commit_properties=props)
+            except CommitFailedError:
+                fresh = self._load()
+                if fresh is None or (fresh.transaction_version(app_id) or 0) != watermark:
+                    out["compact"] = "fenced"
+                    return
+                out["compact_retries"] = attempt + 1
+                continue
+            out["compact"] = "done"
+            out["files_compacted"] = int(metrics.get("numFilesRemoved", 0))
+            out["files_added"] = int(metrics.get("numFilesAdded", 0))
+            if metrics.get("numFilesRemoved", 0):
+                self._carry_states(dt, partition)
+            return
+        out["compact"] = "failed"
+
+    def _carry_states(self, dt: DeltaTable, partition: int) -> None:
+        """Tell the state snapshots which files the compaction commit (``dt``'s version)
+        replaced by which."""
+        states = getattr(self, "_states", None)
+        fs = self._filesystem()
+        if states is None or fs is None:
+            return
+        version = dt.version()
+        with fs.open_input_stream(f"_delta_log/{version:020d}.json") as f:
+            entry = f.read().decode()
+        got = rewritten_files(entry, partition)
+        if got is None:
+            states.forget(partition)
+        else:
+            states.after_rewrite(partition, got[0], got[1], version)
+
+    def _vacuum_due(self, pol: Maintenance) -> bool:
+        fs = self._filesystem()
+        if fs is None:  # no marker without a native filesystem: this sink object's own clock
+            last_here = getattr(self, "_vacuumed_at", None)
+            return last_here is None or time.time() - last_here >= pol.vacuum_interval_s
+        try:
+            with fs.open_input_stream(_VACUUM_MARKER) as f:
+                last = float(json.loads(f.read())["at"])
+        except (FileNotFoundError, ValueError, KeyError, OSError):
+            return True
+        return time.time() - last >= pol.vacuum_interval_s
+
+    def _vacuum(self, app_id: str, pol: Maintenance, out: dict[str, int | float | str]) -> None:
+        dt = self._load()
+        if dt is None or pol.vacuum_retention_hours is None:
+            return
+        fs = self._filesystem()
+        self._vacuumed_at = time.time()
+        if fs is not None:  # first: a slow vacuum is not started again by every run meanwhile
+            fs.create_dir(STATE_DIR, recursive=True)
+            with fs.open_output_stream(_VACUUM_MARKER) as f:
+                f.write(json.dumps({"at": time.time()}).encode())
+        props = CommitProperties(custom_metadata=self._lineage(
+            app_id, dt.transaction_version(app_id) or 0, "vacuum", None))
+        # full=True: also files whose tombstones already left the checkpoints (after
+        # delta.deletedFileRetentionDuration), which the default "lite" mode never deletes
+        # (checked on 1.6.6); files still tombstoned are kept for the retention as in lite mode.
+        gone = dt.vacuum(retention_hours=pol.vacuum_retention_hours, dry_run=False,
+                         enforce_retention_duration=pol.vacuum_retention_hours >= 168,
+                         commit_properties=props, full=True)
+        dt.cleanup_metadata()
+        out["vacuum"] = "done"
+        out["files_vacuumed"] = len(gone)

@@ -1,0 +1,43 @@
+"""Where maintenance is configured: per warehouse (DeltaWarehouseResource fields), per group
+(ConsumerGroupAsset.maintenance), and the Delta properties of tables the sink creates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.dagster import ConsumerGroupAsset, DeltaWarehouseResource
+from cg_pipelines.sinks.delta import DeltaSink, Maintenance
+from tests.support import keyed
+
+
+def test_warehouse_and_group_settings(tmp_path: Path) -> None:
+    wh = DeltaWarehouseResource(root=str(tmp_path), compact_min_files=4, target_file_size_mb=8,
+                                vacuum_retention_hours=None)
+    m = wh.sink("t").maintenance
+    assert (m.compact, m.compact_min_files, m.target_size, m.vacuum_retention_hours) == (
+        True, 4, 8 * 1024 * 1024, None)
+    assert wh.sink("t", maintenance=Maintenance.off()).maintenance == Maintenance.off()
+    assert DeltaWarehouseResource(root=str(tmp_path)).sink("t").maintenance == Maintenance()
+    spec = ConsumerGroupAsset("a", "S", "g", 2, keyed.processor(),
+                              maintenance=Maintenance(compact_min_files=3))
+    assert spec.maintenance == Maintenance(compact_min_files=3)
+    with pytest.raises(ConfigError, match="maintenance"):
+        ConsumerGroupAsset("a", "S", "g", 2, keyed.processor(), maintenance="on")  # type: ignore[arg-type]
+
+
+def test_created_tables_carry_the_retention_properties(tmp_path: Path) -> None:
+    schema = pa.schema([("k", pa.string()), ("_partition", pa.int32())])
+    DeltaSink(str(tmp_path / "a"), schema=schema).ensure_table(schema)
+    conf = DeltaTable(str(tmp_path / "a")).metadata().configuration
+    assert conf["delta.deletedFileRetentionDuration"] == f"interval {168 * 3600} seconds"
+    assert "delta.logRetentionDuration" not in conf  # Delta's default: 30 days
+    DeltaSink(str(tmp_path / "b"), maintenance=Maintenance(
+        vacuum_retention_hours=24, log_retention_hours=48)).ensure_table(schema)
+    conf = DeltaTable(str(tmp_path / "b")).metadata().configuration
+    assert conf["delta.deletedFileRetentionDuration"] == f"interval {24 * 3600} seconds"
+    assert conf["delta.logRetentionDuration"] == f"interval {48 * 3600} seconds"

@@ -1,0 +1,61 @@
+"""Runs one partition of the keyed pipeline with eager table maintenance in its own process,
+for kill -9 and zombie tests of maintenance (tests/months).
+
+Usage: python tests/months/worker.py URL STREAM GROUP PARTITION TABLE_URI BATCH ACK_WAIT_S
+       SIGNAL_STEP SIGNAL_AT SIGNAL [STORAGE_OPTIONS_JSON]
+       (SIGNAL: KILL or STOP; step "-" = none; step
+       "compacted": SIGKILL inside maintenance, after the compaction commit and before the
+       state snapshots are carried over and written)
+Prints the run result as one JSON line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import nats  # noqa: E402
+from deltalake import DeltaTable  # noqa: E402
+
+from cg_pipelines.engine.runner import EngineOptions, run_partition  # noqa: E402
+from cg_pipelines.sinks.delta import DeltaSink, Maintenance  # noqa: E402
+from tests.support import keyed  # noqa: E402
+
+EAGER = Maintenance(compact_min_files=3, vacuum_retention_hours=0, vacuum_interval_s=0)
+
+
+class KilledAfterCompaction(DeltaSink):
+    def _carry_states(self, dt: DeltaTable, partition: int) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def main() -> None:
+    url, stream, group, part, uri, batch, ack_wait, step, at, sig = sys.argv[1:11]
+    storage = json.loads(sys.argv[11]) if len(sys.argv) > 11 else None
+    seen = {"n": 0}
+
+    def hook(name: str, info: dict) -> None:
+        if name == step:
+            seen["n"] += 1
+            if seen["n"] == int(at):
+                os.kill(os.getpid(), signal.SIGKILL if sig == "KILL" else signal.SIGSTOP)
+
+    nc = await nats.connect(url)
+    opts = EngineOptions(batch_max_msgs=int(batch), ack_wait_s=float(ack_wait),
+                         priority_timeout_s=float(ack_wait), hold_wait_s=4 * float(ack_wait))
+    cls = KilledAfterCompaction if step == "compacted" else DeltaSink
+    res = await run_partition(nc, stream, group, int(part), keyed.processor(),
+                              cls(uri, storage_options=storage, maintenance=EAGER), opts,
+                              hook=hook)
+    await nc.close()
+    print(json.dumps(res.as_dict()), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
