@@ -217,12 +217,14 @@ def _run_metadata(result: RunResult, owner: str, revision: int) -> dict[str, Any
     }
 
 
-def _table_metadata(stats: TableStats | None, uri: str, table: str) -> dict[str, Any]:
+def _table_metadata(stats: TableStats | None, uri: str, table: str,
+                    table_format: str = "delta") -> dict[str, Any]:
     """Dagster's standard table metadata keys (``dagster/table_name``, ``dagster/uri``,
     ``dagster/row_count``, ``dagster/partition_row_count``, ``dagster/column_schema``,
-    ``dagster/storage_kind``; the catalog shows them) plus the Delta version."""
+    ``dagster/storage_kind`` = ``table_format``; the catalog shows them) plus the table's
+    version (``delta_version``: a Delta version, or an Iceberg table's sequence number)."""
     md: dict[str, Any] = {"dagster/table_name": table, "dagster/uri": uri,
-                          "dagster/storage_kind": "delta"}
+                          "dagster/storage_kind": table_format}
     if stats is None:
         return md
     md["dagster/row_count"] = MetadataValue.int(stats.rows)
@@ -438,7 +440,8 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
             f"{', '.join(served) if served else 'every member'}")
     mode = run_mode(context.run.tags, config)
     sink = warehouse.sink(spec.table_name, write=spec.write,
-                          commit_metadata={"dagster_run_id": context.run.run_id})
+                          commit_metadata={"dagster_run_id": context.run.run_id},
+                          maintenance=spec.maintenance)
     processor = spec.processor
     if spec.uses_spark:
         processor = processor.bind(run_spark_session(getattr(res, spec.spark_resource_key)))
@@ -463,6 +466,8 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
     md["mode"] = mode
     md["write_mode"] = spec.write.name
     md["delta_versions"] = MetadataValue.json(sink.versions_written)
+    if result.maintenance:
+        md["maintenance"] = MetadataValue.json(result.maintenance)
     md["waited_for_runs"] = ", ".join(waited)
     if mode == "rebuild":
         md.update({"rebuilt": result.status == "rebuilt",
@@ -482,7 +487,8 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
         # after its backoff (the holder's lease returns within the ack wait).
         raise Failure(f"partition {p} was not processed: {result.detail}; it is retried "
                       "when the holder lets go", metadata=md)
-    md.update(_table_metadata(_stats(sink, p), sink.uri, spec.table_name))
+    md.update(_table_metadata(_stats(sink, p), sink.uri, spec.table_name,
+                              sink.table_format))
     drained = result.status in ("drained", "empty", "rebuilt")
     return MaterializeResult(
         metadata=md,

@@ -38,6 +38,7 @@ from pydantic import Field
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.expressions import In
 
+from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.resources import SparkResource
 from cg_pipelines.engine.model import PARTITION_COLUMN
@@ -131,8 +132,19 @@ class IcebergWarehouseResource(ConfigurableResource):
         return None
 
     def sink(self, table: str, write: Append | Merge | None = None,
-             commit_metadata: dict[str, str] | None = None) -> IcebergSink:
-        """A fenced Iceberg sink for ``table`` (identity-partitioned by ``_partition``)."""
+             commit_metadata: dict[str, str] | None = None,
+             maintenance: object | None = None) -> IcebergSink:
+        """A fenced Iceberg sink for ``table`` (identity-partitioned by ``_partition``).
+
+        Raises:
+            ConfigError: ``maintenance`` given: those settings (compaction, vacuum, Delta log
+                cleanup, :class:`~cg_pipelines.sinks.maintenance.Maintenance`) are Delta's; an
+                Iceberg sink's upkeep is snapshot expiry (docs/iceberg.md).
+        """
+        if maintenance is not None:
+            raise ConfigError("maintenance", "Delta table upkeep settings (Maintenance) do not "
+                              "apply to an Iceberg warehouse: leave ConsumerGroupAsset."
+                              "maintenance unset (Iceberg upkeep is snapshot expiry)")
         return IcebergSink(self.identifier(table), catalog=self.catalog(), write=write,
                            commit_metadata=commit_metadata)
 

@@ -45,9 +45,9 @@ Lineage: every commit (append, merge, empty, replace) carries ``custom_metadata`
 ``cg.stream``, ``cg.group``, ``cg.partition``, ``cg.first_seq``, ``cg.last_seq`` (what the
 caller passes as ``lineage``), ``cg.app_id``, ``cg.watermark``, ``cg.write_mode``,
 ``cg.operation``, ``cg.library_version``, the sink's own ``commit_metadata`` (the Dagster
-integration adds ``cg.dagster_run_id``), and the same as one JSON object in ``userMetadata``
-(the column Spark's ``DESCRIBE HISTORY`` shows). ``DeltaTable.history()`` returns them as
-top-level keys of each version.
+integration adds ``cg.dagster_run_id``), and the same, less the machine-read ``cg.coverage``,
+as one JSON object in ``userMetadata`` (the column Spark's ``DESCRIBE HISTORY`` shows).
+``DeltaTable.history()`` returns them as top-level keys of each version.
 
 Races that are not fences: a commit that loses to a commit which did not move its watermark
 (delta-rs' "a concurrent transaction(s) added/deleted data", e.g. a compaction of the files a
@@ -71,13 +71,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import ClassVar, Final
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
+from cg_pipelines.core.coverage import COVERAGE_KEY
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.deltaread import TableStats
@@ -119,6 +120,9 @@ class DeltaSink(DeltaMaintenance):
     errors (``DeltaError`` and subclasses, ``OSError``) for I/O and schema problems, unchanged and
     not retried (with any secret storage option value scrubbed from the message).
     """
+
+    table_format: ClassVar[str] = "delta"
+    """The table format (Dagster's ``dagster/storage_kind``)."""
 
     def __init__(
         self,
@@ -377,9 +381,11 @@ class DeltaSink(DeltaMaintenance):
                    "cg.write_mode": self._write.name, "cg.operation": operation,
                    "cg.library_version": __version__})
         md.update(self._extra_md)
+        # The coverage (up to ~3 bytes a message, machine-read by reconcile) is written once:
+        # userMetadata is the human-facing copy (Spark's DESCRIBE HISTORY).
         md["userMetadata"] = json.dumps(
-            {k[len(LINEAGE_PREFIX):]: v for k, v in sorted(md.items())},
-            separators=(",", ":"))
+            {k[len(LINEAGE_PREFIX):]: v for k, v in sorted(md.items())
+             if k != _lineage_key(COVERAGE_KEY)}, separators=(",", ":"))
         return md
 
     def _find_version(self, dt: DeltaTable, before: int, app_id: str, watermark: int

@@ -63,7 +63,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import ClassVar, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -117,6 +117,9 @@ class IcebergSink(IcebergTableAccess):
     (``CommitFailedException`` after ``commit_retries`` lost races, ``NoSuchTableError``,
     ``ValidationException``), ``OSError`` for I/O, ``ValueError`` for bad input.
     """
+
+    table_format: ClassVar[str] = "iceberg"
+    """The table format (Dagster's ``dagster/storage_kind``)."""
 
     def __init__(
         self,
