@@ -434,13 +434,24 @@ class DeltaSink(DeltaMaintenance):
                                    **self._maintenance.table_properties()},
                     storage_options=self._options or None,
                     # No retry: a losing creator must not re-create the table at version 1.
-                    commit_properties=CommitProperties(max_commit_retries=0),
+                    commit_properties=CommitProperties(max_commit_retries=0,
+                                                       custom_metadata=self._create_lineage()),
                 )
             except DeltaError:
                 if self._load() is None:
                     raise
                 return False
             return True
+
+    def _create_lineage(self) -> dict[str, str]:
+        """Version 0's ``custom_metadata``: ``cg.operation`` = ``create``, ``cg.write_mode``,
+        ``cg.library_version`` and the sink's own ``commit_metadata`` (no partition, app id or
+        watermark: the table is created for every partition)."""
+        md = {"cg.operation": "create", "cg.write_mode": self._write.name,
+              "cg.library_version": __version__, **self._extra_md}
+        md["userMetadata"] = json.dumps({k[len(LINEAGE_PREFIX):]: v for k, v in sorted(md.items())},
+                                        separators=(",", ":"))
+        return md
 
     def replace_partition(
         self,
