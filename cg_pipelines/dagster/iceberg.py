@@ -40,6 +40,7 @@ from pyiceberg.expressions import In
 
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.dagster.io_manager import partitions_to_load
 from cg_pipelines.dagster.resources import SparkResource
 from cg_pipelines.engine.model import PARTITION_COLUMN
 from cg_pipelines.sinks.iceberg import IcebergSink, iceberg_s3_properties
@@ -185,7 +186,7 @@ class IcebergTableIOManager(ConfigurableIOManager):
             raise ValueError(f"{context.asset_key.to_user_string()} is not a consumer-group "
                              "asset (no cg/table metadata)")
         sink = self.warehouse.sink(str(getattr(table, "value", table)))
-        parts = _partitions(context, md)
+        parts = partitions_to_load(context, md)
         flt = In(PARTITION_COLUMN, parts) if parts is not None else None
         want = context.dagster_type.typing_type
         name = f"{getattr(want, '__module__', '')}.{getattr(want, '__qualname__', '')}"
@@ -217,18 +218,3 @@ def spark_frame(spark: Any, sink: IcebergSink, parts: list[int] | None = None) -
         return spark.createDataFrame(sink.read(row_filter=flt))  # pyspark 4 takes Arrow
     df = spark.read.parquet(*files)
     return df if parts is None else df.where(df[PARTITION_COLUMN].isin(parts))
-
-
-def _partitions(context: InputContext, md: Any) -> list[int] | None:
-    """Group partitions to load, or None for all (downstream not partitioned alike)."""
-    if not context.has_asset_partitions:
-        return None
-    prefix = md.get("cg/partition_key_prefix")
-    prefix = str(getattr(prefix, "value", prefix) or "")
-    out = []
-    for key in context.asset_partition_keys:
-        tail = key[len(prefix):] if key.startswith(prefix) else key
-        if not tail.isdigit():
-            return None
-        out.append(int(tail))
-    return out

@@ -35,7 +35,7 @@ from cg_pipelines.dagster.resources import DeltaWarehouseResource, SparkResource
 from cg_pipelines.engine.model import PARTITION_COLUMN
 from cg_pipelines.sinks.delta import DeltaSink
 
-__all__ = ["DeltaTableIOManager"]
+__all__ = ["DeltaTableIOManager", "partitions_to_load"]
 
 
 def _type_name(t: Any) -> str:
@@ -77,7 +77,7 @@ class DeltaTableIOManager(ConfigurableIOManager):
                              "asset (no cg/table metadata)")
         table = getattr(table, "value", table)
         sink = self.warehouse.sink(str(table))
-        parts = self._partitions(context, md)
+        parts = partitions_to_load(context, md)
         want = context.dagster_type.typing_type
         name = _type_name(want)
         if name.startswith("pyspark.sql") and name.endswith("DataFrame"):
@@ -96,21 +96,6 @@ class DeltaTableIOManager(ConfigurableIOManager):
         raise TypeError(f"DeltaTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
                         f"DataFrame; {context.asset_key.to_user_string()} is annotated {want!r}")
 
-    @staticmethod
-    def _partitions(context: InputContext, md: Any) -> list[int] | None:
-        """Group partitions to load, or None for all (downstream not partitioned alike)."""
-        if not context.has_asset_partitions:
-            return None
-        prefix = md.get("cg/partition_key_prefix")
-        prefix = str(getattr(prefix, "value", prefix) or "")
-        out = []
-        for key in context.asset_partition_keys:
-            tail = key[len(prefix):] if key.startswith(prefix) else key
-            if not tail.isdigit():
-                return None
-            out.append(int(tail))
-        return out
-
     def _spark_frame(self, sink: DeltaSink, parts: list[int] | None) -> Any:
         if self.spark is None:
             raise ValueError("a Spark DataFrame input needs DeltaTableIOManager(spark=...)")
@@ -120,3 +105,20 @@ class DeltaTableIOManager(ConfigurableIOManager):
             return spark.createDataFrame(sink.read())
         df = spark.read.option("basePath", sink.uri).parquet(*files)
         return df if parts is None else df.where(df[PARTITION_COLUMN].isin(parts))
+
+
+def partitions_to_load(context: InputContext, md: Any) -> list[int] | None:
+    """The group partitions a downstream input loads: the group partitions of the input's
+    partition keys (``<cg/partition_key_prefix><p>``, from the group asset's definition
+    metadata ``md``), or None for all (the downstream asset is not partitioned alike)."""
+    if not context.has_asset_partitions:
+        return None
+    prefix = md.get("cg/partition_key_prefix")
+    prefix = str(getattr(prefix, "value", prefix) or "")
+    out = []
+    for key in context.asset_partition_keys:
+        tail = key[len(prefix):] if key.startswith(prefix) else key
+        if not tail.isdigit():
+            return None
+        out.append(int(tail))
+    return out
