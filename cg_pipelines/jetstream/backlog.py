@@ -255,19 +255,21 @@ async def dead_letter_counts(api: JetStreamAPI, dlq_stream: str) -> dict[int, in
     """``{partition: dead letters held}`` of dead-letter stream ``dlq_stream`` (subjects
     ``<dlq_stream>.<partition>``): one ``STREAM.INFO`` with a subject filter, whatever the
     number of messages (its size grows with the partitions that hold dead letters). A missing
-    stream (nothing ever dead-lettered) reads as none.
+    stream (nothing ever dead-lettered) reads as none. Halt notes
+    (``<dlq_stream>.halted.<partition>``, :mod:`cg_pipelines.engine.deadletter`) are not dead
+    letters: the filter ``<dlq_stream>.*`` matches one token only.
 
     Raises:
         JetStreamError, RequestTimeoutError: the request fails.
     """
     try:
-        info = await api.stream_info(dlq_stream, subjects_filter=f"{dlq_stream}.>")
+        info = await api.stream_info(dlq_stream, subjects_filter=f"{dlq_stream}.*")
     except StreamNotFoundError:
         return {}
     out: dict[int, int] = {}
     for subject, n in ((info.get("state") or {}).get("subjects") or {}).items():
-        token = subject.rsplit(".", 1)[-1]
-        if token.isdigit():
+        token = subject[len(dlq_stream) + 1:]
+        if subject.startswith(dlq_stream + ".") and token.isdigit():
             out[int(token)] = out.get(int(token), 0) + int(n)
     return out
 

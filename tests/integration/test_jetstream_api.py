@@ -472,3 +472,16 @@ async def test_errors_are_typed(js, api, nc, unique_name) -> None:
     # No responders (e.g. a wrong domain prefix): JetStreamUnavailableError.
     with pytest.raises(JetStreamUnavailableError):
         await JetStreamAPI(nc, prefix="$JS.nodomain.API").stream_info(unique_name)
+
+
+async def test_dead_letter_counts_leave_halt_notes_out(js, api, unique_name) -> None:
+    from cg_pipelines.jetstream.backlog import dead_letter_counts, latest_dead_letters
+    dlq = f"{unique_name}-dlq"
+    assert await dead_letter_counts(api, dlq) == {}  # no stream yet: none
+    await js.add_stream(name=dlq, subjects=[f"{dlq}.>"])
+    for subject in (f"{dlq}.0", f"{dlq}.0", f"{dlq}.3", f"{dlq}.halted.3", f"{dlq}.halted.1"):
+        await js.publish(subject, b"x", headers={"Cg-Error": subject})
+    counts = await dead_letter_counts(api, dlq)
+    assert counts == {0: 2, 3: 1}
+    latest = {d.partition: d for d in await latest_dead_letters(api, dlq, counts)}
+    assert latest[3].latest_reason == f"{dlq}.3" and latest[0].count == 2
