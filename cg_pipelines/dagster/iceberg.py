@@ -40,7 +40,7 @@ from pyiceberg.expressions import In
 
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.dagster.io_manager import partitions_to_load
+from cg_pipelines.dagster.io_manager import partitions_to_load, upstream_table
 from cg_pipelines.dagster.resources import SparkResource
 from cg_pipelines.engine.model import PARTITION_COLUMN
 from cg_pipelines.sinks.iceberg import IcebergSink, iceberg_s3_properties
@@ -179,13 +179,8 @@ class IcebergTableIOManager(ConfigurableIOManager):
                 is asked for without ``spark``.
             TypeError: an annotation this IO manager cannot produce.
         """
-        upstream = context.upstream_output
-        md = upstream.definition_metadata if upstream is not None else {}
-        table = md.get("cg/table")
-        if table is None:
-            raise ValueError(f"{context.asset_key.to_user_string()} is not a consumer-group "
-                             "asset (no cg/table metadata)")
-        sink = self.warehouse.sink(str(getattr(table, "value", table)))
+        table, md = upstream_table(context)
+        sink = self.warehouse.sink(table)
         parts = partitions_to_load(context, md)
         flt = In(PARTITION_COLUMN, parts) if parts is not None else None
         want = context.dagster_type.typing_type

@@ -35,7 +35,7 @@ from cg_pipelines.dagster.resources import DeltaWarehouseResource, SparkResource
 from cg_pipelines.engine.model import PARTITION_COLUMN
 from cg_pipelines.sinks.delta import DeltaSink
 
-__all__ = ["DeltaTableIOManager", "partitions_to_load"]
+__all__ = ["DeltaTableIOManager", "partitions_to_load", "upstream_table"]
 
 
 def _type_name(t: Any) -> str:
@@ -69,14 +69,8 @@ class DeltaTableIOManager(ConfigurableIOManager):
                 definition metadata), or a Spark DataFrame is asked for without ``spark``.
             TypeError: an annotation this IO manager cannot produce.
         """
-        upstream = context.upstream_output
-        md = upstream.definition_metadata if upstream is not None else {}
-        table = md.get("cg/table")
-        if table is None:
-            raise ValueError(f"{context.asset_key.to_user_string()} is not a consumer-group "
-                             "asset (no cg/table metadata)")
-        table = getattr(table, "value", table)
-        sink = self.warehouse.sink(str(table))
+        table, md = upstream_table(context)
+        sink = self.warehouse.sink(table)
         parts = partitions_to_load(context, md)
         want = context.dagster_type.typing_type
         name = _type_name(want)
@@ -105,6 +99,22 @@ class DeltaTableIOManager(ConfigurableIOManager):
             return spark.createDataFrame(sink.read())
         df = spark.read.option("basePath", sink.uri).parquet(*files)
         return df if parts is None else df.where(df[PARTITION_COLUMN].isin(parts))
+
+
+def upstream_table(context: InputContext) -> tuple[str, Any]:
+    """The upstream group asset's table name (its ``cg/table`` definition metadata) and that
+    metadata.
+
+    Raises:
+        ValueError: the upstream asset is not a consumer-group asset (no ``cg/table``).
+    """
+    upstream = context.upstream_output
+    md = upstream.definition_metadata if upstream is not None else {}
+    table = md.get("cg/table")
+    if table is None:
+        raise ValueError(f"{context.asset_key.to_user_string()} is not a consumer-group "
+                         "asset (no cg/table metadata)")
+    return str(getattr(table, "value", table)), md
 
 
 def partitions_to_load(context: InputContext, md: Any) -> list[int] | None:

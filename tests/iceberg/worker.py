@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -20,9 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import nats  # noqa: E402
 
-from cg_pipelines.engine.runner import EngineOptions, run_partition  # noqa: E402
+from cg_pipelines.engine.runner import run_partition  # noqa: E402
 from cg_pipelines.sinks.iceberg import IcebergSink  # noqa: E402
 from tests.support import devices, keyed  # noqa: E402
+from tests.support.worker_signals import signal_at, worker_options  # noqa: E402
 
 
 async def main() -> None:
@@ -31,17 +30,9 @@ async def main() -> None:
     merge = cfg["mode"] == "merge"
     sink = IcebergSink(cfg["identifier"], catalog=cfg["catalog"],
                        write=devices.MERGE if merge else None)
-    seen = {"n": 0}
-
-    def hook(name: str, info: dict) -> None:
-        if name == step:
-            seen["n"] += 1
-            if seen["n"] == int(at):
-                os.kill(os.getpid(), signal.SIGKILL if sig == "KILL" else signal.SIGSTOP)
-
+    hook = signal_at(step, at, sig)
     nc = await nats.connect(url)
-    opts = EngineOptions(batch_max_msgs=int(batch), ack_wait_s=float(ack_wait),
-                         priority_timeout_s=float(ack_wait), hold_wait_s=4 * float(ack_wait))
+    opts = worker_options(batch, ack_wait)
     proc = devices.processor() if merge else keyed.processor()
     res = await run_partition(nc, stream, group, int(part), proc, sink, opts, hook=hook)
     await nc.close()

@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import nats  # noqa: E402
 from deltalake import DeltaTable  # noqa: E402
 
-from cg_pipelines.engine.runner import EngineOptions, run_partition  # noqa: E402
+from cg_pipelines.engine.runner import run_partition  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink, Maintenance  # noqa: E402
 from tests.support import keyed  # noqa: E402
+from tests.support.worker_signals import signal_at, worker_options  # noqa: E402
 
 EAGER = Maintenance(compact_min_files=3, vacuum_retention_hours=0, vacuum_interval_s=0)
 
@@ -38,17 +39,9 @@ class KilledAfterCompaction(DeltaSink):
 async def main() -> None:
     url, stream, group, part, uri, batch, ack_wait, step, at, sig = sys.argv[1:11]
     storage = json.loads(sys.argv[11]) if len(sys.argv) > 11 else None
-    seen = {"n": 0}
-
-    def hook(name: str, info: dict) -> None:
-        if name == step:
-            seen["n"] += 1
-            if seen["n"] == int(at):
-                os.kill(os.getpid(), signal.SIGKILL if sig == "KILL" else signal.SIGSTOP)
-
+    hook = signal_at(step, at, sig)
     nc = await nats.connect(url)
-    opts = EngineOptions(batch_max_msgs=int(batch), ack_wait_s=float(ack_wait),
-                         priority_timeout_s=float(ack_wait), hold_wait_s=4 * float(ack_wait))
+    opts = worker_options(batch, ack_wait)
     cls = KilledAfterCompaction if step == "compacted" else DeltaSink
     res = await run_partition(nc, stream, group, int(part), keyed.processor(),
                               cls(uri, storage_options=storage, maintenance=EAGER), opts,

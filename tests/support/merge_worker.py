@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
@@ -19,24 +17,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import nats  # noqa: E402
 
-from cg_pipelines.engine.runner import EngineOptions, run_partition  # noqa: E402
+from cg_pipelines.engine.runner import run_partition  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
 from tests.support import devices  # noqa: E402
+from tests.support.worker_signals import signal_at, worker_options  # noqa: E402
 
 
 async def main() -> None:
     url, stream, group, part, uri, batch, ack_wait, step, at, sig = sys.argv[1:11]
-    seen = {"n": 0}
-
-    def hook(name: str, info: dict) -> None:
-        if name == step:
-            seen["n"] += 1
-            if seen["n"] == int(at):
-                os.kill(os.getpid(), signal.SIGKILL if sig == "KILL" else signal.SIGSTOP)
-
+    hook = signal_at(step, at, sig)
     nc = await nats.connect(url)
-    opts = EngineOptions(batch_max_msgs=int(batch), ack_wait_s=float(ack_wait),
-                         priority_timeout_s=float(ack_wait), hold_wait_s=4 * float(ack_wait))
+    opts = worker_options(batch, ack_wait)
     res = await run_partition(nc, stream, group, int(part), devices.processor(),
                               DeltaSink(uri, write=devices.MERGE), opts, hook=hook)
     await nc.close()

@@ -1,0 +1,31 @@
+"""What the one-partition worker processes (crash and zombie tests) share: the engine hook that
+signals the worker itself at the N-th time a step is reached, and the engine options they run
+with."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+from cg_pipelines.engine.runner import EngineOptions
+
+
+def signal_at(step: str, at: str, sig: str) -> Callable[[str, dict], None]:
+    """An engine ``hook`` that sends this process SIGKILL (``sig == "KILL"``) or SIGSTOP (else)
+    the ``at``-th time step ``step`` is reached (``"-"``: never)."""
+    seen = {"n": 0}
+
+    def hook(name: str, info: dict) -> None:
+        if name == step:
+            seen["n"] += 1
+            if seen["n"] == int(at):
+                os.kill(os.getpid(), signal.SIGKILL if sig == "KILL" else signal.SIGSTOP)
+
+    return hook
+
+
+def worker_options(batch: str, ack_wait: str) -> EngineOptions:
+    """Engine options from the worker's ``BATCH`` and ``ACK_WAIT_S`` arguments."""
+    return EngineOptions(batch_max_msgs=int(batch), ack_wait_s=float(ack_wait),
+                         priority_timeout_s=float(ack_wait), hold_wait_s=4 * float(ack_wait))
