@@ -113,6 +113,10 @@ async def test_dagster_failure_starts_with_the_cause(js: JetStreamContext, nats_
     await admin.create_elastic(js, stream, "g", ElasticConfig(
         1, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
     await keyed.publish(js, stream, keyed.events(4, 40))
+    for _ in range(200):  # sourcing into the work queue is asynchronous: the run must find them
+        if (await js.stream_info(f"{stream}-g")).state.messages == 40:
+            break
+        await asyncio.sleep(0.05)
     spec = ConsumerGroupAsset(name="orders", stream=stream, group="g", partitions=1,
                               processor=ArrowProcessor(keyed.DECODER, _fail_long,
                                                        state=keyed.STATE))
