@@ -12,9 +12,10 @@ The names most programs need are importable from here:
   (the base of every exception the library raises).
 
 They are loaded on first use (importing ``cg_pipelines`` or a light submodule such as the
-``cg`` CLI's does not import pyarrow or deltalake); the ``TYPE_CHECKING`` imports below are the
-same names for readers, IDEs and type checkers. ``Field`` is a deprecated alias of
-:class:`JsonField` (it collided with ``pydantic.Field``).
+``cg`` CLI's does not import pyarrow or deltalake): :data:`EXPORTS` maps each name to the module
+that defines it, and ``__all__``, ``dir()`` and attribute access all come from that one table.
+Type checkers see these names as ``Any`` here; typed code imports them from their modules
+(the table says which).
 
 Subpackages: ``core`` (pure logic), ``jetstream`` (NATS adapters, admin, streaming members),
 ``engine``, ``sinks``, ``spark`` (extra ``spark``), ``dagster`` (extra ``dagster``), ``cli``
@@ -25,24 +26,12 @@ Subpackages: ``core`` (pure logic), ``jetstream`` (NATS adapters, admin, streami
 from __future__ import annotations
 
 import importlib
-import warnings
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from cg_pipelines.core.decode import BadMessage, JsonDecoder, JsonField
-    from cg_pipelines.core.errors import CgError
-    from cg_pipelines.core.state import KeyedState
-    from cg_pipelines.core.write import Append, Merge
-    from cg_pipelines.engine.model import RunResult
-    from cg_pipelines.engine.processing import ArrowProcessor
-    from cg_pipelines.engine.runner import EngineOptions, run_partition
-    from cg_pipelines.engine.static import run_static_partition
-    from cg_pipelines.jetstream.connect import ConnectOptions
-    from cg_pipelines.sinks.delta import DeltaSink
+from types import MappingProxyType
+from typing import Any
 
 from cg_pipelines.version import __version__
 
-_EXPORTS = {
+EXPORTS = MappingProxyType({
     "JsonField": "cg_pipelines.core.decode",
     "JsonDecoder": "cg_pipelines.core.decode",
     "BadMessage": "cg_pipelines.core.decode",
@@ -52,40 +41,27 @@ _EXPORTS = {
     "Merge": "cg_pipelines.core.write",
     "run_partition": "cg_pipelines.engine.runner",
     "run_static_partition": "cg_pipelines.engine.static",
-    "EngineOptions": "cg_pipelines.engine.runner",
+    "EngineOptions": "cg_pipelines.engine.options",
     "ArrowProcessor": "cg_pipelines.engine.processing",
-    "RunResult": "cg_pipelines.engine.model",
+    "RunResult": "cg_pipelines.engine.result",
     "DeltaSink": "cg_pipelines.sinks.delta",
     "ConnectOptions": "cg_pipelines.jetstream.connect",
-}
+})
+"""The names importable from ``cg_pipelines``: name -> the module that defines it."""
 
-__all__ = [
-    "Append",
-    "ArrowProcessor",
-    "BadMessage",
-    "CgError",
-    "ConnectOptions",
-    "DeltaSink",
-    "EngineOptions",
-    "JsonDecoder",
-    "JsonField",
-    "KeyedState",
-    "Merge",
-    "RunResult",
-    "__version__",
-    "run_partition",
-    "run_static_partition",
-]
+__all__ = ["__version__", *EXPORTS]  # noqa: PLE0604 - derived from the one table
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Field":
-        warnings.warn("cg_pipelines.Field is deprecated: use cg_pipelines.JsonField (the old "
-                      "name collides with pydantic.Field)", DeprecationWarning, stacklevel=2)
-        name = "JsonField"
-    module = _EXPORTS.get(name)
+    """``name`` from its module in :data:`EXPORTS`, imported on first use (then cached)."""
+    module = EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'cg_pipelines' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """The module's own globals and every name of :data:`EXPORTS` (loaded or not)."""
+    return sorted({*globals(), *EXPORTS})

@@ -39,7 +39,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cg_pipelines.core.decode import BadMessage, Field, JsonDecoder, subject_tokens
+from cg_pipelines.core.decode import BadMessage, JsonDecoder, JsonField, subject_tokens
 
 __all__ = [
     "DECODER",
@@ -80,20 +80,20 @@ EPOCH = pd.Timestamp("2013-01-01")
 SORT_COLUMNS = ["year", "month", "day", "sched_dep_time"]
 """Publish order: these ascending, then original file order."""
 
-PAYLOAD_FIELDS: tuple[Field, ...] = (
-    Field("carrier", "string", nullable=False),
-    Field("flight", "int", nullable=False),
-    Field("tailnum", "string", nullable=False),
-    Field("year", "int", nullable=False),
-    Field("month", "int", nullable=False),
-    Field("day", "int", nullable=False),
-    Field("origin", "string", nullable=False),
-    Field("dest", "string", nullable=False),
-    Field("sched_dep_time", "int", nullable=False),
-    Field("dep_delay", "int"),
-    Field("arr_time", "int"),
-    Field("arr_delay", "int"),
-    Field("distance", "int", nullable=False),
+PAYLOAD_FIELDS: tuple[JsonField, ...] = (
+    JsonField("carrier", "string", nullable=False),
+    JsonField("flight", "int", nullable=False),
+    JsonField("tailnum", "string", nullable=False),
+    JsonField("year", "int", nullable=False),
+    JsonField("month", "int", nullable=False),
+    JsonField("day", "int", nullable=False),
+    JsonField("origin", "string", nullable=False),
+    JsonField("dest", "string", nullable=False),
+    JsonField("sched_dep_time", "int", nullable=False),
+    JsonField("dep_delay", "int"),
+    JsonField("arr_time", "int"),
+    JsonField("arr_delay", "int"),
+    JsonField("distance", "int", nullable=False),
 )
 """Payload fields, all required (nullable ones may be ``null``): what the leg computation needs."""
 

@@ -31,8 +31,8 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from cg_pipelines.core.state import KeyedState
-from cg_pipelines.engine.model import BatchContext
 from cg_pipelines.engine.processing import ArrowProcessor
+from cg_pipelines.engine.processor import BatchContext
 from cg_pipelines.spark.processor import SparkProcessor
 from flights.data import DECODER, EPOCH, LEGS_SCHEMA, validate_subject
 

@@ -18,7 +18,7 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.testing.s3 import MotoS3Server
 
 pytest_plugins = ["cg_pipelines.testing.fixtures"]

@@ -319,8 +319,3 @@ def subject_tokens(subject: str, pattern: str) -> list[str]:
         raise BadMessage(f"subject {subject!r} has too {much} tokens ({len(tokens)}, expected "
                          f"{want}: {pattern})")
     return tokens
-
-
-Field = JsonField
-"""Deprecated alias of :class:`JsonField` (the old name collides with ``pydantic.Field``);
-kept for one release."""

@@ -46,6 +46,13 @@ class ConcurrentUpdateError(CgError, RuntimeError):
     """A compare-and-set config update kept losing to concurrent writers and gave up."""
 
 
+class ProcessorContractError(CgError, ValueError):
+    """A processing step's output breaks the :class:`~cg_pipelines.engine.processor.Processor`
+    contract (e.g. it dead-letters a sequence not in its batch, gives rows of another
+    partition, or is not deterministic). The run fails before anything of the batch is
+    committed."""
+
+
 CAUSE_CHARS = 1000
 """The most characters of a cause's text (``<type>: <message>`` on one line) that a
 :class:`PartitionRunError` description, a Dagster failure or a check carries (longer ones end

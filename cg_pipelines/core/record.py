@@ -21,7 +21,7 @@ column          Arrow type                 nullable  meaning
 ==============  =========================  ========  =============================================
 
 :data:`RECORD_FIELDS` is the table above as data; :func:`record_schema` builds the Arrow schema
-from it (the engine's :data:`~cg_pipelines.engine.model.RECORD_SCHEMA`, the range reader's
+from it (the batches the engine hands a processor, the range reader's
 :data:`~cg_pipelines.jetstream.rangeread.RANGE_SCHEMA`, and the microsecond form Spark's Arrow
 batches need); the Spark ``StructType`` is derived from that Arrow schema in
 :mod:`cg_pipelines.spark.datasource`. Pure: no I/O.
@@ -34,7 +34,7 @@ from typing import Literal
 
 import pyarrow as pa
 
-__all__ = ["RECORD_FIELDS", "RECORD_SCHEMA", "RecordField", "record_schema"]
+__all__ = ["RECORD_FIELDS", "RECORD_SCHEMA", "RecordField", "record_schema", "user_headers"]
 
 TimeUnit = Literal["s", "ms", "us", "ns"]
 
@@ -88,3 +88,10 @@ def record_schema(*, time_unit: TimeUnit = "ns", origin: bool = True) -> pa.Sche
 
 RECORD_SCHEMA: pa.Schema = record_schema()
 """Arrow schema of a batch of records (nanosecond times, with ``origin_seq``)."""
+
+
+def user_headers(headers: dict[str, str] | None) -> dict[str, str] | None:
+    """``headers`` without the server's ``Nats-*`` ones (stream source, pin id ...): what the
+    ``headers`` column holds; None when none is left."""
+    user = {k: v for k, v in (headers or {}).items() if not k.startswith("Nats-")}
+    return user or None

@@ -80,12 +80,13 @@ from cg_pipelines.dagster.resources import (
     stopping_foreign_spark,
 )
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
-from cg_pipelines.engine.model import FenceConflictError, RunResult
 from cg_pipelines.engine.rebuild import rebuild_partition
+from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.errors import JetStreamError
 from cg_pipelines.jetstream.kv import Versioned
+from cg_pipelines.sinks.base import FenceConflictError
 from cg_pipelines.sinks.delta import DeltaSink, TableStats
 
 __all__ = [

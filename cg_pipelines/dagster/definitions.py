@@ -26,7 +26,7 @@ from cg_pipelines.dagster.reconcile import build_reconcile_check
 from cg_pipelines.dagster.resources import PartitionRunsResource, SparkResource
 from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
-from cg_pipelines.engine.model import with_defaults
+from cg_pipelines.engine.processor import with_defaults
 
 __all__ = ["GroupDefinitions", "build_definitions", "build_group_definitions"]
 

@@ -42,7 +42,7 @@ from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.io_manager import partitions_to_load, upstream_table
 from cg_pipelines.dagster.resources import SparkResource
-from cg_pipelines.engine.model import PARTITION_COLUMN
+from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.iceberg import IcebergSink, iceberg_s3_properties
 from cg_pipelines.sinks.iceberg_read import sqlite_wal
 from cg_pipelines.sinks.storage import s3_options

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from dagster import ConfigurableIOManager, InputContext, OutputContext
 
 from cg_pipelines.dagster.resources import DeltaWarehouseResource, SparkResource
-from cg_pipelines.engine.model import PARTITION_COLUMN
+from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.delta import DeltaSink
 
 __all__ = ["DeltaTableIOManager", "partitions_to_load", "upstream_table"]

@@ -35,14 +35,15 @@ from pydantic import Field, PrivateAttr
 
 from cg_pipelines.core.triggers import RetryPolicy
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.engine.runner import EngineOptions
+from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.jetstream.connect import (
     ConnectOptions,
     NatsConnectError,
     close_quietly,
     redact_url,
 )
-from cg_pipelines.sinks.delta import PARTITION_COLUMN, DeltaSink, Maintenance
+from cg_pipelines.sinks.base import PARTITION_COLUMN
+from cg_pipelines.sinks.delta import DeltaSink, Maintenance
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -458,7 +459,7 @@ class PartitionRunsResource(ConfigurableResource):
                            self.retry_max_backoff_s)
 
     def engine_options(self) -> EngineOptions:
-        """These settings as the engine's :class:`~cg_pipelines.engine.runner.EngineOptions`."""
+        """These settings as the engine's :class:`~cg_pipelines.engine.options.EngineOptions`."""
         return EngineOptions(
             batch_max_msgs=self.batch_max_msgs, adaptive_max_msgs=self.adaptive_max_msgs,
             batch_max_bytes=self.batch_max_bytes,

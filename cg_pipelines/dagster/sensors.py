@@ -82,7 +82,6 @@ from cg_pipelines.dagster.resources import (
 )
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
 from cg_pipelines.engine.deadletter import dlq_stream_name
-from cg_pipelines.engine.runner import app_id_for
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import (
@@ -91,6 +90,7 @@ from cg_pipelines.jetstream.backlog import (
     latest_dead_letters,
     partition_backlog,
 )
+from cg_pipelines.sinks.base import app_id_for
 
 __all__ = ["BacklogTick", "backlog_tick", "build_drain_schedule", "build_sensors"]
 

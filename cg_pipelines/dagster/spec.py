@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.engine.model import Processor, with_defaults
+from cg_pipelines.engine.processor import Processor, with_defaults
 from cg_pipelines.sinks.maintenance import Maintenance
 
 __all__ = ["ConsumerGroupAsset"]

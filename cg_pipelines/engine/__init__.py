@@ -1,39 +1,33 @@
-"""The ordered partition engine: lease-and-range drains with fenced, exactly-once commits."""
+"""The ordered partition engine: lease-and-range drains with fenced, exactly-once commits.
+
+Entry points: :func:`run_partition` (elastic groups), :func:`run_static_partition`,
+:func:`rebuild_partition`. Contracts: the processing step in
+:mod:`cg_pipelines.engine.processor`, what a run returns in :mod:`cg_pipelines.engine.result`;
+the sink's is :mod:`cg_pipelines.sinks.base`."""
 
 from cg_pipelines.core.errors import PartitionRunError
-from cg_pipelines.engine.model import (
-    PARTITION_COLUMN,
+from cg_pipelines.engine.options import EngineConfigError, EngineOptions
+from cg_pipelines.engine.processing import ArrowProcessor
+from cg_pipelines.engine.processor import (
     BatchContext,
     DeadLetter,
-    FenceConflictError,
     Processed,
     Processor,
     ProcessorBase,
     Record,
-    ReplaceSink,
-    RunResult,
-    RunStatus,
-    Sink,
-    StateSink,
 )
-from cg_pipelines.engine.processing import ArrowProcessor
 from cg_pipelines.engine.rebuild import RebuildError, rebuild_partition
+from cg_pipelines.engine.result import RunResult, RunStatus
 from cg_pipelines.engine.retry import NatsUnavailableError
-from cg_pipelines.engine.runner import (
-    EngineConfigError,
-    EngineOptions,
-    run_partition,
-)
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.engine.static import run_static_partition
 
 __all__ = [
-    "PARTITION_COLUMN",
     "ArrowProcessor",
     "BatchContext",
     "DeadLetter",
     "EngineConfigError",
     "EngineOptions",
-    "FenceConflictError",
     "NatsUnavailableError",
     "PartitionRunError",
     "Processed",
@@ -41,11 +35,8 @@ __all__ = [
     "ProcessorBase",
     "RebuildError",
     "Record",
-    "ReplaceSink",
     "RunResult",
     "RunStatus",
-    "Sink",
-    "StateSink",
     "rebuild_partition",
     "run_partition",
     "run_static_partition",

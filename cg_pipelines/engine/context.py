@@ -15,22 +15,17 @@ from nats.aio.client import Client
 
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.config import work_queue_stream_name
-from cg_pipelines.core.errors import PartitionRunError
-from cg_pipelines.engine.model import (
-    Processor,
-    RunResult,
-    Sink,
-    StateSink,
-    app_id_for,
-    with_defaults,
-)
+from cg_pipelines.core.errors import ConfigError, PartitionRunError
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
+from cg_pipelines.engine.processor import Processor, with_defaults
+from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.retry import Retrier
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.connect import ConnectOptions, connect_options_of
+from cg_pipelines.sinks.base import Sink, StateSink, app_id_for
 
-__all__ = ["RunContext", "state_cache"]
+__all__ = ["RunContext", "open_run", "state_cache"]
 
 
 class RunContext:
@@ -41,9 +36,9 @@ class RunContext:
             ``<stream>-<group>``; a static group's own stream).
         flt: the partition's subjects there (``<p>.>``).
         app_id: the partition's watermark key in the sink.
-        processor: the processor, every hook declared (:func:`~cg_pipelines.engine.model.
+        processor: the processor, every hook declared (:func:`~cg_pipelines.engine.processor.
             with_defaults`).
-        res: the run's :class:`~cg_pipelines.engine.model.RunResult` so far.
+        res: the run's :class:`~cg_pipelines.engine.result.RunResult` so far.
         pending: the partition's backlog when the run started (consumer pending + ack pending).
         inflight: first and last sequence of the batch being processed, or None.
         watermark_read: ``res.watermark`` holds the sink's committed watermark.
@@ -113,6 +108,29 @@ class RunContext:
             partition=self.partition, inflight=self.inflight,
             committed_through=res.watermark if self.watermark_read else None,
             acknowledged_through=self.settled_through, commits=res.commits)
+
+
+def open_run(
+    nc: Client, stream: str, group: str, partition: int, processor: Processor, sink: Sink,
+    options: EngineOptions | None, hook: Hook | None, *, read_stream: str | None = None,
+    connect: ConnectOptions | None = None,
+) -> RunContext:
+    """The preamble every engine entry point shares
+    (:func:`~cg_pipelines.engine.runner.run_partition`,
+    :func:`~cg_pipelines.engine.static.run_static_partition`,
+    :func:`~cg_pipelines.engine.rebuild.rebuild_partition`): check the arguments and make the
+    run's :class:`RunContext` (``options`` default to :class:`EngineOptions` ``()``). Nothing
+    is sent to NATS or read from the sink yet.
+
+    Raises:
+        ConfigError: ``partition`` is negative.
+        EngineConfigError: the processor declares per-key state the sink cannot serve
+            (:func:`state_cache`).
+    """
+    if partition < 0:
+        raise ConfigError("partition", f"must be >= 0, got {partition}")
+    return RunContext(nc, stream, group, partition, processor, sink, options or EngineOptions(),
+                      hook, read_stream=read_stream, connect=connect)
 
 
 def state_cache(processor: Processor, sink: Sink, partition: int) -> KeyStateCache | None:

@@ -29,7 +29,7 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.core.reconcile import ORIGIN_SEQ_HEADER, REPLAY_OF_HEADER
-from cg_pipelines.engine.model import DeadLetter
+from cg_pipelines.engine.processor import DeadLetter
 from cg_pipelines.jetstream.api import JetStreamAPI, StoredMessage, seconds_to_ns
 from cg_pipelines.jetstream.errors import (
     ERR_NO_MESSAGE_FOUND,
@@ -161,7 +161,7 @@ async def publish_dead_letters(
     """Publish each dead letter (awaiting the stream's acks). Returns how many were stored.
 
     ``batch`` is the batch the dead letters came from
-    (:data:`~cg_pipelines.engine.model.RECORD_SCHEMA`: its ``data``, ``subject`` and user
+    (:data:`~cg_pipelines.core.record.RECORD_SCHEMA`: its ``data``, ``subject`` and user
     ``headers`` are what is published).
 
     Raises ``ValueError`` if a dead letter names a sequence not in ``batch`` (the processing

@@ -50,6 +50,8 @@ import pyarrow.compute as pc
 from cg_pipelines.core.batching import next_batch_size
 from cg_pipelines.core.contract import check_output
 from cg_pipelines.core.coverage import COVERAGE_KEY, encode_seqs
+from cg_pipelines.core.errors import ProcessorContractError
+from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.deadletter import (
     ensure_dlq_stream,
@@ -63,23 +65,33 @@ from cg_pipelines.engine.executor_read import (
     executor_connect_options,
 )
 from cg_pipelines.engine.lease import Lease, LeaseHolder
-from cg_pipelines.engine.model import (
-    RECORD_SCHEMA,
-    BatchContext,
-    DeadLetter,
+from cg_pipelines.engine.processor import BatchContext, DeadLetter, Processed
+from cg_pipelines.jetstream.leader import confirm_empty_range
+from cg_pipelines.jetstream.rangeread import read_range
+from cg_pipelines.sinks.base import (
     FenceConflictError,
     MaintainedSink,
-    Processed,
     origin_marker,
     with_partition_column,
 )
-from cg_pipelines.jetstream.leader import confirm_empty_range
-from cg_pipelines.jetstream.rangeread import read_range
 
 __all__ = ["Drain", "Settle"]
 
 Settle = Callable[[Lease, int], Awaitable[None]]
 """``settle(lease, last)``: step 6 after a commit through sequence ``last``."""
+
+Prefetch = tuple[int, "asyncio.Task[pa.Table]"]
+"""A range read ahead: its first sequence and the task reading it."""
+
+
+async def _drop(prefetch: Prefetch | None) -> None:
+    """Cancel a prefetch nobody will use and wait until its task has ended (so no read of this
+    run is left running, nor its exception unretrieved)."""
+    if prefetch is None:
+        return
+    prefetch[1].cancel()
+    with contextlib.suppress(BaseException):
+        await prefetch[1]
 
 
 @dataclass(frozen=True)
@@ -140,7 +152,7 @@ class Drain:
         # The next range is read while the current batch is processed and committed: reading
         # consumes nothing, and a prefetch that no longer starts where the next range starts
         # (or whose range another holder took over) is discarded or fenced at commit.
-        prefetch: tuple[int, asyncio.Task[pa.Table]] | None = None
+        prefetch: Prefetch | None = None
         try:
             while lease is not None:
                 if lease.seq > start_last or self.ctx.limit_hit():
@@ -168,11 +180,8 @@ class Drain:
                 if source is not None:
                     # 2.-3. for a large backlog: one batch read, decoded and transformed on the
                     # executors; 4.-7. as any batch.
-                    if prefetch is not None:
-                        prefetch[1].cancel()
-                        with contextlib.suppress(BaseException):
-                            await prefetch[1]
-                        prefetch = None
+                    await _drop(prefetch)
+                    prefetch = None
                     if not dlq_ready:
                         dlq_ready = await self._ensure_dlq()
                     lease = await self._executor_batch(lease, watermark, source)
@@ -181,8 +190,7 @@ class Drain:
                 if prefetch is not None and prefetch[0] == from_seq:
                     records = await prefetch[1]
                 else:
-                    if prefetch is not None:
-                        prefetch[1].cancel()
+                    await _drop(prefetch)
                     records = await self._read(from_seq, start_last)
                 prefetch = None
                 if records.num_rows == 0:
@@ -200,16 +208,13 @@ class Drain:
             if self.ctx.res.status == "drained":  # nothing left: still pinned, nothing leased
                 await self._maintain()
         finally:
-            if prefetch is not None:
-                prefetch[1].cancel()
-                with contextlib.suppress(BaseException):
-                    await prefetch[1]
+            await _drop(prefetch)
             if lease is not None:
                 await self.lease.release(lease)
 
     async def _maintain(self) -> None:
         """After the run's last commit, while the partition is still held: the sink's optional
-        upkeep (:class:`~cg_pipelines.engine.model.MaintainedSink`: compaction, snapshots,
+        upkeep (:class:`~cg_pipelines.sinks.base.MaintainedSink`: compaction, snapshots,
         retention), its figures in ``res.maintenance`` (skipped when nothing was committed)."""
         sink = self.ctx.sink
         if self.ctx.res.commits == 0 or not isinstance(sink, MaintainedSink):
@@ -331,8 +336,8 @@ class Drain:
         seqs = set(records["seq"].to_pylist())
         unknown = [d.seq for d in processed.dead if d.seq not in seqs]
         if unknown:
-            raise ValueError(f"processing step dead-lettered sequences not in the batch: "
-                             f"{unknown[:5]}")
+            raise ProcessorContractError(f"processing step dead-lettered sequences not in the "
+                                         f"batch: {unknown[:5]}")
         return processed
 
     async def _prepare_batch(self, records: pa.Table) -> _Prepared:
@@ -348,8 +353,9 @@ class Drain:
                 return _Prepared(records, processed, halted, time.monotonic() - t)
             processed = await self._process(records)
             if processed.dead:  # the prefix must process cleanly: it did in the full batch
-                raise RuntimeError("processing step is not deterministic: the batch before a "
-                                   "bad message produced dead letters on re-processing")
+                raise ProcessorContractError(
+                    "processing step is not deterministic: the batch before a bad message "
+                    "produced dead letters on re-processing")
         if self.ctx.state is not None:
             # Optimistic: the next batch is processed while this one commits; if the commit
             # is refused (fence), the run stops and this per-run cache goes with it.
@@ -460,8 +466,8 @@ class Drain:
 
     async def _pipeline(
         self, lease: Lease, records: pa.Table, watermark: int, start_last: int,
-        prefetch: tuple[int, asyncio.Task[pa.Table]] | None,
-    ) -> tuple[Lease | None, tuple[int, asyncio.Task[pa.Table]] | None]:
+        prefetch: Prefetch | None,
+    ) -> tuple[Lease | None, Prefetch | None]:
         """Drain batches with commit and settle off the critical path: batch k+1 is processed
         while batch k commits (fenced, in order), purges, acks and the next lease comes back.
         The next batch is read meanwhile too. Returns the lease to go on with (the outer loop
@@ -507,10 +513,7 @@ class Drain:
                     next_lease, pending = await pending, None
                     return next_lease, None
         except BaseException:
-            if prefetch is not None:  # the caller never sees this prefetch
-                prefetch[1].cancel()
-                with contextlib.suppress(BaseException):
-                    await prefetch[1]
+            await _drop(prefetch)  # the caller never sees this prefetch
             raise
         finally:
             if pending is not None:  # an error or cancellation: let the commit finish first

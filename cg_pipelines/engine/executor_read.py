@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 import pyarrow as pa
 from nats.aio.client import Client
 
-from cg_pipelines.engine.model import BatchContext, Processed
+from cg_pipelines.engine.processor import BatchContext, Processed
 from cg_pipelines.jetstream.connect import ConnectOptions, connect_options_of
 
 __all__ = [
@@ -41,7 +41,7 @@ class RangeProcessed:
         processed: the rows to commit (``table``, ``None`` when no message decoded) and the
             dead letters (work-queue sequences, with their reasons).
         dead_records: the dead-lettered messages as
-            :data:`~cg_pipelines.engine.model.RECORD_SCHEMA` rows (user headers only, partition
+            :data:`~cg_pipelines.core.record.RECORD_SCHEMA` rows (user headers only, partition
             token stripped from ``subject``): what the dead-letter stream stores.
         messages: messages read (rows decoded + dead letters).
         first_seq, last_seq: work-queue sequences of the first and last message read (``None``

@@ -32,14 +32,14 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import nats.errors
 from nats.aio.msg import Msg
 
 from cg_pipelines.engine.context import RunContext
-from cg_pipelines.engine.model import RunResult
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions
+from cg_pipelines.engine.result import RunResult
 from cg_pipelines.jetstream.api import JetStreamAPI, PullResult, consumer_config
 from cg_pipelines.jetstream.errors import (
     ConsumerAlreadyExistsError,
@@ -51,6 +51,7 @@ __all__ = [
     "PRIORITY_GROUP",
     "Lease",
     "LeaseHolder",
+    "Repin",
     "ensure_lease_consumer",
     "lease_consumer_config",
     "lease_consumer_name",
@@ -105,6 +106,24 @@ def pinned_id(info: dict[str, Any]) -> str | None:
         if g.get("group") == PRIORITY_GROUP and g.get("pinned_client_id"):
             return str(g["pinned_client_id"])
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Repin:
+    """How :meth:`LeaseHolder.repin` ended.
+
+    Attributes:
+        outcome: ``"pinned"`` (the server pinned this run again: ``pull`` got the next
+            message), ``"handed_over"`` (another instance holds the partition now, or the
+            server gave this run nothing while it has a backlog: the run stops) or
+            ``"drained"`` (the partition has nothing left: the run stops).
+        pull: the pull that got the message (``pinned`` only).
+        detail: why the run stops, for ``RunResult.detail`` (``handed_over``), else "".
+    """
+
+    outcome: Literal["pinned", "handed_over", "drained"]
+    pull: PullResult | None = None
+    detail: str = ""
 
 
 @dataclass
@@ -275,25 +294,37 @@ class LeaseHolder:
         got = await self.pull("pull the next lease", batch=1, expires_s=0, no_wait=True,
                               pin_id=done.pin_id)
         if got.pin_lost:
-            got = await self.repin()
+            repin = await self.repin()
+            if repin.pull is not None:
+                return self.hold(repin.pull.messages[0], repin.pull.pin_id)
+            self._res.status = "handed_over" if repin.outcome == "handed_over" else "drained"
+            if repin.detail:
+                self._res.detail = repin.detail
+            return None
         if got.messages:
             return self.hold(got.messages[0], got.pin_id)
-        if got.pin_lost:
-            self._res.status = "handed_over"
-        elif got.status in (None, 404, 408):
+        if got.status in (None, 404, 408):
             self._res.status = "drained"
         else:
             got.raise_for_status()
         return None
 
-    async def repin(self) -> PullResult:
+    async def repin(self) -> Repin:
         """The pin this run held is gone. Either another instance holds it now (a step-down
         or a pin timeout moved it), or nobody does: a restarted server forgets pins, whether
         or not any step of this run had to be retried. Pull without a pin id until the server
         pins this run again or names another holder (consumer info's ``pinned_client_id``),
-        for up to ``hold_wait_s``. Returns the pull that got a message, or one marked as pin
-        lost (status 423, ``detail`` names the new holder), or the last empty one when the
-        partition has nothing left."""
+        for up to ``hold_wait_s`` seconds.
+
+        Returns:
+            A :class:`Repin`: ``pinned`` with the pull that got a message (counted in
+            ``RunResult.repins``), ``handed_over`` (another instance holds the pin, or the
+            server gave this run nothing for ``hold_wait_s`` although the partition has a
+            backlog; ``detail`` says which), or ``drained`` (the partition has nothing left).
+
+        Raises:
+            NatsUnavailableError / JetStreamError: as :meth:`pull` and :meth:`info`.
+        """
         opt, res = self.ctx.opt, self._res
         deadline = time.monotonic() + opt.hold_wait_s
         while True:
@@ -301,23 +332,19 @@ class LeaseHolder:
                                   expires_s=max(0.1, min(1.0, deadline - time.monotonic())))
             if got.messages:
                 res.repins += 1
-                return got
+                return Repin("pinned", got)
             info = await self.info()
             holder = pinned_id(info)
             if holder is not None:
-                got.status = 423
-                res.detail = (f"the pin moved to another instance (pin id {holder}): "
-                              "step-down or pin timeout")
-                return got
+                return Repin("handed_over", detail=(
+                    f"the pin moved to another instance (pin id {holder}): step-down or pin "
+                    "timeout"))
             if not (info.get("num_pending") or info.get("num_ack_pending")):
-                got.status = 404
-                return got
+                return Repin("drained")
             if time.monotonic() >= deadline:
-                got.status = 423
-                res.detail = (f"partition {self.ctx.partition} has a backlog but the server "
-                              f"gave this run no message for {opt.hold_wait_s:g} s "
-                              "and names no pinned holder")
-                return got
+                return Repin("handed_over", detail=(
+                    f"partition {self.ctx.partition} has a backlog but the server gave this "
+                    f"run no message for {opt.hold_wait_s:g} s and names no pinned holder"))
 
     # ------------------------------------------------------------------ holding
 

@@ -2,7 +2,7 @@
 (:func:`maintain_partition`; CLI: ``cg maintain STREAM GROUP TABLE -p P``).
 
 Every partition run already maintains its partition after its last commit (the sink's optional
-``maintain`` hook, :class:`~cg_pipelines.engine.model.MaintainedSink`). This entry point does
+``maintain`` hook, :class:`~cg_pipelines.sinks.base.MaintainedSink`). This entry point does
 the same without processing anything: it takes the partition's lease like a run (a pull that
 pins this instance when the partition has a backlog; nothing is leased when it has none, and
 then no run can be committing), calls ``sink.maintain(partition, app_id)``, and gives the lease
@@ -21,15 +21,10 @@ from nats.aio.client import Client
 
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.lease import LeaseHolder, lease_consumer_name
-from cg_pipelines.engine.model import (
-    BatchContext,
-    MaintainedSink,
-    Processed,
-    ProcessorBase,
-    RunResult,
-    Sink,
-)
 from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.processor import BatchContext, Processed, ProcessorBase
+from cg_pipelines.engine.result import RunResult
+from cg_pipelines.sinks.base import MaintainedSink, Sink
 
 __all__ = ["maintain_partition"]
 
@@ -52,7 +47,7 @@ async def maintain_partition(nc: Client, stream: str, group: str, partition: int
         :class:`~cg_pipelines.sinks.delta.DeltaSink`). options: timeouts, hold wait.
 
     Returns:
-        A :class:`~cg_pipelines.engine.model.RunResult` with ``maintenance`` (the figures;
+        A :class:`~cg_pipelines.engine.result.RunResult` with ``maintenance`` (the figures;
         empty when ``held``) and ``status`` ``"held"`` (another instance holds the partition:
         nothing done), ``"empty"`` (no backlog, maintained) or ``"limit"`` (maintained while
         holding the lease, which was given back).

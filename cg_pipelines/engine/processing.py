@@ -1,7 +1,7 @@
 """Processing steps over Arrow: decode a batch in one call, attach declared state, transform.
 
 A batch reaches a processor as an Arrow table with
-:data:`~cg_pipelines.engine.model.RECORD_SCHEMA` (``seq``, ``subject``, ``time``, ``headers``,
+:data:`~cg_pipelines.core.record.RECORD_SCHEMA` (``seq``, ``subject``, ``time``, ``headers``,
 ``data``), in stream order. :func:`decode_batch` decodes the payloads with
 :meth:`~cg_pipelines.core.decode.JsonDecoder.decode_column` (every payload either becomes a row
 or a dead letter with its reason, whatever its bytes) and adds ``_seq`` (int64 origin stream
@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.decode import JsonDecoder
 from cg_pipelines.core.state import KeyedState, attach_state, keys_of
-from cg_pipelines.engine.model import BatchContext, DeadLetter, Processed, ProcessorBase
+from cg_pipelines.engine.options import EngineConfigError
+from cg_pipelines.engine.processor import BatchContext, DeadLetter, Processed, ProcessorBase
 
 __all__ = [
     "META_FIELDS",
@@ -50,7 +51,7 @@ becomes a dead letter with its reason."""
 def decode_batch(
     batch: pa.Table, decoder: JsonDecoder, validate: Validate | None = None
 ) -> tuple[pa.Table, list[DeadLetter]]:
-    """Decode a batch (:data:`~cg_pipelines.engine.model.RECORD_SCHEMA`) into an Arrow table of
+    """Decode a batch (:data:`~cg_pipelines.core.record.RECORD_SCHEMA`) into an Arrow table of
     the decoded fields plus :data:`META_FIELDS`, in stream order, and its dead letters.
 
     ``_seq`` is the message's origin stream sequence (``origin_seq``; the batch's ``seq`` when
@@ -82,14 +83,14 @@ def with_state(table: pa.Table, spec: KeyedState | None, ctx: BatchContext) -> p
     :mod:`cg_pipelines.core.state`); ``table`` itself when ``spec`` is ``None``.
 
     Raises:
-        RuntimeError: state is declared but ``ctx`` carries no state reader (the processor was
-            called outside the engine without one).
+        EngineConfigError: state is declared but ``ctx`` carries no state reader (the processor
+            was called outside the engine without one).
     """
     if spec is None:
         return table
     if ctx.state is None:
-        raise RuntimeError("the processor declares KeyedState but the batch context has no "
-                           "state reader: run it through the engine (run_partition)")
+        raise EngineConfigError("the processor declares KeyedState but the batch context has "
+                                "no state reader: run it through the engine (run_partition)")
     return attach_state(table, ctx.state.lookup(keys_of(table, spec.key)), spec)
 
 

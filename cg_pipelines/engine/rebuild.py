@@ -10,7 +10,7 @@ that first processed it. A rebuild recomputes partition ``p`` with today's proce
    message arriving meanwhile is delivered to this run, which then holds it. A drain started
    during the rebuild finds the partition ``held`` and drains after it.
 2. **Range.** Read the committed watermark ``W`` and the origin sequence ``O`` of the last
-   committed message (each commit records it, :func:`~cg_pipelines.engine.model.origin_marker`).
+   committed message (each commit records it, :func:`~cg_pipelines.sinks.base.origin_marker`).
    Refuse when the origin stream no longer holds its whole history (its first sequence is
    not 1, or messages were deleted) unless ``allow_partial``. The replay goes through ``X``:
    the origin's last message, unless the work queue's source has not passed it yet (then the
@@ -57,27 +57,23 @@ from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.coverage import COVERAGE_THROUGH_KEY
 from cg_pipelines.core.errors import CgError, GroupNotFoundError
 from cg_pipelines.core.partitioning import SubjectPartitioner
-from cg_pipelines.engine.context import RunContext
+from cg_pipelines.core.record import RECORD_SCHEMA, user_headers
+from cg_pipelines.engine.context import RunContext, open_run
 from cg_pipelines.engine.lease import Lease, LeaseHolder, lease_consumer_name
-from cg_pipelines.engine.model import (
-    RECORD_SCHEMA,
-    BatchContext,
-    FenceConflictError,
-    Processor,
-    Record,
-    ReplaceSink,
-    RunResult,
-    Sink,
-    origin_marker,
-    records_to_arrow,
-    user_headers,
-    with_partition_column,
-)
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
+from cg_pipelines.engine.processor import BatchContext, Processor, Record, records_to_arrow
+from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import PullResult, consumer_config
 from cg_pipelines.jetstream.rangeread import fast_path_available, read_range
+from cg_pipelines.sinks.base import (
+    FenceConflictError,
+    ReplaceSink,
+    Sink,
+    origin_marker,
+    with_partition_column,
+)
 
 __all__ = ["RebuildError", "rebuild_partition"]
 
@@ -385,7 +381,7 @@ class _Rebuild:
     async def _replay(self, first: int, last: int, part: SubjectPartitioner,
                       config: ElasticConfig) -> AsyncIterator[pa.Table]:
         """The origin stream's messages of this partition from ``first`` to ``last``, in order,
-        as batches (:data:`~cg_pipelines.engine.model.RECORD_SCHEMA`, ``seq`` = origin
+        as batches (:data:`~cg_pipelines.core.record.RECORD_SCHEMA`, ``seq`` = origin
         sequence) of at most ``batch_max_msgs`` messages / ``batch_max_bytes`` bytes.
 
         Read through an ephemeral consumer (ack none, in memory, from ``first``, filtered by
@@ -493,25 +489,23 @@ async def rebuild_partition(
             its beginning (the result then lacks the trimmed messages' effects).
 
     Returns:
-        A :class:`~cg_pipelines.engine.model.RunResult` with ``status`` ``"rebuilt"``
+        A :class:`~cg_pipelines.engine.result.RunResult` with ``status`` ``"rebuilt"``
         (``first_seq``/``last_seq``: the origin range; ``processed``: the partition's messages;
         ``messages_read``; ``rows_replaced``; ``rows_written``), ``"held"`` (another instance
         holds the partition), ``"empty"`` (nothing committed yet) or ``"fenced"`` (another
         holder committed meanwhile: nothing written).
 
     Raises:
+        ConfigError: ``partition`` is negative.
         RebuildError: the rebuild cannot be done as asked (see the class); nothing is written.
         EngineConfigError: the sink cannot replace a partition.
         Exceptions of the processor (nothing is written, the old rows stay) and NATS errors as
         :func:`~cg_pipelines.engine.run_partition` raises them.
     """
-    if partition < 0:
-        raise ValueError(f"partition must be >= 0, got {partition}")
     if not isinstance(sink, ReplaceSink):
         raise EngineConfigError(f"{type(sink).__name__} cannot replace a partition's rows "
                                 "(no replace_partition): use DeltaSink")
-    ctx = RunContext(nc, stream, group, partition, processor, sink, options or EngineOptions(),
-                     hook)
+    ctx = open_run(nc, stream, group, partition, processor, sink, options, hook)
     ctx.state = None  # a rebuild starts from empty state (set per run)
     run = _Rebuild(ctx, sink, allow_partial=allow_partial)
     return await run.lease.guard(run.ensure, run.run)

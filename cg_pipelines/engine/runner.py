@@ -34,57 +34,26 @@ mid-run is retried with backoff (:mod:`cg_pipelines.engine.retry`), then fails t
 Where each part lives: the options in :mod:`~cg_pipelines.engine.options`; the lease (step 1,
 the pin, keep-alive, ack, unpin and give-back rules) in :mod:`~cg_pipelines.engine.lease`;
 steps 2-5 as the batch pipeline in :mod:`~cg_pipelines.engine.drain`; the executor-read
-protocol in :mod:`~cg_pipelines.engine.executor_read`. This module runs them for one partition
-(:func:`run_partition`) and keeps the names imported from it importable.
+protocol in :mod:`~cg_pipelines.engine.executor_read`; the contracts in
+:mod:`~cg_pipelines.engine.processor` (the processing step), :mod:`~cg_pipelines.sinks.base`
+(the sink) and :mod:`~cg_pipelines.engine.result` (what a run returns). This module runs them
+for one partition (:func:`run_partition`).
 """
 
 from __future__ import annotations
 
 from nats.aio.client import Client
 
-from cg_pipelines.engine.context import RunContext
+from cg_pipelines.engine.context import open_run
 from cg_pipelines.engine.drain import Drain
-from cg_pipelines.engine.executor_read import (
-    RangeProcessed,
-    RangeProcessor,
-    executor_connect_options,
-)
-from cg_pipelines.engine.lease import (
-    PRIORITY_GROUP,
-    Lease,
-    LeaseHolder,
-    ensure_lease_consumer,
-    lease_consumer_config,
-    lease_consumer_name,
-)
-from cg_pipelines.engine.model import (
-    Processor,
-    RunResult,
-    Sink,
-    app_id_for,
-    origin_seq_of,
-    with_partition_column,
-)
-from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
+from cg_pipelines.engine.lease import LeaseHolder, lease_consumer_name
+from cg_pipelines.engine.options import EngineOptions, Hook
+from cg_pipelines.engine.processor import Processor
+from cg_pipelines.engine.result import RunResult
 from cg_pipelines.jetstream.connect import ConnectOptions
+from cg_pipelines.sinks.base import Sink
 
-__all__ = [
-    "PRIORITY_GROUP",
-    "EngineConfigError",
-    "EngineOptions",
-    "Hook",
-    "Lease",
-    "RangeProcessed",
-    "RangeProcessor",
-    "app_id_for",
-    "ensure_lease_consumer",
-    "executor_connect_options",
-    "lease_consumer_config",
-    "lease_consumer_name",
-    "origin_seq_of",
-    "run_partition",
-    "with_partition_column",
-]
+__all__ = ["run_partition"]
 
 
 async def run_partition(
@@ -119,6 +88,7 @@ async def run_partition(
         "fenced" and "halted" are results, not exceptions.
 
     Raises:
+        ConfigError: ``partition`` is negative.
         EngineConfigError: the lease consumer cannot be created as required.
         NatsUnavailableError: NATS stayed unreachable for ``options.retry_max_s`` seconds
             (each NATS step is retried with backoff until then); nothing acknowledged that was
@@ -132,9 +102,7 @@ async def run_partition(
     attached (``PartitionRunError.of(exc)``): the partition, the sequences in flight and what
     was committed and acknowledged, the exception as its cause.
     """
-    if partition < 0:
-        raise ValueError(f"partition must be >= 0, got {partition}")
-    ctx = RunContext(nc, stream, group, partition, processor, sink, options or EngineOptions(),
-                     hook, connect=connect)
+    ctx = open_run(nc, stream, group, partition, processor, sink, options, hook,
+                   connect=connect)
     lease = LeaseHolder(ctx, lease_consumer_name(partition))
     return await lease.guard(lease.ensure, Drain(ctx, lease).run)

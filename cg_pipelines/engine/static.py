@@ -16,21 +16,17 @@ from collections.abc import Sequence
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from cg_pipelines.core.record import user_headers
 from cg_pipelines.core.subjects import strip_partition
-from cg_pipelines.engine.context import RunContext
+from cg_pipelines.engine.context import RunContext, open_run
 from cg_pipelines.engine.drain import Drain
 from cg_pipelines.engine.lease import PRIORITY_GROUP, LeaseHolder
-from cg_pipelines.engine.model import (
-    Processor,
-    Record,
-    RunResult,
-    Sink,
-    records_to_arrow,
-    user_headers,
-)
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
+from cg_pipelines.engine.processor import Processor, Record, records_to_arrow
+from cg_pipelines.engine.result import RunResult
 from cg_pipelines.jetstream.api import consumer_config
 from cg_pipelines.jetstream.errors import ConsumerAlreadyExistsError
+from cg_pipelines.sinks.base import Sink
 
 __all__ = ["run_static_partition", "static_consumer_name"]
 
@@ -149,9 +145,7 @@ async def run_static_partition(
     subject filters (after the partition token). The origin stream is never purged: the
     partition's consumer advances by acknowledging each delivered message after its commit.
     """
-    if partition < 0:
-        raise ValueError(f"partition must be >= 0, got {partition}")
-    ctx = RunContext(nc, stream, group, partition, processor, sink, options or EngineOptions(),
-                     hook, read_stream=stream)
+    ctx = open_run(nc, stream, group, partition, processor, sink, options, hook,
+                   read_stream=stream)
     run = _StaticDrain(ctx, filters)
     return await run.lease.guard(run.ensure, run.run)

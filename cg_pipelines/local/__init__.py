@@ -12,8 +12,8 @@ then SIGKILL after a timeout).
   (:mod:`cg_pipelines.local.spark_cluster`): what ``cg spark-connect start|stop`` runs; they
   need Java 17+ and the ``spark`` extra (pyspark is imported only when one starts).
 
-:mod:`cg_pipelines.testing` re-exports these for tests, beside its test-only topology (a
-3-node cluster) and fixtures.
+:mod:`cg_pipelines.testing` holds what only tests need (a 3-node cluster, moto S3, pytest
+fixtures); tests import these processes from here.
 """
 
 from cg_pipelines.local.nats_server import (

@@ -2,14 +2,24 @@
 two write modes: :class:`Append` (the default; the table is the history) or :class:`Merge`
 (a MERGE by key; the table is each key's current row); and the fenced Apache Iceberg sink
 (:class:`IcebergSink`, the ``iceberg`` extra), imported lazily: importing the Delta sink
-never imports pyiceberg."""
+never imports pyiceberg. The contract every sink fulfils (and the engine relies on) is in
+:mod:`cg_pipelines.sinks.base`."""
 
 from typing import Any
 
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.sinks.delta import LINEAGE_PREFIX, PARTITION_COLUMN, DeltaSink, TableStats
+from cg_pipelines.sinks.base import (
+    PARTITION_COLUMN,
+    FenceConflictError,
+    MaintainedSink,
+    ReplaceSink,
+    Sink,
+    StateSink,
+)
+from cg_pipelines.sinks.delta import LINEAGE_PREFIX, DeltaSink, TableStats
 
-__all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "IcebergSink", "Merge",
+__all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "FenceConflictError",
+           "IcebergSink", "MaintainedSink", "Merge", "ReplaceSink", "Sink", "StateSink",
            "TableStats"]
 
 

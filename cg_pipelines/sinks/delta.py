@@ -80,15 +80,14 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from cg_pipelines.core.coverage import COVERAGE_KEY
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.deltaread import TableStats
 from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
 from cg_pipelines.sinks.maintenance import DeltaMaintenance, Maintenance
 from cg_pipelines.sinks.storage import mask_options, s3_options
 from cg_pipelines.version import __version__
 
-__all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "Maintenance", "Merge",
-           "TableStats"]
+__all__ = ["LINEAGE_PREFIX", "DeltaSink", "Maintenance", "TableStats"]
 
 CONFLICT_RETRIES: Final = 3
 """Times a commit is tried again after losing a race to a commit that did not move its
@@ -111,7 +110,7 @@ def _txn(dt: DeltaTable | None, app_id: str) -> int:
 
 
 class DeltaSink(DeltaMaintenance):
-    """A :class:`~cg_pipelines.engine.model.Sink` over one Delta table (local path or ``s3://``).
+    """A :class:`~cg_pipelines.sinks.base.Sink` over one Delta table (local path or ``s3://``).
 
     Thread-safe for concurrent use with *different* app ids (one snapshot per app id); calls for
     one app id must not overlap (the engine runs one holder per partition).

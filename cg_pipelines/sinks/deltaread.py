@@ -23,7 +23,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.deltastate import PartitionStates
 from cg_pipelines.sinks.storage import safe_uri, scrubbed, table_filesystem
 
@@ -120,7 +120,7 @@ class DeltaTableAccess:
     ) -> pa.Table:
         """The last committed row (greatest ``order_by``) of each of ``keys``: the per-key state
         of :class:`~cg_pipelines.core.state.KeyedState` (the state-sink contract,
-        :class:`~cg_pipelines.engine.model.StateSink`).
+        :class:`~cg_pipelines.sinks.base.StateSink`).
 
         In append mode, for one partition of a table partitioned by :data:`PARTITION_COLUMN`
         (the default), the rows come from the partition's state snapshot caught up from the

@@ -11,7 +11,7 @@ a compaction it knows the commit's removed and added files
 :data:`PERSIST_EVERY` caught-up files) writes the state back as the new snapshot.
 
 Used only when the table is partitioned by exactly
-:data:`~cg_pipelines.engine.model.PARTITION_COLUMN` (the sink's default): the partition's files
+:data:`~cg_pipelines.sinks.base.PARTITION_COLUMN` (the sink's default): the partition's files
 are then known from the Delta log without reading them.
 """
 
@@ -29,7 +29,7 @@ from deltalake import DeltaTable
 
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.statesnap import after_rewrite, catch_up_files
-from cg_pipelines.engine.model import PARTITION_COLUMN
+from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.statesnapshot import KeyedSnapshot, SnapshotStore
 
 __all__ = ["PERSIST_EVERY", "PartitionStates", "partition_files"]

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable
 
 from cg_pipelines.core.write import DELETE_COLUMN, Merge, last_rows_by_key
-from cg_pipelines.engine.model import PARTITION_COLUMN
+from cg_pipelines.sinks.base import PARTITION_COLUMN
 
 __all__ = ["conform", "counting", "current_of", "delta_schema", "delta_type", "merge_into"]
 

@@ -1,7 +1,7 @@
 """Apache Iceberg sink over ``pyiceberg`` 0.12: fenced, exactly-once commits beside Delta.
 
 The contract is :class:`~cg_pipelines.sinks.delta.DeltaSink`'s (the engine's
-:class:`~cg_pipelines.engine.model.ReplaceSink`): one :meth:`IcebergSink.commit` is ONE catalog
+:class:`~cg_pipelines.sinks.base.ReplaceSink`): one :meth:`IcebergSink.commit` is ONE catalog
 commit that writes the batch's rows and moves the partition's watermark, only if the watermark
 is still the one the batch was based on.
 
@@ -26,7 +26,7 @@ local disk and moto S3; see ``tests/iceberg``):
   cannot have moved unseen: if any commit landed in between, the catalog refuses ours
   (``CommitFailedException``).
 * On that refusal the sink reloads the table and re-reads the watermark: moved →
-  :class:`~cg_pipelines.engine.model.FenceConflictError` (nothing written; the files of the
+  :class:`~cg_pipelines.sinks.base.FenceConflictError` (nothing written; the files of the
   failed attempt are deleted by pyiceberg); unchanged → the commit was lost to another
   partition (or to maintenance): it is rebuilt on the fresh table and tried again (up to
   ``commit_retries`` times, with a short jittered back-off) — another partition's commit is
@@ -40,7 +40,7 @@ up to two snapshots (``overwrite``/``delete`` then ``append``), both carrying th
 composite key, or more than :data:`IN_PRUNE_LIMIT` keys in the batch, rewrites the batch's
 partition whole (one file afterwards).
 
-Tables: identity-partitioned on :data:`~cg_pipelines.engine.model.PARTITION_COLUMN` when the
+Tables: identity-partitioned on :data:`~cg_pipelines.sinks.base.PARTITION_COLUMN` when the
 schema has it; columns are created optional (nullable); nanosecond timestamps are stored as
 microseconds (Iceberg v2 has no nanoseconds; batches are truncated on write).
 
@@ -77,7 +77,7 @@ from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, I
 from pyiceberg.table import Table
 
 from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
-from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.deltawrite import conform, current_of
 from cg_pipelines.sinks.iceberg_read import (
     IcebergTableAccess,
@@ -108,7 +108,7 @@ def _key(name: str) -> str:
 
 
 class IcebergSink(IcebergTableAccess):
-    """A :class:`~cg_pipelines.engine.model.ReplaceSink` over one Iceberg table.
+    """A :class:`~cg_pipelines.sinks.base.ReplaceSink` over one Iceberg table.
 
     Thread-safe for concurrent use with different app ids; calls for one app id must not
     overlap (the engine runs one holder per partition).

@@ -20,7 +20,7 @@ from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, I
 from pyiceberg.table import Table
 
 from cg_pipelines.core.state import last_per_key
-from cg_pipelines.engine.model import PARTITION_COLUMN
+from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.deltaread import TableStats
 from cg_pipelines.sinks.storage import option_name
 

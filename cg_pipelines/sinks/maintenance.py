@@ -48,7 +48,7 @@ from deltalake.exceptions import CommitFailedError
 
 from cg_pipelines.core.statesnap import needs_compaction
 from cg_pipelines.core.write import Merge
-from cg_pipelines.engine.model import PARTITION_COLUMN
+from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.deltaread import DeltaTableAccess
 from cg_pipelines.sinks.deltastate import partition_files
 from cg_pipelines.sinks.statesnapshot import STATE_DIR

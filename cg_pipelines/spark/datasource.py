@@ -14,7 +14,7 @@ Usage::
     ordered = df.orderBy("seq")
 
 Schema (:data:`SPARK_RECORD_SCHEMA`, the Spark form of
-:data:`cg_pipelines.engine.model.RECORD_SCHEMA`): ``seq`` long, ``subject`` string (as stored;
+:data:`cg_pipelines.core.record.RECORD_SCHEMA`): ``seq`` long, ``subject`` string (as stored;
 the first token — the partition number of a work-queue stream — is removed only with option
 ``strip_partition="true"``), ``time`` timestamp (UTC; Spark keeps **microseconds**, the store
 time's nanoseconds are truncated), ``origin_seq`` long (the origin stream sequence of a sourced
@@ -93,7 +93,7 @@ SOURCE_NAME = "jetstream"
 
 SPARK_RECORD_SCHEMA: StructType = from_arrow_schema(RECORD_SCHEMA)
 """Spark schema of the source: the record schema (:mod:`cg_pipelines.core.record`, the same
-columns, order and nullability as :data:`~cg_pipelines.engine.model.RECORD_SCHEMA`) with
+columns, order and nullability as :data:`~cg_pipelines.core.record.RECORD_SCHEMA`) with
 ``time`` in Spark's microsecond timestamps, derived from the Arrow schema by PySpark's own
 ``from_arrow_schema``."""
 

@@ -1,6 +1,6 @@
 """The Spark processing step of a partition run.
 
-:class:`SparkProcessor` implements the engine's :class:`~cg_pipelines.engine.model.Processor`:
+:class:`SparkProcessor` implements the engine's :class:`~cg_pipelines.engine.processor.Processor`:
 the batch is decoded in one call (:func:`~cg_pipelines.engine.processing.decode_batch`: a rejected
 payload becomes a dead letter with its reason), the declared per-key state is attached in Arrow
 (:func:`~cg_pipelines.engine.processing.with_state`: ``last_<column>`` columns, no Spark job),
@@ -48,16 +48,11 @@ from pyspark.sql.types import (
 
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.decode import JsonDecoder
+from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.executor_read import RangeProcessed
-from cg_pipelines.engine.model import (
-    RECORD_SCHEMA,
-    BatchContext,
-    DeadLetter,
-    Processed,
-    ProcessorBase,
-)
 from cg_pipelines.engine.processing import Validate, decode_batch, with_state
+from cg_pipelines.engine.processor import BatchContext, DeadLetter, Processed, ProcessorBase
 from cg_pipelines.spark.datasource import SOURCE_NAME, register_jetstream_source
 from cg_pipelines.spark.session import get_spark
 

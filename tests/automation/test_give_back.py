@@ -16,9 +16,10 @@ from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.core.errors import PartitionRunError
-from cg_pipelines.engine.model import BatchContext
+from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.processing import ArrowProcessor
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.processor import BatchContext
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.sinks.delta import DeltaSink

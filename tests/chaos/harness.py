@@ -53,8 +53,8 @@ from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import partition_backlog
 from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly
+from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.sinks.delta import DeltaSink
-from cg_pipelines.testing.nats_server import NatsServer
 from flights.data import PARTITION_FILTER, event_payloads, load_flights, subjects
 from flights.reference import compare_legs, normalize_legs, reference_legs
 

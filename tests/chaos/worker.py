@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from nats.aio.client import Client  # noqa: E402
 
-from cg_pipelines.engine.runner import EngineOptions, run_partition  # noqa: E402
+from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
 from flights.legs import legs_arrow_processor  # noqa: E402

@@ -25,8 +25,9 @@ from cg_pipelines.engine.lease import (
     lease_consumer_name,
     pinned_id,
 )
-from cg_pipelines.engine.model import RunResult
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.result import RunResult
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.reconcile import reconcile_group, sink_table_seqs
 from cg_pipelines.sinks.delta import DeltaSink

@@ -12,8 +12,9 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.retry import NatsUnavailableError
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.sinks.delta import DeltaSink

@@ -28,10 +28,11 @@ from cg_pipelines.core.coverage import ReconcileCursor
 from cg_pipelines.core.reconcile import ReconcileReport
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.engine.coverage_log import DeltaLogCoverage
-from cg_pipelines.engine.model import BatchContext
+from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.processing import ArrowProcessor
+from cg_pipelines.engine.processor import BatchContext
 from cg_pipelines.engine.rebuild import rebuild_partition
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.reconcile import reconcile_group
 from cg_pipelines.sinks.delta import DeltaSink

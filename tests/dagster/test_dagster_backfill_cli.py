@@ -12,7 +12,7 @@ from pathlib import Path
 from dagster import DagsterRunStatus
 from nats.js import JetStreamContext
 
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import JOB, PARTITIONS, pkey
 from tests.support import keyed

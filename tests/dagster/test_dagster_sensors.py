@@ -29,7 +29,7 @@ from cg_pipelines.dagster.history import check_states
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.errors import StreamNotFoundError
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import (
     ASSET,

@@ -13,7 +13,7 @@ from dagster import AssetIn, DagsterInstance, asset, materialize
 from nats.js import JetStreamContext
 
 from cg_pipelines.dagster import DeltaTableIOManager, DeltaWarehouseResource
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import ASSET, group_definitions, make_resources, pkey
 

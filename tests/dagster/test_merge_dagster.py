@@ -23,7 +23,7 @@ from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster import ConsumerGroupAsset, build_group_definitions
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster.defs_keyed import make_resources
 from tests.support import devices, keyed
 

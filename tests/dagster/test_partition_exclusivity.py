@@ -30,9 +30,9 @@ from cg_pipelines.dagster import (
     build_definitions,
     build_group_definitions,
 )
-from cg_pipelines.engine.model import BatchContext
 from cg_pipelines.engine.processing import ArrowProcessor
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.engine.processor import BatchContext
+from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import ASSET, GROUP, JOB, PARTITIONS, make_resources, pkey
 from tests.support import keyed

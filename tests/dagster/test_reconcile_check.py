@@ -25,11 +25,12 @@ from cg_pipelines.dagster.reconcile import (
     reconcile_evaluation,
     reconcile_skip_reason,
 )
+from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.rebuild import rebuild_partition
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import (
     GROUP,

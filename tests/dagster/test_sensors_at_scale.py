@@ -30,7 +30,7 @@ from cg_pipelines.jetstream.errors import (
     RequestTimeoutError,
     StreamNotFoundError,
 )
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import make_resources
 from tests.support import keyed

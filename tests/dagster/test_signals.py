@@ -43,9 +43,9 @@ from cg_pipelines.dagster.history import (
     record_partition_checks,
 )
 from cg_pipelines.engine.deadletter import dead_letter_headers, dlq_stream_name, ensure_dlq_stream
-from cg_pipelines.engine.model import FenceConflictError
 from cg_pipelines.jetstream.api import JetStreamAPI
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
+from cg_pipelines.sinks.base import FenceConflictError
 from tests.dagster import helpers as th
 from tests.dagster.defs_keyed import ASSET as KEYED_ASSET
 from tests.dagster.defs_keyed import BACKLOG_SENSOR, GROUP, make_resources

@@ -23,7 +23,7 @@ from cg_pipelines.dagster import (
     build_group_definitions,
 )
 from cg_pipelines.dagster.iceberg import IcebergTableIOManager, IcebergWarehouseResource
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import ASSET, GROUP, PARTITIONS, partition_runs, pkey
 from tests.support import devices, keyed

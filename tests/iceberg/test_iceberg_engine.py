@@ -40,10 +40,11 @@ from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.engine import rebuild_partition
-from cg_pipelines.engine.model import origin_marker
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.sinks.base import origin_marker
 from tests.iceberg.conftest import Backend
 from tests.support import devices, keyed
 

@@ -13,7 +13,7 @@ from pyiceberg.expressions import EqualTo
 from pyiceberg.transforms import IdentityTransform
 
 from cg_pipelines.core.write import Merge
-from cg_pipelines.engine.model import FenceConflictError, ReplaceSink
+from cg_pipelines.sinks.base import FenceConflictError, ReplaceSink
 from cg_pipelines.sinks.iceberg import IcebergSink, iceberg_s3_properties
 from tests.iceberg.conftest import BACKENDS, Backend
 

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 
 from cg_pipelines.dagster.iceberg import spark_frame
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.spark.processor import SparkProcessor
 from cg_pipelines.spark.session import get_spark
 from tests.iceberg.conftest import Backend

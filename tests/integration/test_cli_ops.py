@@ -16,11 +16,12 @@ from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.core.subjects import partition_for
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.sinks.delta import DeltaSink
-from cg_pipelines.testing.nats_server import NatsServer
 from tests.support import keyed
 
 CG = [sys.executable, "-m", "cg_pipelines.cli"]

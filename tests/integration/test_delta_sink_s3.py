@@ -11,7 +11,7 @@ import pytest
 from botocore.exceptions import ClientError
 from deltalake import DeltaTable
 
-from cg_pipelines.engine.model import FenceConflictError
+from cg_pipelines.sinks.base import FenceConflictError
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.testing.s3 import MotoS3Server
 from tests.support.race import race

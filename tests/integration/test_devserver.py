@@ -1,4 +1,4 @@
-"""cg_pipelines.testing.nats_server: finding, starting, crashing and restarting nats-server."""
+"""cg_pipelines.local.nats_server: finding, starting, crashing and restarting nats-server."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from cg_pipelines.testing.nats_server import (
+from cg_pipelines.local.nats_server import (
     NatsServer,
     NatsServerNotFoundError,
     NatsServerStartError,
@@ -103,7 +103,7 @@ def test_die_with_parent_leaves_no_orphan(tmp_path: Path) -> None:
     """A process killed by SIGKILL (e.g. a CI timeout) takes its die_with_parent server along."""
     code = (
         "import sys, time\n"
-        "from cg_pipelines.testing.nats_server import NatsServer\n"
+        "from cg_pipelines.local.nats_server import NatsServer\n"
         f"s = NatsServer({str(tmp_path / 'store')!r}, die_with_parent=True).start()\n"
         "print(s.pid, flush=True)\n"
         "time.sleep(60)\n"

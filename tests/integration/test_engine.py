@@ -22,12 +22,9 @@ from nats.js.api import StreamConfig
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, StaticConfig
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.engine.deadletter import dlq_stream_name
-from cg_pipelines.engine.runner import (
-    EngineConfigError,
-    EngineOptions,
-    lease_consumer_name,
-    run_partition,
-)
+from cg_pipelines.engine.lease import lease_consumer_name
+from cg_pipelines.engine.options import EngineConfigError, EngineOptions
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.engine.static import run_static_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI

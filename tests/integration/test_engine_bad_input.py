@@ -34,7 +34,8 @@ from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, work_queue_stream_name
 from cg_pipelines.engine.deadletter import dlq_stream_name
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.sinks.delta import DeltaSink

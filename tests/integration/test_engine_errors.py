@@ -19,9 +19,10 @@ from nats.js.api import StreamConfig
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.core.contract import OutputContractError
 from cg_pipelines.dagster.resources import NatsResource
-from cg_pipelines.engine.model import BatchContext
+from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.processing import ArrowProcessor
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.processor import BatchContext
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.connect import NatsConnectError

@@ -16,13 +16,14 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.retry import NatsUnavailableError
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly
+from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.sinks.delta import DeltaSink
-from cg_pipelines.testing.nats_server import NatsServer
 from tests.support import keyed
 
 OPTS = dict(batch_max_msgs=40, ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=6.0,

@@ -30,7 +30,7 @@ from cg_pipelines.jetstream.errors import (
     StreamNotFoundError,
     WorkQueueConsumerNotUniqueError,
 )
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 
 PCG = "PCG"
 

@@ -30,7 +30,7 @@ from cg_pipelines.jetstream.errors import (
     RequestTimeoutError,
 )
 from cg_pipelines.jetstream.rangeread import RangeBatch, read_range
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 
 pytestmark = pytest.mark.integration
 

@@ -21,14 +21,15 @@ from cg_pipelines.core.coverage import ReconcileCursor, encode_seqs
 from cg_pipelines.core.reconcile import OriginGap
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.engine.coverage_log import DeltaLogCoverage
+from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.rebuild import rebuild_partition
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.reconcile import reconcile_group, sink_table_seqs
+from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.sinks.storage import table_filesystem
-from cg_pipelines.testing.nats_server import NatsServer
 from tests.support import keyed
 
 P = 3

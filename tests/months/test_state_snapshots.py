@@ -13,8 +13,9 @@ import pytest
 from deltalake import DeltaTable
 
 from cg_pipelines.core.state import last_per_key
-from cg_pipelines.engine.model import FenceConflictError
-from cg_pipelines.sinks.delta import DeltaSink, Maintenance, Merge
+from cg_pipelines.core.write import Merge
+from cg_pipelines.sinks.base import FenceConflictError
+from cg_pipelines.sinks.delta import DeltaSink, Maintenance
 from cg_pipelines.sinks.statesnapshot import STATE_DIR, SnapshotStore
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64()), ("_seq", pa.int64()),

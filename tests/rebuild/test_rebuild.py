@@ -16,8 +16,8 @@ from deltalake import DeltaTable
 
 from cg_pipelines.core.config import StaticConfig
 from cg_pipelines.engine import EngineOptions, RebuildError, rebuild_partition
-from cg_pipelines.engine.model import origin_marker
 from cg_pipelines.jetstream import admin
+from cg_pipelines.sinks.base import origin_marker
 from flights.legs import legs_arrow_processor, legs_arrow_transform
 from tests.rebuild.conftest import FAST, GROUP, Legs
 

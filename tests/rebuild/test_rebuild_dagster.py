@@ -13,7 +13,7 @@ from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 from deltalake import DeltaTable
 from nats.js import JetStreamContext
 
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import ASSET, JOB, PARTITIONS, pkey
 from tests.support import keyed

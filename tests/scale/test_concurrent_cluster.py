@@ -16,9 +16,9 @@ from nats.js.api import StreamConfig
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.jetstream import admin
+from cg_pipelines.local.nats_server import NatsServer
+from cg_pipelines.local.spark_cluster import SparkStandaloneCluster
 from cg_pipelines.sinks.delta import DeltaSink
-from cg_pipelines.testing.nats_server import NatsServer
-from cg_pipelines.testing.spark_cluster import SparkStandaloneCluster
 from flights.data import PARTITION_FILTER, STREAM, load_flights, publish_flights
 from flights.reference import compare_legs, reference_legs
 from mainjob.queued import run_queued, write_instance_config

@@ -19,10 +19,10 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import MemberMapping
 from cg_pipelines.dagster import ConsumerGroupAsset, PartitionRunsResource, build_definitions
-from cg_pipelines.engine.model import BatchContext
 from cg_pipelines.engine.processing import ArrowProcessor
+from cg_pipelines.engine.processor import BatchContext
 from cg_pipelines.jetstream import admin
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.dagster.defs_keyed import (
     ASSET,

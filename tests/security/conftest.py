@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import nkeys
 import pytest
 
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.security.modes import MODES, PKI, AuthMode, auth_mode, server_config
 from tests.security.pki import CA, Operator, new_keypair
 

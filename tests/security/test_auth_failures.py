@@ -17,7 +17,7 @@ from cg_pipelines.jetstream.connect import (
     NatsConnectError,
     NatsTLSError,
 )
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from tests.security.modes import (
     PKI,
     USER,

@@ -23,10 +23,15 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
-from cg_pipelines.engine.executor_read import credentials_shown, executor_connect_options
-from cg_pipelines.engine.model import BatchContext
+from cg_pipelines.engine.executor_read import (
+    RangeProcessor,
+    credentials_shown,
+    executor_connect_options,
+)
+from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.processing import ArrowProcessor
-from cg_pipelines.engine.runner import EngineOptions, RangeProcessor, run_partition
+from cg_pipelines.engine.processor import BatchContext
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly, connect_options_of

@@ -24,7 +24,7 @@ from dagster import DagsterInstance, EnvVar, materialize, serialize_value
 
 from cg_pipelines.dagster import NatsResource
 from cg_pipelines.jetstream.connect import ConnectOptions
-from cg_pipelines.testing.nats_server import NatsServer
+from cg_pipelines.local.nats_server import NatsServer
 from resources import build_resources
 from tests.security.modes import (
     PASSWORD,

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
+from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.spark.session import get_spark, session_start_seconds, stop_spark
-from cg_pipelines.testing.nats_server import NatsServer
 
 _FIGURES: list[str] = []
 

@@ -11,7 +11,7 @@ from nats.js.api import StreamConfig
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from cg_pipelines.engine.model import RECORD_SCHEMA
+from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.spark.datasource import (
     ARROW_READ_SCHEMA,

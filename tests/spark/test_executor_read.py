@@ -24,22 +24,20 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
-from cg_pipelines.core.decode import Field, JsonDecoder
+from cg_pipelines.core.decode import JsonDecoder, JsonField
+from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.core.state import KeyedState, last_per_key
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.engine.deadletter import dlq_stream_name
-from cg_pipelines.engine.model import RECORD_SCHEMA, BatchContext, origin_marker
-from cg_pipelines.engine.runner import (
-    EngineOptions,
-    RangeProcessor,
-    app_id_for,
-    executor_connect_options,
-    run_partition,
-)
+from cg_pipelines.engine.executor_read import RangeProcessor, executor_connect_options
+from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.processor import BatchContext
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.rangeread import read_range
+from cg_pipelines.sinks.base import app_id_for, origin_marker
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.spark.processor import SparkProcessor
 
@@ -47,8 +45,9 @@ PARTS = 2
 P = 0  # the partition drained
 FAST = dict(ack_wait_s=3.0, priority_timeout_s=3.0, hold_wait_s=6.0)
 
-DECODER = JsonDecoder([Field("key", "string", nullable=False), Field("n", "int", nullable=False),
-                       Field("note", "string", required=False)])
+DECODER = JsonDecoder([JsonField("key", "string", nullable=False),
+                       JsonField("n", "int", nullable=False),
+                       JsonField("note", "string", required=False)])
 STATE = KeyedState("key", ("n", "count"), schema=pa.schema([
     ("key", pa.string()), ("_seq", pa.int64()), ("n", pa.int64()), ("count", pa.int64())]))
 

@@ -24,7 +24,7 @@ import pytest
 from nats.js import JetStreamContext
 from pyspark.sql import SparkSession
 
-from cg_pipelines.engine.model import BatchContext, Processor, Record, records_to_arrow
+from cg_pipelines.engine.processor import BatchContext, Processor, Record, records_to_arrow
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.sinks.delta import DeltaSink
 from flights.data import (

@@ -14,7 +14,8 @@ from nats.js.api import StreamConfig
 from pyspark.sql import SparkSession
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
-from cg_pipelines.engine.runner import EngineOptions, run_partition
+from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.sinks.delta import DeltaSink

@@ -18,14 +18,14 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from cg_pipelines.core.decode import Field, JsonDecoder
+from cg_pipelines.core.decode import JsonDecoder, JsonField
 from cg_pipelines.core.state import KeyedState, last_per_key
-from cg_pipelines.engine.model import BatchContext, Record, records_to_arrow
+from cg_pipelines.engine.processor import BatchContext, Record, records_to_arrow
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.spark.processor import SparkProcessor
 
 DECODER = JsonDecoder(
-    [Field("key", "string", nullable=False), Field("value", "int", required=False)]
+    [JsonField("key", "string", nullable=False), JsonField("value", "int", required=False)]
 )
 T0 = 1_795_225_848_670_763_861  # ns since the epoch (sub-µs digits on purpose)
 

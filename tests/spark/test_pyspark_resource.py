@@ -28,8 +28,8 @@ from nats.js.api import StreamConfig
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, work_queue_stream_name
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.sinks.delta import DeltaSink
-from cg_pipelines.testing.nats_server import NatsServer
 from flights.data import FLIGHTS_SUBJECTS, PARTITION_FILTER, load_flights, publish_flights
 from flights.reference import compare_legs, reference_legs
 

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from cg_pipelines.testing.spark_cluster import SparkConnectServer
+from cg_pipelines.local.spark_cluster import SparkConnectServer
 
 
 def _child(code: str, timeout: float = 240) -> str:

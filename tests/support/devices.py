@@ -19,15 +19,15 @@ import random
 import pandas as pd
 import pyarrow as pa
 
-from cg_pipelines.core.decode import Field, JsonDecoder
+from cg_pipelines.core.decode import JsonDecoder, JsonField
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.core.write import Merge
-from cg_pipelines.engine.model import BatchContext
 from cg_pipelines.engine.processing import ArrowProcessor
+from cg_pipelines.engine.processor import BatchContext
 
-DECODER = JsonDecoder([Field("device", "string", nullable=False),
-                       Field("temp", "int", nullable=False),
-                       Field("op", "string", nullable=False)])
+DECODER = JsonDecoder([JsonField("device", "string", nullable=False),
+                       JsonField("temp", "int", nullable=False),
+                       JsonField("op", "string", nullable=False)])
 OUT_SCHEMA = pa.schema([("device", pa.string()), ("temp", pa.int64()), ("op", pa.string()),
                         ("readings", pa.int64()), ("_seq", pa.int64())])
 STATE = KeyedState("device", ("readings",), schema=OUT_SCHEMA)

@@ -15,12 +15,13 @@ import json
 import pandas as pd
 import pyarrow as pa
 
-from cg_pipelines.core.decode import Field, JsonDecoder
+from cg_pipelines.core.decode import JsonDecoder, JsonField
 from cg_pipelines.core.state import KeyedState
-from cg_pipelines.engine.model import BatchContext
 from cg_pipelines.engine.processing import ArrowProcessor
+from cg_pipelines.engine.processor import BatchContext
 
-DECODER = JsonDecoder([Field("key", "string", nullable=False), Field("n", "int", nullable=False)])
+DECODER = JsonDecoder([JsonField("key", "string", nullable=False),
+                       JsonField("n", "int", nullable=False)])
 OUT_SCHEMA = pa.schema([("key", pa.string()), ("n", pa.int64()), ("count", pa.int64()),
                         ("prev_n", pa.int64()), ("seq", pa.int64())])
 

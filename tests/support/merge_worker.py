@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import nats  # noqa: E402
 
-from cg_pipelines.engine.runner import run_partition  # noqa: E402
+from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
 from tests.support import devices  # noqa: E402
 from tests.support.worker_signals import signal_at, worker_options  # noqa: E402

@@ -8,7 +8,7 @@ import os
 import signal
 from collections.abc import Callable
 
-from cg_pipelines.engine.runner import EngineOptions
+from cg_pipelines.engine.options import EngineOptions
 
 
 def signal_at(step: str, at: str, sig: str) -> Callable[[str, dict], None]:

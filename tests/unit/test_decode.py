@@ -5,12 +5,13 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from cg_pipelines.core.decode import BadMessage, Field, JsonDecoder, subject_tokens
-from cg_pipelines.engine.model import Record, records_to_arrow
+from cg_pipelines.core.decode import BadMessage, JsonDecoder, JsonField, subject_tokens
 from cg_pipelines.engine.processing import decode_batch
+from cg_pipelines.engine.processor import Record, records_to_arrow
 
-DEC = JsonDecoder([Field("key", "string"), Field("n", "int"), Field("x", "float", required=False),
-                   Field("ok", "bool", required=False, nullable=False)])
+DEC = JsonDecoder([JsonField("key", "string"), JsonField("n", "int"),
+                   JsonField("x", "float", required=False),
+                   JsonField("ok", "bool", required=False, nullable=False)])
 
 
 @pytest.mark.parametrize(
@@ -59,7 +60,7 @@ def test_decode_batch_keeps_order_and_lists_dead() -> None:
 
 def test_duplicate_fields_rejected() -> None:
     with pytest.raises(ValueError):
-        JsonDecoder([Field("a", "int"), Field("a", "string")])
+        JsonDecoder([JsonField("a", "int"), JsonField("a", "string")])
 
 
 def test_subject_tokens_names_the_missing_tokens() -> None:
@@ -102,7 +103,7 @@ def test_poison_payloads_are_rejected_with_reason(data: bytes, reason: str) -> N
 def test_depth_and_size_limits_are_inclusive() -> None:
     ok = b'{"key": "a", "n": 1, "deep": ' + b"[" * 63 + b"]" * 63 + b"}"
     assert DEC.decode(ok)["n"] == 1
-    small = JsonDecoder([Field("k", "string")], max_payload_bytes=12)
+    small = JsonDecoder([JsonField("k", "string")], max_payload_bytes=12)
     assert small.decode(b'{"k": "abc"}') == {"k": "abc"}
     with pytest.raises(BadMessage, match="payload is 13 bytes, over the 12-byte limit"):
         small.decode(b'{"k": "abcd"}')

@@ -16,8 +16,8 @@ from deltalake import DeltaTable
 from cg_pipelines import __version__
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.engine.model import FenceConflictError
 from cg_pipelines.engine.state import KeyStateCache
+from cg_pipelines.sinks.base import FenceConflictError
 from cg_pipelines.sinks.delta import DeltaSink
 
 OPS = Merge(key="k", delete_when=("op", "del"))

@@ -10,7 +10,8 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from cg_pipelines.engine.model import FenceConflictError, Record, records_to_arrow
+from cg_pipelines.engine.processor import Record, records_to_arrow
+from cg_pipelines.sinks.base import FenceConflictError
 from cg_pipelines.sinks.delta import DeltaSink
 from tests.support.race import race
 

@@ -1,10 +1,11 @@
-"""Process control for development lives in ``cg_pipelines.local``; ``cg_pipelines.testing``
-(and its old module paths) re-export the same objects, and nothing outside the tests' own
-package imports ``cg_pipelines.testing``."""
+"""Process control for development lives in ``cg_pipelines.local`` only (``cg_pipelines.testing``
+holds the test-only topology and fixtures, and re-exports none of it), and nothing outside the
+tests' own package imports ``cg_pipelines.testing``."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,24 +15,16 @@ import cg_pipelines.local.nats_server as local_nats
 import cg_pipelines.local.postgres as local_postgres
 import cg_pipelines.local.spark_cluster as local_spark
 import cg_pipelines.testing as testing
-import cg_pipelines.testing.nats_server as old_nats
-import cg_pipelines.testing.spark_cluster as old_spark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("old", "new"), [(old_nats, local_nats), (old_spark, local_spark)],
-                         ids=["nats_server", "spark_cluster"])
-def test_old_module_paths_re_export_the_same_objects(old: object, new: object) -> None:
-    assert old.__all__ == new.__all__  # type: ignore[attr-defined]
-    for name in new.__all__:  # type: ignore[attr-defined]
-        assert getattr(old, name) is getattr(new, name), name
-
-
-def test_packages_export_the_same_objects() -> None:
-    for name in ("NatsServer", "NatsServerError", "NatsServerNotFoundError", "find_nats_server",
-                 "SparkConnectServer", "SparkStandaloneCluster"):
-        assert getattr(testing, name) is getattr(local, name), name
+def test_local_processes_have_one_home() -> None:
+    # no re-export of cg_pipelines.local from cg_pipelines.testing, no old module paths
+    assert not set(testing.__all__) & set(local.__all__)
+    assert not any(hasattr(testing, name) for name in local.__all__)
+    for old in ("nats_server", "spark_cluster"):
+        assert importlib.util.find_spec(f"cg_pipelines.testing.{old}") is None, old
     assert set(local.__all__) == (set(local_nats.__all__) | set(local_spark.__all__)
                                   | set(local_postgres.__all__))
 

@@ -8,15 +8,9 @@ import pyarrow as pa
 
 from cg_pipelines.core.decode import JsonDecoder, JsonField
 from cg_pipelines.engine.executor_read import RangeProcessor
-from cg_pipelines.engine.model import (
-    BatchContext,
-    Processed,
-    ProcessorBase,
-    ReplaceSink,
-    StateSink,
-    with_defaults,
-)
 from cg_pipelines.engine.processing import ArrowProcessor
+from cg_pipelines.engine.processor import BatchContext, Processed, ProcessorBase, with_defaults
+from cg_pipelines.sinks.base import ReplaceSink, StateSink
 from cg_pipelines.sinks.delta import DeltaSink
 
 

@@ -10,8 +10,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, DataType, LongType, StringType, TimestampType
 
 from cg_pipelines.core.record import RECORD_FIELDS, RECORD_SCHEMA, record_schema
-from cg_pipelines.engine.model import RECORD_SCHEMA as ENGINE_SCHEMA
-from cg_pipelines.engine.model import Record, records_to_arrow
+from cg_pipelines.engine.processor import Record, records_to_arrow
 from cg_pipelines.jetstream.rangeread import RANGE_SCHEMA, RangeBatch
 from cg_pipelines.spark.datasource import ARROW_READ_SCHEMA, SPARK_RECORD_SCHEMA
 
@@ -31,8 +30,8 @@ def test_core_fields_are_the_table() -> None:
         (name, arrow, nullable) for name, arrow, _, nullable in TABLE]
 
 
-@pytest.mark.parametrize("schema", [RECORD_SCHEMA, ENGINE_SCHEMA, RANGE_SCHEMA],
-                         ids=["core", "engine.model.RECORD_SCHEMA", "rangeread.RANGE_SCHEMA"])
+@pytest.mark.parametrize("schema", [RECORD_SCHEMA, RANGE_SCHEMA],
+                         ids=["core", "rangeread.RANGE_SCHEMA"])
 def test_arrow_schemas_agree_field_by_field(schema: pa.Schema) -> None:
     assert [(f.name, f.type, f.nullable) for f in schema] == [
         (name, arrow, nullable) for name, arrow, _, nullable in TABLE]

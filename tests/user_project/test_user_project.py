@@ -35,9 +35,9 @@ import pytest
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
 from cg_pipelines.core.subjects import partition_for
+from cg_pipelines.local.nats_server import NatsServer
+from cg_pipelines.local.spark_cluster import SparkStandaloneCluster
 from cg_pipelines.sinks.delta import DeltaSink
-from cg_pipelines.testing.nats_server import NatsServer
-from cg_pipelines.testing.spark_cluster import SparkStandaloneCluster
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = Path(__file__).resolve().parent / "project"

@@ -3,7 +3,7 @@ from dagster import EnvVar
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from cg_pipelines import Field, JsonDecoder, KeyedState
+from cg_pipelines import JsonDecoder, JsonField, KeyedState
 from cg_pipelines.dagster import (
     ConsumerGroupAsset,
     DeltaWarehouseResource,
@@ -29,7 +29,7 @@ def running_totals(spark: SparkSession, df: DataFrame, ctx: object) -> DataFrame
 customer_totals = ConsumerGroupAsset(
     name="customer_totals", stream="orders", group="totals", partitions=4,
     processor=SparkProcessor(
-        JsonDecoder([Field("customer", "string"), Field("amount", "float")]),
+        JsonDecoder([JsonField("customer", "string"), JsonField("amount", "float")]),
         running_totals, state=KeyedState("customer", ("total", "orders"))))
 
 defs = build_definitions([customer_totals], resources={
