@@ -19,9 +19,9 @@ import asyncio
 import pyarrow as pa
 from nats.aio.client import Client
 
-from cg_pipelines.engine.context import RunContext
+from cg_pipelines.engine.context import open_run
 from cg_pipelines.engine.lease import LeaseHolder, lease_consumer_name
-from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.options import EngineConfigError, EngineOptions
 from cg_pipelines.engine.processor import BatchContext, Processed, ProcessorBase
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.sinks.base import MaintainedSink, Sink
@@ -53,15 +53,14 @@ async def maintain_partition(nc: Client, stream: str, group: str, partition: int
         holding the lease, which was given back).
 
     Raises:
-        ValueError: ``partition < 0`` or ``sink`` has no ``maintain``.
+        ConfigError: ``partition < 0``.
+        EngineConfigError: ``sink`` has no ``maintain``.
         NatsUnavailableError / JetStreamError: as for a run (nothing changed then).
     """
-    if partition < 0:
-        raise ValueError(f"partition must be >= 0, got {partition}")
     if not isinstance(sink, MaintainedSink):
-        raise ValueError(f"{type(sink).__name__} has no maintain(partition, app_id) method")
-    ctx = RunContext(nc, stream, group, partition, _NoProcessing(), sink,
-                     options or EngineOptions(), None)
+        raise EngineConfigError(f"{type(sink).__name__} has no maintain(partition, app_id) "
+                                "method")
+    ctx = open_run(nc, stream, group, partition, _NoProcessing(), sink, options, None)
     holder = LeaseHolder(ctx, lease_consumer_name(partition))
 
     async def body() -> None:

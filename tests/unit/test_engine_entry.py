@@ -1,0 +1,57 @@
+"""The engine's entry points share one preamble (:func:`cg_pipelines.engine.context.open_run`):
+a bad partition is refused the same way by each, before anything is sent to NATS (the client
+here is None) or read from the sink."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.engine.maintain import maintain_partition
+from cg_pipelines.engine.options import EngineConfigError
+from cg_pipelines.engine.processor import BatchContext, Processed, ProcessorBase
+from cg_pipelines.engine.rebuild import rebuild_partition
+from cg_pipelines.engine.runner import run_partition
+from cg_pipelines.engine.static import run_static_partition
+from cg_pipelines.sinks.delta import DeltaSink
+
+
+class _Nothing(ProcessorBase):
+    def process(self, batch: pa.Table, ctx: BatchContext) -> Processed:
+        return Processed(None)
+
+
+ENTRY_POINTS: dict[str, Callable[[Any, int, Any], Awaitable[object]]] = {
+    "run_partition": lambda nc, p, sink: run_partition(nc, "s", "g", p, _Nothing(), sink),
+    "run_static_partition": lambda nc, p, sink: run_static_partition(
+        nc, "s", "g", p, _Nothing(), sink),
+    "rebuild_partition": lambda nc, p, sink: rebuild_partition(nc, "s", "g", p, _Nothing(), sink),
+    "maintain_partition": lambda nc, p, sink: maintain_partition(nc, "s", "g", p, sink),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_a_negative_partition_is_refused_before_any_io(entry: str, tmp_path: Path) -> None:
+    sink = DeltaSink(str(tmp_path / "t"))
+    with pytest.raises(ConfigError, match=r"^partition: must be >= 0, got -1$") as err:
+        asyncio.run(ENTRY_POINTS[entry](None, -1, sink))
+    assert isinstance(err.value, ValueError)  # as before: bad input stays a ValueError
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("entry", ["rebuild_partition", "maintain_partition"])
+def test_a_sink_without_the_capability_is_refused(entry: str) -> None:
+    class Plain:
+        def watermark(self, app_id: str) -> int:
+            return 0
+
+        def commit(self, *a: object, **kw: object) -> None: ...
+
+    with pytest.raises(EngineConfigError, match="Plain"):
+        asyncio.run(ENTRY_POINTS[entry](None, 0, Plain()))
