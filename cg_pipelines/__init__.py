@@ -49,7 +49,7 @@ EXPORTS = MappingProxyType({
 })
 """The names importable from ``cg_pipelines``: name -> the module that defines it."""
 
-__all__ = ["__version__", *EXPORTS]  # noqa: PLE0604 - derived from the one table
+__all__ = ["__version__", *EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
