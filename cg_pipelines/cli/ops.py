@@ -41,6 +41,7 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.cli.context import Ctx, fail, table
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.engine import deadletter as dl
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
@@ -80,20 +81,20 @@ async def _partitions(c: Ctx, js: JetStreamContext, stream: str, group: str,
     n = (await admin.get_elastic(js, stream, group, timeout=c.timeout)).config.max_members
     bad = [p for p in partitions if not 0 <= p < n]
     if bad:
-        raise ValueError(f"partition {bad[0]} out of range: {stream}.{group} has partitions "
+        raise UsageError(f"partition {bad[0]} out of range: {stream}.{group} has partitions "
                          f"0..{n - 1}")
     return n
 
 
-def _no_work_queue(stream: str, group: str) -> ValueError:
-    return ValueError(f"work-queue stream {work_queue_stream_name(stream, group)} of group "
+def _no_work_queue(stream: str, group: str) -> UsageError:
+    return UsageError(f"work-queue stream {work_queue_stream_name(stream, group)} of group "
                       f"{group} on stream {stream} does not exist: the group's config is there "
                       "but its stream is not (recreate the group, e.g. `cg elastic delete` then "
                       "`cg elastic create`)")
 
 
-def _no_dlq(stream: str, group: str) -> ValueError:
-    return ValueError(f"no dead letters: {dl.dlq_stream_name(stream, group)} does not exist "
+def _no_dlq(stream: str, group: str) -> UsageError:
+    return UsageError(f"no dead letters: {dl.dlq_stream_name(stream, group)} does not exist "
                       f"(group {group} on stream {stream} never dead-lettered a message)")
 
 

@@ -23,6 +23,7 @@ from cg_pipelines.core.config import (
     StaticConfig,
     check_max_members,
 )
+from cg_pipelines.core.errors import UsageError
 
 Assignment = dict[str, list[int]]
 
@@ -147,7 +148,7 @@ def sticky_assignment(
     check_max_members(max_members)
     eff = effective_members(members, max_members)
     if not eff:
-        raise ValueError("a sticky assignment needs at least one member")
+        raise UsageError("a sticky assignment needs at least one member")
     n = len(eff)
     base, extra = divmod(max_members, n)
     kept = {m: sorted(p for p in previous.get(m, ()) if 0 <= p < max_members) for m in eff}

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cg_pipelines.core.errors import DecodeError, UsageError
+
 __all__ = ["COVERAGE_KEY", "COVERAGE_THROUGH_KEY", "MAX_TRACKED_GAP_MESSAGES", "CommitCoverage",
            "ReconcileCursor", "decode_seqs", "encode_seqs"]
 
@@ -58,7 +60,7 @@ def encode_seqs(seqs: Iterable[int] | np.ndarray) -> str:
     arr = _sorted_distinct(np.asarray(
         list(seqs) if not isinstance(seqs, np.ndarray) else seqs, dtype=np.int64))
     if len(arr) and arr[0] < 1:
-        raise ValueError(f"sequences must be >= 1, got {int(arr[0])}")
+        raise UsageError(f"sequences must be >= 1, got {int(arr[0])}")
     deltas = np.diff(arr, prepend=np.int64(0))
     if len(deltas) and int(deltas.max()) > 0xFFFFFFFF:
         prefix, raw = _U64, deltas.astype("<u8").tobytes()
@@ -78,18 +80,18 @@ def decode_seqs(text: str) -> np.ndarray:
     elif text.startswith(_U64):
         dtype = "<u8"
     else:
-        raise ValueError(f"coverage text must start with {_U32!r} or {_U64!r}, got "
+        raise DecodeError(f"coverage text must start with {_U32!r} or {_U64!r}, got "
                          f"{text[:8]!r}")
     try:
         raw = zlib.decompress(base64.b64decode(text[2:], validate=True))
     except (binascii.Error, zlib.error) as e:
-        raise ValueError(f"coverage text is not base64 of zlib data: {e}") from e
+        raise DecodeError(f"coverage text is not base64 of zlib data: {e}") from e
     width = np.dtype(dtype).itemsize
     if len(raw) % width:
-        raise ValueError(f"coverage data is {len(raw)} bytes, not a multiple of {width}")
+        raise DecodeError(f"coverage data is {len(raw)} bytes, not a multiple of {width}")
     deltas = np.frombuffer(raw, dtype=dtype).astype(np.int64)
     if len(deltas) and (deltas[0] < 1 or (deltas[1:] < 1).any()):
-        raise ValueError("coverage data is not strictly increasing positive sequences")
+        raise DecodeError("coverage data is not strictly increasing positive sequences")
     return np.cumsum(deltas, dtype=np.int64)
 
 
@@ -235,11 +237,11 @@ class ReconcileCursor:
         try:
             d = json.loads(text)
             if d.get("format") != 1:
-                raise ValueError(f"unknown cursor format {d.get('format')!r}")
+                raise DecodeError(f"unknown cursor format {d.get('format')!r}")
             gap_seqs = decode_seqs(d["gap_seqs"])
             gap_parts = np.asarray(d["gap_parts"], np.int64)
             if len(gap_parts) != len(gap_seqs):
-                raise ValueError(f"{len(gap_seqs)} gap sequences but {len(gap_parts)} "
+                raise DecodeError(f"{len(gap_seqs)} gap sequences but {len(gap_parts)} "
                                  "partitions")
             return cls(int(d["origin_through"]), int(d["version"]), decode_seqs(d["carry"]),
                        {int(k): int(v) for k, v in d["committed"].items()},
@@ -247,4 +249,4 @@ class ReconcileCursor:
                        int(d.get("gaps_untracked") or 0),
                        [(int(a), int(b)) for a, b in d.get("gap_ranges") or []])
         except (KeyError, TypeError, json.JSONDecodeError) as e:
-            raise ValueError(f"not a reconcile cursor: {type(e).__name__}: {e}") from e
+            raise DecodeError(f"not a reconcile cursor: {type(e).__name__}: {e}") from e

@@ -9,7 +9,8 @@ class CgError(Exception):
 
 
 class ConfigError(CgError, ValueError):
-    """An invalid consumer-group configuration.
+    """An invalid configuration: a consumer group's config, or a field of an options object
+    (``EngineOptions``, ``MemberConfig``, ``Maintenance``, ``RetryPolicy``, a Dagster spec).
 
     Attributes:
         field: the configuration field at fault (e.g. ``"member_mappings"``), using the
@@ -44,6 +45,53 @@ class MembershipError(CgError, ValueError):
 
 class ConcurrentUpdateError(CgError, RuntimeError):
     """A compare-and-set config update kept losing to concurrent writers and gave up."""
+
+
+class UsageError(CgError, ValueError):
+    """A call got an argument it cannot take: out of range (``partition must be >= 0``),
+    missing, or in conflict with another (``purge takes seq or keep, not both``). The
+    caller's mistake, fixed by changing the call; the message names the argument."""
+
+
+class WrongTypeError(CgError, TypeError):
+    """A call got an object of a type it cannot use (a resource that is not a Spark
+    resource, an input annotated with a type an IO manager cannot load)."""
+
+
+class ColumnNotFoundError(CgError, KeyError):
+    """A column the call needs is not in the table or batch; the message names it and the
+    columns there are."""
+
+
+class DecodeError(CgError, ValueError):
+    """Stored or wire data that cannot be decoded: a sensor cursor, an encoded coverage, an
+    RFC 3339 time stamp, a direct-get header block or control line, a subject without its
+    partition token, a JSON constant Go rejects. The message names the format and shows (the
+    start of) the input. Messages whose payload a transform cannot decode are
+    :class:`~cg_pipelines.core.decode.BadMessage` instead (dead-lettered, not raised to the
+    caller)."""
+
+
+class ContractError(CgError, ValueError):
+    """A user's processor, transform or sink broke its contract with the engine: it returned
+    rows, sequences or dead letters for messages it was not given, rows of another partition,
+    or an output without the columns its write mode needs. A bug in that code, not in the data;
+    nothing of the batch is committed. (A missing or mistyped output column is the subclass
+    :class:`~cg_pipelines.core.contract.OutputContractError`.)"""
+
+
+class InvariantError(CgError, RuntimeError):
+    """A check the library makes on its own work failed: re-processing a batch gave other
+    dead letters (a processor that is not deterministic), a decode step lost or doubled a
+    message, a state read did not find the files the table's log lists, a warm-up job returned
+    the wrong row count. Nothing is committed past the failure."""
+
+
+class StateError(CgError, RuntimeError):
+    """An object or process is not in the state the call needs: a helper used before it was
+    started (or started twice), a local server or Spark process that exited or did not come up,
+    a SparkSession that is missing or stopped, a processor run outside the engine that needs
+    the engine's state reader."""
 
 
 CAUSE_CHARS = 1000

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cg_pipelines.core.errors import DecodeError, UsageError
+
 _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
 
@@ -34,7 +36,7 @@ def partition_for(tokens: Sequence[str], n: int) -> int:
     Raises ``ValueError`` if ``n < 1``.
     """
     if n < 1:
-        raise ValueError(f"number of partitions must be >= 1, got {n}")
+        raise UsageError(f"number of partitions must be >= 1, got {n}")
     return fnv1a_32("".join(tokens).encode()) % n
 
 
@@ -59,7 +61,7 @@ def partition_of_subject(
     for k in partitioning_wildcards:
         pos = positions[k - 1]
         if pos >= len(tokens):
-            raise ValueError(
+            raise UsageError(
                 f"subject {subject!r} has too few tokens for filter {filter_subject!r}"
             )
         selected.append(tokens[pos])
@@ -93,7 +95,7 @@ def strip_partition(subject: str) -> tuple[int, str]:
     """
     head, sep, rest = subject.partition(".")
     if not sep or not rest or not head.isdigit():
-        raise ValueError(f"subject {subject!r} does not start with a partition-number token")
+        raise DecodeError(f"subject {subject!r} does not start with a partition-number token")
     return int(head), rest
 
 

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from dagster import ConfigurableIOManager, InputContext, OutputContext
 
+from cg_pipelines.core.errors import UsageError, WrongTypeError
 from cg_pipelines.dagster.resources import DeltaWarehouseResource, SparkResource
 from cg_pipelines.engine.model import PARTITION_COLUMN
 from cg_pipelines.sinks.delta import DeltaSink
@@ -57,7 +58,7 @@ class DeltaTableIOManager(ConfigurableIOManager):
         """Nothing to store: the group asset committed its rows in the engine. Raises
         ``TypeError`` if an asset using this IO manager returns a value."""
         if obj is not None:
-            raise TypeError(f"{context.asset_key.to_user_string()}: DeltaTableIOManager only "
+            raise WrongTypeError(f"{context.asset_key.to_user_string()}: DeltaTableIOManager only "
                             "loads consumer-group tables; it does not store returned values")
 
     def load_input(self, context: InputContext) -> Any:
@@ -87,12 +88,12 @@ class DeltaTableIOManager(ConfigurableIOManager):
             return arrow.to_pandas()
         if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
             return arrow
-        raise TypeError(f"DeltaTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
+        raise WrongTypeError(f"DeltaTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
                         f"DataFrame; {context.asset_key.to_user_string()} is annotated {want!r}")
 
     def _spark_frame(self, sink: DeltaSink, parts: list[int] | None) -> Any:
         if self.spark is None:
-            raise ValueError("a Spark DataFrame input needs DeltaTableIOManager(spark=...)")
+            raise UsageError("a Spark DataFrame input needs DeltaTableIOManager(spark=...)")
         spark = self.spark.spark_session
         files = sink.file_uris()
         if not files:
@@ -112,7 +113,7 @@ def upstream_table(context: InputContext) -> tuple[str, Any]:
     md = upstream.definition_metadata if upstream is not None else {}
     table = md.get("cg/table")
     if table is None:
-        raise ValueError(f"{context.asset_key.to_user_string()} is not a consumer-group "
+        raise UsageError(f"{context.asset_key.to_user_string()} is not a consumer-group "
                          "asset (no cg/table metadata)")
     return str(getattr(table, "value", table)), md
 

@@ -33,6 +33,7 @@ from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from nats.aio.client import Client
 from pydantic import Field, PrivateAttr
 
+from cg_pipelines.core.errors import StateError, WrongTypeError
 from cg_pipelines.core.triggers import RetryPolicy
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.runner import EngineOptions
@@ -270,12 +271,12 @@ def run_spark_session(resource: Any) -> SparkSession:
     if isinstance(resource, SparkResource):
         return resource.spark_session
     if not hasattr(resource, "spark_session"):
-        raise TypeError(f"{type(resource).__name__} is not a Spark resource (no spark_session): "
-                        "use cg_pipelines.dagster.SparkResource or "
-                        "dagster_pyspark.PySparkResource")
+        raise WrongTypeError(f"{type(resource).__name__} is not a Spark resource (no "
+                             "spark_session): use cg_pipelines.dagster.SparkResource or "
+                             "dagster_pyspark.PySparkResource")
     session = resource.spark_session
     if session is None:
-        raise RuntimeError(f"{type(resource).__name__} has no SparkSession (was it set up "
+        raise StateError(f"{type(resource).__name__} has no SparkSession (was it set up "
                            "for this run?)")
     from cg_pipelines.spark.session import DEFAULT_CONF
 
@@ -287,7 +288,7 @@ def run_spark_session(resource: Any) -> SparkSession:
             if session.conf.isModifiable(k):
                 session.conf.set(k, v)
         except Exception as e:  # a stopped classic session: py4j/AttributeError
-            raise RuntimeError(f"the SparkSession of {type(resource).__name__} is not usable "
+            raise StateError(f"the SparkSession of {type(resource).__name__} is not usable "
                                f"(stopped?): {e}") from e
     return session
 

@@ -19,6 +19,7 @@ import asyncio
 import pyarrow as pa
 from nats.aio.client import Client
 
+from cg_pipelines.core.errors import InvariantError, UsageError
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.lease import LeaseHolder, lease_consumer_name
 from cg_pipelines.engine.model import (
@@ -38,7 +39,7 @@ class _NoProcessing(ProcessorBase):
     """The upkeep processes no message."""
 
     def process(self, batch: pa.Table, ctx: BatchContext) -> Processed:
-        raise RuntimeError("maintain_partition processes no message")
+        raise InvariantError("maintain_partition processes no message")
 
 
 async def maintain_partition(nc: Client, stream: str, group: str, partition: int,
@@ -62,9 +63,9 @@ async def maintain_partition(nc: Client, stream: str, group: str, partition: int
         NatsUnavailableError / JetStreamError: as for a run (nothing changed then).
     """
     if partition < 0:
-        raise ValueError(f"partition must be >= 0, got {partition}")
+        raise UsageError(f"partition must be >= 0, got {partition}")
     if not isinstance(sink, MaintainedSink):
-        raise ValueError(f"{type(sink).__name__} has no maintain(partition, app_id) method")
+        raise UsageError(f"{type(sink).__name__} has no maintain(partition, app_id) method")
     ctx = RunContext(nc, stream, group, partition, _NoProcessing(), sink,
                      options or EngineOptions(), None)
     holder = LeaseHolder(ctx, lease_consumer_name(partition))

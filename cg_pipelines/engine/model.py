@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cg_pipelines.core.batching import CostModel
-from cg_pipelines.core.errors import CgError
+from cg_pipelines.core.errors import CgError, ContractError
 from cg_pipelines.core.record import RECORD_SCHEMA as CORE_RECORD_SCHEMA
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.core.write import Append, Merge
@@ -324,7 +324,7 @@ def with_partition_column(table: pa.Table | None, partition: int) -> pa.Table | 
     if PARTITION_COLUMN in table.column_names:
         col = table[PARTITION_COLUMN]
         if table.num_rows and not pc.all(pc.equal(col, partition)).as_py():
-            raise ValueError(f"the transform's {PARTITION_COLUMN} column holds other "
+            raise ContractError(f"the transform's {PARTITION_COLUMN} column holds other "
                              f"partitions than {partition}")
         return table
     return table.append_column(pa.field(PARTITION_COLUMN, pa.int64(), nullable=False),
@@ -346,14 +346,6 @@ def user_headers(headers: dict[str, str] | None) -> dict[str, str] | None:
     """Headers without the server's ``Nats-*`` ones (stream source, pin id ...)."""
     user = {k: v for k, v in (headers or {}).items() if not k.startswith("Nats-")}
     return user or None
-
-
-class PartitionHaltedError(CgError):
-    """The ``halt`` policy stopped a partition at a message it could not process."""
-
-    def __init__(self, seq: int, reason: str) -> None:
-        super().__init__(f"halted at sequence {seq}: {reason}")
-        self.seq, self.reason = seq, reason
 
 
 RunStatus = Literal["drained", "limit", "held", "empty", "fenced", "halted", "handed_over",

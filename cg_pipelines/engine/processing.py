@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.decode import JsonDecoder
+from cg_pipelines.core.errors import StateError
 from cg_pipelines.core.state import KeyedState, attach_state, keys_of
 from cg_pipelines.engine.model import BatchContext, DeadLetter, Processed, ProcessorBase
 
@@ -88,7 +89,7 @@ def with_state(table: pa.Table, spec: KeyedState | None, ctx: BatchContext) -> p
     if spec is None:
         return table
     if ctx.state is None:
-        raise RuntimeError("the processor declares KeyedState but the batch context has no "
+        raise StateError("the processor declares KeyedState but the batch context has no "
                            "state reader: run it through the engine (run_partition)")
     return attach_state(table, ctx.state.lookup(keys_of(table, spec.key)), spec)
 

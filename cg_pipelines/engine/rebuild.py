@@ -55,7 +55,7 @@ from nats.aio.client import Client
 
 from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.coverage import COVERAGE_THROUGH_KEY
-from cg_pipelines.core.errors import CgError, GroupNotFoundError
+from cg_pipelines.core.errors import CgError, GroupNotFoundError, UsageError
 from cg_pipelines.core.partitioning import SubjectPartitioner
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.lease import Lease, LeaseHolder, lease_consumer_name
@@ -506,7 +506,7 @@ async def rebuild_partition(
         :func:`~cg_pipelines.engine.run_partition` raises them.
     """
     if partition < 0:
-        raise ValueError(f"partition must be >= 0, got {partition}")
+        raise UsageError(f"partition must be >= 0, got {partition}")
     if not isinstance(sink, ReplaceSink):
         raise EngineConfigError(f"{type(sink).__name__} cannot replace a partition's rows "
                                 "(no replace_partition): use DeltaSink")

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from nats.aio.client import Client
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.drain import Drain
 from cg_pipelines.engine.executor_read import (
@@ -133,7 +134,7 @@ async def run_partition(
     was committed and acknowledged, the exception as its cause.
     """
     if partition < 0:
-        raise ValueError(f"partition must be >= 0, got {partition}")
+        raise UsageError(f"partition must be >= 0, got {partition}")
     ctx = RunContext(nc, stream, group, partition, processor, sink, options or EngineOptions(),
                      hook, connect=connect)
     lease = LeaseHolder(ctx, lease_consumer_name(partition))

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.subjects import strip_partition
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.drain import Drain
@@ -150,7 +151,7 @@ async def run_static_partition(
     partition's consumer advances by acknowledging each delivered message after its commit.
     """
     if partition < 0:
-        raise ValueError(f"partition must be >= 0, got {partition}")
+        raise UsageError(f"partition must be >= 0, got {partition}")
     ctx = RunContext(nc, stream, group, partition, processor, sink, options or EngineOptions(),
                      hook, read_stream=stream)
     run = _StaticDrain(ctx, filters)

@@ -36,6 +36,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.triggers import PartitionBacklog, pending_by_partition, use_subject_counts
 from cg_pipelines.jetstream.api import JetStreamAPI, parse_rfc3339_ns
 from cg_pipelines.jetstream.errors import (
@@ -110,7 +111,7 @@ async def first_pending(
         ValueError: ``window < 1``.
     """
     if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
+        raise UsageError(f"window must be >= 1, got {window}")
     todo = list(dict.fromkeys(partitions))  # each partition once: its reply subject is its own
     if not todo:
         return {}

@@ -48,6 +48,7 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.core.coverage import CommitCoverage, ReconcileCursor
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.partitioning import SubjectPartitioner
 from cg_pipelines.core.reconcile import (
     ORIGIN_SEQ_HEADER,
@@ -97,7 +98,7 @@ def sink_table_seqs(sink: Any, column: str = "_seq") -> TableSeqs:
         try:
             table = sink.read(columns=[column], filter=flt)
         except (KeyError, pa.ArrowInvalid) as e:
-            raise ValueError(f"the table has no usable {column!r} column (each row's origin "
+            raise UsageError(f"the table has no usable {column!r} column (each row's origin "
                              f"sequence): {str(e).splitlines()[0]}") from e
         return table[column] if column in table.column_names else pa.chunked_array(
             [], pa.int64())
@@ -243,7 +244,7 @@ async def reconcile_group(
         ValueError: ``max_messages`` or ``max_versions`` < 1.
     """
     if max_messages < 1 or max_versions < 1:
-        raise ValueError(f"max_messages and max_versions must be >= 1, got {max_messages} "
+        raise UsageError(f"max_messages and max_versions must be >= 1, got {max_messages} "
                          f"and {max_versions}")
     wq = work_queue_stream_name(stream, group)
     config = (await admin.get_elastic(js, stream, group, timeout=api.timeout)).config

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable
 
+from cg_pipelines.core.errors import ContractError
 from cg_pipelines.core.write import DELETE_COLUMN, Merge, last_rows_by_key
 from cg_pipelines.engine.model import PARTITION_COLUMN
 
@@ -64,7 +65,7 @@ def conform(table: pa.Table, target: pa.Schema, where: str, keep: Sequence[str] 
     extra = [n for n in names if n not in target.names]
     missing = [f.name for f in target if f.name not in names]
     if extra or missing:
-        raise ValueError(
+        raise ContractError(
             f"{where}: the output's columns differ from the table's"
             + (f"; not in the table: {extra}" if extra else "")
             + (f"; missing from the output: {missing}" if missing else ""))

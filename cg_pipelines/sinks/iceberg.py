@@ -76,6 +76,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In
 from pyiceberg.table import Table
 
+from cg_pipelines.core.errors import ContractError, UsageError
 from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.deltawrite import conform, current_of
@@ -150,11 +151,11 @@ class IcebergSink(IcebergTableAccess):
                 ``commit_retries < 0`` or ``keep_snapshots < 1``.
         """
         if "." not in identifier:
-            raise ValueError(f"identifier must be 'namespace.table', got {identifier!r}")
+            raise UsageError(f"identifier must be 'namespace.table', got {identifier!r}")
         if write is not None and not isinstance(write, (Append, Merge)):
-            raise ValueError(f"write must be Append() or Merge(key=...), got {write!r}")
+            raise UsageError(f"write must be Append() or Merge(key=...), got {write!r}")
         if commit_retries < 0 or keep_snapshots < 1:
-            raise ValueError("need commit_retries >= 0 and keep_snapshots >= 1")
+            raise UsageError("need commit_retries >= 0 and keep_snapshots >= 1")
         self._ident = identifier
         self._catalog_props: dict[str, str] = {}
         if isinstance(catalog, Catalog):
@@ -243,7 +244,7 @@ class IcebergSink(IcebergTableAccess):
             CommitFailedException: ``commit_retries`` races lost to other partitions.
         """
         if not 0 <= expected < version:
-            raise ValueError(f"commit of {app_id}: need 0 <= expected < version, "
+            raise UsageError(f"commit of {app_id}: need 0 <= expected < version, "
                              f"got expected={expected} version={version}")
         with self._lock:
             tbl = self._tables.get(app_id)
@@ -254,7 +255,7 @@ class IcebergSink(IcebergTableAccess):
                 raise FenceConflictError(app_id, expected, 0)
             schema = table.schema if table is not None and table.num_columns else self._schema
             if schema is None:
-                raise ValueError(f"{self._ident}: no table yet and no schema to create it "
+                raise UsageError(f"{self._ident}: no table yet and no schema to create it "
                                  "with: pass schema= or call ensure_table() first")
             if isinstance(self._write, Merge) and table is not None and table.num_rows:
                 self._write.check(table)
@@ -316,7 +317,7 @@ class IcebergSink(IcebergTableAccess):
         if PARTITION_COLUMN in target.names and PARTITION_COLUMN in cur.column_names:
             parts = pc.unique(cur[PARTITION_COLUMN]).to_pylist()
             if len(parts) != 1:
-                raise ValueError(f"{self._ident}: a merge batch holds partitions {parts}")
+                raise ContractError(f"{self._ident}: a merge batch holds partitions {parts}")
             part = EqualTo(PARTITION_COLUMN, int(parts[0]))
         keys = self._write.keys
         if len(keys) == 1 and 0 < cur.num_rows <= IN_PRUNE_LIMIT:
@@ -428,7 +429,7 @@ class IcebergSink(IcebergTableAccess):
         where = EqualTo(PARTITION_COLUMN, int(partition))
         if rows.num_rows and PARTITION_COLUMN in rows.column_names and not pc.all(
                 pc.equal(rows[PARTITION_COLUMN], partition)).as_py():
-            raise ValueError(f"{self._ident}: replacement rows of partition {partition} hold "
+            raise ContractError(f"{self._ident}: replacement rows of partition {partition} hold "
                              "other partitions")
         summary = self._summary(app_id, expected, "replace_partition",
                                 {"partition": partition, **(lineage or {})})

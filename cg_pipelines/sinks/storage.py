@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
+from cg_pipelines.core.errors import UsageError
+
 __all__ = ["MASK", "PUBLIC_OPTIONS", "mask_options", "option_name", "s3_filesystem",
            "s3_options", "safe_uri", "scrubbed", "table_filesystem"]
 
@@ -73,7 +75,7 @@ def s3_options(
             with an opaque "builder error").
     """
     if endpoint_url and endpoint_url.lower().startswith("http://") and not allow_http:
-        raise ValueError("an http:// endpoint needs allow_http=True")
+        raise UsageError("an http:// endpoint needs allow_http=True")
     opts = {"AWS_REGION": region}
     if endpoint_url:
         opts["AWS_ENDPOINT_URL"] = endpoint_url

@@ -69,6 +69,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.record import RECORD_SCHEMA, record_schema
 from cg_pipelines.jetstream.api import JetStreamAPI, StoredMessage
 from cg_pipelines.jetstream.connect import ConnectOptions
@@ -124,7 +125,7 @@ def split_range(first: int, last: int, parts: int) -> list[SeqRange]:
         ValueError: ``parts < 1``.
     """
     if parts < 1:
-        raise ValueError(f"partitions must be >= 1, got {parts}")
+        raise UsageError(f"partitions must be >= 1, got {parts}")
     width = last - first + 1
     if width <= 0:
         return []
@@ -146,7 +147,7 @@ def _int_option(options: Mapping[str, str], key: str, default: int | None) -> in
     try:
         return int(str(raw).strip())
     except ValueError:
-        raise ValueError(f"option {key!r} must be an integer, got {raw!r}") from None
+        raise UsageError(f"option {key!r} must be an integer, got {raw!r}") from None
 
 
 def _bool_option(options: Mapping[str, str], key: str) -> bool:
@@ -155,7 +156,7 @@ def _bool_option(options: Mapping[str, str], key: str) -> bool:
         return True
     if raw in ("false", "0", "no", ""):
         return False
-    raise ValueError(f"option {key!r} must be true or false, got {raw!r}")
+    raise UsageError(f"option {key!r} must be true or false, got {raw!r}")
 
 
 @dataclass(frozen=True)
@@ -188,24 +189,24 @@ class SourceOptions:
         servers = options.get("servers")
         stream = options.get("stream")
         if not servers:
-            raise ValueError("jetstream source: option 'servers' is required")
+            raise UsageError("jetstream source: option 'servers' is required")
         if not stream:
-            raise ValueError("jetstream source: option 'stream' is required")
+            raise UsageError("jetstream source: option 'stream' is required")
         first = _int_option(options, "first_seq", 1)
         last = _int_option(options, "last_seq", None)
         parts = _int_option(options, "partitions", 1)
         batch = _int_option(options, "batch", 1000)
         assert first is not None and parts is not None and batch is not None
         if first < 1:
-            raise ValueError(f"option 'first_seq' must be >= 1, got {first}")
+            raise UsageError(f"option 'first_seq' must be >= 1, got {first}")
         if parts < 1:
-            raise ValueError(f"option 'partitions' must be >= 1, got {parts}")
+            raise UsageError(f"option 'partitions' must be >= 1, got {parts}")
         if batch < 1:
-            raise ValueError(f"option 'batch' must be >= 1, got {batch}")
+            raise UsageError(f"option 'batch' must be >= 1, got {batch}")
         try:
             timeout = float(options.get("timeout", "10"))
         except ValueError:
-            raise ValueError("option 'timeout' must be a number of seconds") from None
+            raise UsageError("option 'timeout' must be a number of seconds") from None
         conn = {k: options.get(k) or None for k in _CONNECT_OPTIONS}
         return cls(
             connect=ConnectOptions(
@@ -378,7 +379,7 @@ class JetStreamReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         want = [(f.name, f.dataType) for f in SPARK_RECORD_SCHEMA.fields]
         if [(f.name, f.dataType) for f in schema.fields] != want:
-            raise ValueError(
+            raise UsageError(
                 f"jetstream source has a fixed schema {SPARK_RECORD_SCHEMA.simpleString()}; "
                 f"got {schema.simpleString()}"
             )

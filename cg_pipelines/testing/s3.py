@@ -14,6 +14,7 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
+from cg_pipelines.core.errors import StateError
 from cg_pipelines.sinks.delta import DeltaSink
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class MotoS3Server:
             RuntimeError: already started.
         """
         if self._server is not None:
-            raise RuntimeError("MotoS3Server already started")
+            raise StateError("MotoS3Server already started")
         from moto.server import ThreadedMotoServer
 
         if self._quiet:
@@ -97,7 +98,7 @@ class MotoS3Server:
             RuntimeError: not started.
         """
         if self._server is None or self._endpoint is None:
-            raise RuntimeError("MotoS3Server not started")
+            raise StateError("MotoS3Server not started")
         return self._endpoint
 
     def storage_options(self) -> dict[str, str]:
