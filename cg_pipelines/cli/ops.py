@@ -76,7 +76,7 @@ def _run(c: Ctx, fn: Callable[[JetStreamContext, JetStreamAPI], Awaitable[T]]) -
 async def _partitions(c: Ctx, js: JetStreamContext, stream: str, group: str,
                       partitions: tuple[int, ...] | list[int] = ()) -> int:
     """The elastic group's partition count, after checking it exists (``GroupNotFoundError``
-    names it) and that every one of ``partitions`` is in range (``ValueError`` naming the
+    names it) and that every one of ``partitions`` is in range (``UsageError`` naming the
     valid range)."""
     n = (await admin.get_elastic(js, stream, group, timeout=c.timeout)).config.max_members
     bad = [p for p in partitions if not 0 <= p < n]
@@ -185,7 +185,7 @@ def dlq_ls(c: Ctx, stream: str, group: str, partition: int | None, start_seq: in
 async def _dlq(c: Ctx, js: JetStreamContext, stream: str, group: str,
                call: Callable[[], Awaitable[T]], partition: int | None = None) -> T:
     """``call`` on the group's dead-letter stream after checking the group exists (and
-    ``partition`` is one of its partitions); a missing dead-letter stream is a ``ValueError``
+    ``partition`` is one of its partitions); a missing dead-letter stream is a ``UsageError``
     saying there are none."""
     await _partitions(c, js, stream, group, [] if partition is None else [partition])
     try:

@@ -142,7 +142,7 @@ def sticky_assignment(
     more partition; members that already hold the most keep the larger shares. A member keeps its
     lowest-numbered partitions up to its share; released and unowned partitions go, ascending, to
     members below their share in name order. Deterministic for equal inputs.
-    Raises ``ValueError`` if there are no members, ``ConfigError`` (a ``ValueError``) if
+    Raises ``UsageError`` if there are no members, ``ConfigError`` (a ``ValueError``) if
     ``max_members`` is outside [1, MAX_MEMBERS].
     """
     check_max_members(max_members)

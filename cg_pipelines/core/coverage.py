@@ -55,7 +55,7 @@ def encode_seqs(seqs: Iterable[int] | np.ndarray) -> str:
     """The compact text of a set of positive sequences (any order, repeats dropped).
 
     Raises:
-        ValueError: a sequence is below 1.
+        UsageError: a sequence is below 1.
     """
     arr = _sorted_distinct(np.asarray(
         list(seqs) if not isinstance(seqs, np.ndarray) else seqs, dtype=np.int64))
@@ -73,7 +73,7 @@ def decode_seqs(text: str) -> np.ndarray:
     """The sequences (int64, ascending, distinct) of an :func:`encode_seqs` text.
 
     Raises:
-        ValueError: ``text`` is not such a text (names what is wrong).
+        DecodeError: ``text`` is not such a text (names what is wrong).
     """
     if text.startswith(_U32):
         dtype = "<u4"
@@ -232,7 +232,7 @@ class ReconcileCursor:
         """The cursor of a :meth:`to_json` text.
 
         Raises:
-            ValueError: not such a text (names the problem).
+            DecodeError: not such a text (names the problem).
         """
         try:
             d = json.loads(text)

@@ -128,7 +128,7 @@ class JsonDecoder:
     :data:`MAX_DEPTH` levels of nesting; ``NaN`` and ``Infinity`` are not JSON.
 
     Raises:
-        ValueError: duplicate field names, or a non-positive ``max_payload_bytes``.
+        UsageError: duplicate field names, or a non-positive ``max_payload_bytes``.
     """
 
     def __init__(self, fields: Sequence[JsonField], *,

@@ -94,7 +94,7 @@ def find_gaps(
         were left out as not yet sourced.
 
     Raises:
-        ValueError: ``origin_seqs`` and ``partitions`` differ in length.
+        UsageError: ``origin_seqs`` and ``partitions`` differ in length.
     """
     seqs = np.asarray(origin_seqs, dtype=np.int64)
     parts = np.asarray(partitions, dtype=np.int64)
@@ -169,7 +169,7 @@ def judge(
     source has not passed are counted as not yet sourced, never as gaps.
 
     Raises:
-        ValueError: the arrays differ in length.
+        UsageError: the arrays differ in length.
     """
     seqs = np.asarray(origin_seqs, dtype=np.int64)
     parts = np.asarray(partitions, dtype=np.int64)

@@ -47,7 +47,7 @@ def shared_session_id(key: str, window_s: float, now: float) -> str:
         ``floor(now / window_s)``.
 
     Raises:
-        ValueError: ``window_s`` is not a positive finite number.
+        UsageError: ``window_s`` is not a positive finite number.
     """
     if not (window_s > 0 and math.isfinite(window_s)):
         raise UsageError(f"window_s must be a positive number of seconds, got {window_s!r}")

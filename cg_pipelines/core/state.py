@@ -44,7 +44,7 @@ class KeyedState:
             first commit).
 
     Raises:
-        ValueError: empty names, ``key`` among ``columns``, or duplicate columns.
+        UsageError: empty names, ``key`` among ``columns``, or duplicate columns.
     """
 
     key: str
@@ -84,7 +84,7 @@ def last_per_key(table: pa.Table, key: str, order_by: str) -> pa.Table:
     ``table``), sorted by key.
 
     Raises:
-        KeyError: ``key`` or ``order_by`` is not a column.
+        ColumnNotFoundError: ``key`` or ``order_by`` is not a column.
     """
     for c in (key, order_by):
         if c not in table.column_names:
@@ -128,9 +128,9 @@ def attach_state(batch: pa.Table, state: pa.Table, spec: KeyedState) -> pa.Table
         state: one row per key (as :func:`last_per_key` returns), with the state columns.
 
     Raises:
-        KeyError: the key column is missing from ``batch`` or ``state``, or a state column
-            from ``state``.
-        ValueError: an attached name already exists in ``batch``.
+        ColumnNotFoundError: the key column is missing from ``batch``. KeyError: it or a
+            state column is missing from ``state``.
+        UsageError: an attached name already exists in ``batch``.
     """
     if spec.key not in batch.column_names:
         raise ColumnNotFoundError(f"state key {spec.key!r} not in the batch's columns "

@@ -70,7 +70,7 @@ def needs_compaction(sizes: Iterable[int], min_files: int, target_size: int) -> 
     there are at least ``min_files`` of them, else 0 (nothing to compact).
 
     Raises:
-        ValueError: ``min_files < 2`` or ``target_size < 1``.
+        UsageError: ``min_files < 2`` or ``target_size < 1``.
 
     >>> needs_compaction([10, 10, 10], 3, 100)
     3

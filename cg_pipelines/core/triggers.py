@@ -56,7 +56,7 @@ def backlog_requests(
 ) -> list[BacklogRequest]:
     """Partitions to run: ``pending >= min_pending``, or any pending message older than
     ``max_age_s`` seconds. Only ``partitions`` (default: all) are considered; one request per
-    partition, in partition order. Raises ``ValueError`` if ``min_pending < 1``.
+    partition, in partition order. Raises ``UsageError`` if ``min_pending < 1``.
     """
     if min_pending < 1:
         raise UsageError(f"min_pending must be >= 1, got {min_pending}")
@@ -154,7 +154,7 @@ def encode_membership_cursor(revision: int, assign: Mapping[str, Sequence[int]])
 
 
 def decode_membership_cursor(cursor: str | None) -> tuple[int, dict[str, list[int]]]:
-    """``(revision, assignment)``; ``(0, {})`` for no cursor. Raises ``ValueError`` if corrupt."""
+    """``(revision, assignment)``; ``(0, {})`` for no cursor. Raises ``DecodeError`` if corrupt."""
     if not cursor:
         return 0, {}
     try:
@@ -177,7 +177,7 @@ class RetryPolicy:
     count), then it resumes by itself. Durations are seconds.
 
     Raises:
-        ValueError: ``max_failures < 1`` or ``0 < backoff_s <= max_backoff_s`` does not hold.
+        ConfigError: ``max_failures < 1`` or ``0 < backoff_s <= max_backoff_s`` does not hold.
     """
 
     max_failures: int = 5
@@ -323,7 +323,7 @@ def plan_backlog_runs(
 def lag_breaches(backlog: Sequence[PartitionBacklog], objective_s: float
                  ) -> list[PartitionBacklog]:
     """Partitions whose oldest pending message is older than ``objective_s`` seconds, in the
-    order given. Raises ``ValueError`` if ``objective_s <= 0``."""
+    order given. Raises ``UsageError`` if ``objective_s <= 0``."""
     if objective_s <= 0:
         raise UsageError(f"lag objective must be > 0 seconds, got {objective_s:g}")
     return [b for b in backlog if b.pending > 0 and b.age_s > objective_s]
@@ -361,7 +361,7 @@ def lag_observations_due(
         held back by the rate bound is observed when the bound allows).
 
     Raises:
-        ValueError: ``refresh_s <= 0``.
+        UsageError: ``refresh_s <= 0``.
     """
     if not refresh_s > 0:
         raise UsageError(f"lag refresh interval must be > 0 seconds, got {refresh_s!r}")
@@ -394,7 +394,7 @@ def lag_events_per_day(partitions: int, tick_s: float,
     :func:`lag_observations_due` keeps). Partitions without backlog add nothing.
 
     Raises:
-        ValueError: ``partitions < 0`` or a non-positive interval.
+        UsageError: ``partitions < 0`` or a non-positive interval.
     """
     if partitions < 0 or not tick_s > 0 or not refresh_s > 0:
         raise UsageError(f"need partitions >= 0 and intervals > 0 s, got {partitions}, "

@@ -68,7 +68,7 @@ class Merge:
             input's order; NOT a Spark transform, whose row order is not kept).
 
     Raises:
-        ValueError: an empty key or key name, a duplicate key column, an empty ``order_by``,
+        UsageError: an empty key or key name, a duplicate key column, an empty ``order_by``,
             ``order_by`` among the key columns, a ``delete_when`` that is neither a
             ``(column, value)`` pair with a non-empty column nor a pyarrow ``Expression``, or
             a delete column that is a key column.
@@ -124,7 +124,7 @@ class Merge:
         """Check that ``table`` (a batch's output) can be merged.
 
         Raises:
-            ValueError: a required column is missing (the message names it and the columns
+            ContractError: a required column is missing (the message names it and the columns
                 present), or a key column holds nulls (a null key cannot be matched).
         """
         missing = [c for c in self.required_columns() if c not in table.column_names]
@@ -144,8 +144,8 @@ class Merge:
         marker. All false without ``delete_when``.
 
         Raises:
-            KeyError: the delete column is missing. pyarrow errors: the expression cannot be
-                evaluated on ``table``.
+            ColumnNotFoundError: the delete column is missing. pyarrow errors: the expression
+                cannot be evaluated on ``table``.
         """
         n = table.num_rows
         d = self.delete_when
@@ -173,7 +173,7 @@ class Merge:
         unspecified.
 
         Raises:
-            ValueError: as :meth:`check`.
+            ContractError: as :meth:`check`.
         """
         self.check(table)
         return last_rows_by_key(table.append_column(DELETE_COLUMN, self.delete_mask(table)),

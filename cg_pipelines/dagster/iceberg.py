@@ -86,7 +86,7 @@ class IcebergWarehouseResource(ConfigurableResource):
         """The ``load_catalog`` properties (secrets included: do not log them).
 
         Raises:
-            ValueError: no ``catalog_uri`` with an S3 warehouse or a REST catalog, or an
+            UsageError: no ``catalog_uri`` with an S3 warehouse or a REST catalog, or an
                 unknown ``catalog_type``.
         """
         if self.catalog_type not in ("sql", "rest"):
@@ -165,7 +165,7 @@ class IcebergTableIOManager(ConfigurableIOManager):
     spark: SparkResource | None = None
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
-        """Nothing to store (the engine committed the rows). Raises ``TypeError`` for a
+        """Nothing to store (the engine committed the rows). Raises ``WrongTypeError`` for a
         returned value."""
         if obj is not None:
             raise WrongTypeError(f"{context.asset_key.to_user_string()}: IcebergTableIOManager "
@@ -175,9 +175,9 @@ class IcebergTableIOManager(ConfigurableIOManager):
         """The upstream group asset's table (or its loaded partitions), typed as asked.
 
         Raises:
-            ValueError: the upstream asset is no consumer-group asset, or a Spark DataFrame
+            UsageError: the upstream asset is no consumer-group asset, or a Spark DataFrame
                 is asked for without ``spark``.
-            TypeError: an annotation this IO manager cannot produce.
+            WrongTypeError: an annotation this IO manager cannot produce.
         """
         table, md = upstream_table(context)
         sink = self.warehouse.sink(table)

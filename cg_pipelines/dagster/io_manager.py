@@ -56,7 +56,7 @@ class DeltaTableIOManager(ConfigurableIOManager):
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         """Nothing to store: the group asset committed its rows in the engine. Raises
-        ``TypeError`` if an asset using this IO manager returns a value."""
+        ``WrongTypeError`` if an asset using this IO manager returns a value."""
         if obj is not None:
             raise WrongTypeError(f"{context.asset_key.to_user_string()}: DeltaTableIOManager only "
                             "loads consumer-group tables; it does not store returned values")
@@ -66,9 +66,9 @@ class DeltaTableIOManager(ConfigurableIOManager):
         history in append mode, the current row per key in merge mode.
 
         Raises:
-            ValueError: the upstream asset is not a consumer-group asset (no ``cg/table``
+            UsageError: the upstream asset is not a consumer-group asset (no ``cg/table``
                 definition metadata), or a Spark DataFrame is asked for without ``spark``.
-            TypeError: an annotation this IO manager cannot produce.
+            WrongTypeError: an annotation this IO manager cannot produce.
         """
         table, md = upstream_table(context)
         sink = self.warehouse.sink(table)
@@ -107,7 +107,7 @@ def upstream_table(context: InputContext) -> tuple[str, Any]:
     metadata.
 
     Raises:
-        ValueError: the upstream asset is not a consumer-group asset (no ``cg/table``).
+        UsageError: the upstream asset is not a consumer-group asset (no ``cg/table``).
     """
     upstream = context.upstream_output
     md = upstream.definition_metadata if upstream is not None else {}

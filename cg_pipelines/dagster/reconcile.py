@@ -88,7 +88,7 @@ def table_coverage(spec: ConsumerGroupAsset, warehouse: DeltaWarehouseResource
     """The coverage reader (and cursor store) of ``spec``'s table in ``warehouse``.
 
     Raises:
-        ValueError: the warehouse's table URI has no filesystem this library reads.
+        UsageError: the warehouse's table URI has no filesystem this library reads.
     """
     uri = warehouse.table_uri(spec.table_name)
     fs = table_filesystem(uri, warehouse.storage_options() or {})
@@ -117,7 +117,7 @@ def reconcile_group_report(
 
     Raises:
         TimeoutError, NatsConnectError, JetStreamError, GroupNotFoundError, ConfigError,
-        CoverageLogError, ValueError: see :func:`cg_pipelines.jetstream.reconcile.
+        CoverageLogError, UsageError: see :func:`cg_pipelines.jetstream.reconcile.
         reconcile_group`.
     """
     log = table_coverage(spec, warehouse)

@@ -265,8 +265,8 @@ def run_spark_session(resource: Any) -> SparkSession:
       (or ``spark.pyspark.python``) set to an interpreter with this package.
 
     Raises:
-        TypeError: ``resource`` has no ``spark_session``.
-        RuntimeError: its session is missing or already stopped.
+        WrongTypeError: ``resource`` has no ``spark_session``.
+        StateError: its session is missing or already stopped.
     """
     if isinstance(resource, SparkResource):
         return resource.spark_session
@@ -453,7 +453,7 @@ class PartitionRunsResource(ConfigurableResource):
         """The retry settings as a :class:`~cg_pipelines.core.triggers.RetryPolicy`.
 
         Raises:
-            ValueError: invalid settings (the reason is in the message).
+            ConfigError: invalid settings (the reason is in the message).
         """
         return RetryPolicy(self.retry_max_failures, self.retry_backoff_s,
                            self.retry_max_backoff_s)

@@ -165,7 +165,7 @@ async def publish_dead_letters(
     (:data:`~cg_pipelines.engine.model.RECORD_SCHEMA`: its ``data``, ``subject`` and user
     ``headers`` are what is published).
 
-    Raises ``ValueError`` if a dead letter names a sequence not in ``batch`` (the processing
+    Raises ``ContractError`` if a dead letter names a sequence not in ``batch`` (the processing
     step must only reject messages it was given).
     """
     index = {seq: i for i, seq in enumerate(batch["seq"].to_pylist())}
@@ -373,7 +373,7 @@ async def replay_dead_letter(js: JetStreamContext, api: JetStreamAPI, stream: st
 
     Raises:
         NoMessageFoundError: no dead letter at ``seq``.
-        ValueError: the dead letter has no ``Cg-Subject`` (not made by this library).
+        DecodeError: the dead letter has no ``Cg-Subject`` (not made by this library).
         JetStreamError: the publish or delete failed (a failed delete leaves the dead letter
             in place; replaying it again is de-duplicated by the origin).
     """
@@ -436,7 +436,7 @@ async def skip_message(
 
     Raises:
         NoMessageFoundError: the partition has no pending message, or none at ``seq``.
-        ValueError: the message at ``seq`` belongs to another partition; empty ``reason``.
+        UsageError: the message at ``seq`` belongs to another partition; empty ``reason``.
         JetStreamError: an API failure (nothing deleted unless the dead letter was stored).
     """
     if not reason.strip():

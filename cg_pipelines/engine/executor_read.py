@@ -149,7 +149,7 @@ async def credentials_shown(nc: Client, timeout_s: float) -> bool:
 def check_range(got: RangeProcessed, first: int, last: int) -> None:
     """An executor batch's facts must be consistent: within the range ``[first, last]`` asked
     for, every dead letter in ``dead_records`` and in the range, no more dead letters than
-    messages. Raises ValueError otherwise (nothing is committed)."""
+    messages. Raises ContractError otherwise (nothing is committed)."""
     if got.first_seq is None or got.last_seq is None:
         raise ContractError("range processing returned no sequences for a non-empty range")
     span_first, span_last = got.first_seq, got.last_seq

@@ -59,7 +59,7 @@ async def maintain_partition(nc: Client, stream: str, group: str, partition: int
         holding the lease, which was given back).
 
     Raises:
-        ValueError: ``partition < 0`` or ``sink`` has no ``maintain``.
+        UsageError: ``partition < 0`` or ``sink`` has no ``maintain``.
         NatsUnavailableError / JetStreamError: as for a run (nothing changed then).
     """
     if partition < 0:

@@ -317,7 +317,7 @@ def with_partition_column(table: pa.Table | None, partition: int) -> pa.Table | 
     (appended, or checked when the transform kept it).
 
     Raises:
-        ValueError: the table has the column with another partition's number.
+        ContractError: the table has the column with another partition's number.
     """
     if table is None:
         return None

@@ -83,7 +83,7 @@ def with_state(table: pa.Table, spec: KeyedState | None, ctx: BatchContext) -> p
     :mod:`cg_pipelines.core.state`); ``table`` itself when ``spec`` is ``None``.
 
     Raises:
-        RuntimeError: state is declared but ``ctx`` carries no state reader (the processor was
+        StateError: state is declared but ``ctx`` carries no state reader (the processor was
             called outside the engine without one).
     """
     if spec is None:

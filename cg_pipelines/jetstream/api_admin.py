@@ -43,7 +43,7 @@ class ConsumerRequests(ApiBase):
             ConsumerNotFoundError: ``update`` of a missing consumer (10149).
             WorkQueueConsumerNotUniqueError: overlapping filters on a work-queue stream (10100).
             StreamNotFoundError: no such stream (10059).
-            ValueError: unknown ``action``.
+            UsageError: unknown ``action``.
         """
         if action not in ("create", "update", ""):
             raise UsageError(f"action must be 'create', 'update' or '', got {action!r}")
@@ -223,7 +223,7 @@ class StreamRequests(ApiBase):
             The number of messages purged.
 
         Raises:
-            ValueError: both ``seq`` and ``keep``.
+            UsageError: both ``seq`` and ``keep``.
             StreamNotFoundError: no such stream.
         """
         if seq is not None and keep is not None:

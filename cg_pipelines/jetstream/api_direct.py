@@ -53,7 +53,7 @@ class DirectGetRequests(ApiBase):
             JetStreamUnavailableError: no responders (stream missing or ``allow_direct`` off).
             RequestTimeoutError: no reply (or the batch stalled) for ``self.timeout`` seconds.
             JetStreamError: another error status (e.g. 400 bad request).
-            ValueError: ``batch < 1`` or ``seq < 1``.
+            UsageError: ``batch < 1`` or ``seq < 1``.
         """
         if batch < 1:
             raise UsageError(f"batch must be >= 1, got {batch}")

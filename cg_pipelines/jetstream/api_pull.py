@@ -77,7 +77,7 @@ class PullRequests(ApiBase):
             :meth:`PullResult.raise_for_status`).
 
         Raises:
-            ValueError: ``batch < 1`` or ``expires_s <= 0`` without ``no_wait``.
+            UsageError: ``batch < 1`` or ``expires_s <= 0`` without ``no_wait``.
         """
         if batch < 1:
             raise UsageError(f"batch must be >= 1, got {batch}")

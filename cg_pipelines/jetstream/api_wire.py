@@ -61,7 +61,7 @@ def seconds_to_ns(seconds: float) -> int:
     """Seconds (``float``) to integer nanoseconds, rounded to the nearest nanosecond.
 
     Raises:
-        ValueError: negative duration.
+        UsageError: negative duration.
     """
     if seconds < 0:
         raise UsageError(f"duration must be >= 0 seconds, got {seconds!r}")
@@ -109,7 +109,7 @@ def consumer_config(
         extra: raw wire fields merged last (they override the ones built here).
 
     Raises:
-        ValueError: a negative duration, an empty filter subject, or ``priority_policy`` given
+        UsageError: a negative duration, an empty filter subject, or ``priority_policy`` given
             without ``priority_groups``.
     """
     cfg: dict[str, Any] = {}
@@ -266,7 +266,7 @@ def parse_rfc3339_ns(ts: str) -> int:
     ``"2024-01-01T01:00:00+01:00"`` -> ``1704067200000000000``.
 
     Raises:
-        ValueError: not an RFC 3339 time stamp.
+        DecodeError: not an RFC 3339 time stamp.
     """
     # Split "<date>T<time>[.<frac>]<zone>" into the part fromisoformat handles fast and the
     # fraction (up to 9 digits, which datetime cannot hold).

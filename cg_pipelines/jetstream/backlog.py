@@ -108,7 +108,7 @@ async def first_pending(
         RequestTimeoutError: not every answer arrived within ``api.timeout`` seconds.
         JetStreamUnavailableError: no responders (stream missing or ``allow_direct`` off).
         JetStreamError: another error status, or a malformed answer.
-        ValueError: ``window < 1``.
+        UsageError: ``window < 1``.
     """
     if window < 1:
         raise UsageError(f"window must be >= 1, got {window}")

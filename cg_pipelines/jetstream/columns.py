@@ -179,7 +179,7 @@ def _slow_server_columns(
 def _server_columns(srv: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
     """Sequence, subject, time, pending from the direct-get header lines, in bulk.
 
-    Raises ValueError (or an Arrow error) when any block is not laid out as expected."""
+    Raises DecodeError (or an Arrow error) when any block is not laid out as expected."""
     lines = pc.split_pattern(srv, "\r\n")
     # Six header lines, the blank line and what follows the final CRLF.
     if not pc.all(pc.equal(pc.list_value_length(lines), 8)).as_py():

@@ -96,7 +96,7 @@ async def publish_many(
         PublishError: an ack carried an error or named another stream (what was acknowledged
             before it is stored; nothing after it was sent).
         RequestTimeoutError: a window's acks did not all come within ``timeout_s``.
-        ValueError: ``subjects`` and ``payloads`` differ in length, or ``window < 1``.
+        UsageError: ``subjects`` and ``payloads`` differ in length, or ``window < 1``.
     """
     if len(subjects) != len(payloads):
         raise UsageError("subjects and payloads must have the same length")

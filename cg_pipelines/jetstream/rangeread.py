@@ -289,7 +289,7 @@ async def read_range(
             connection was lost during the read.
         JetStreamError: another error status, or a reply that is no direct-get reply.
         nats.errors.ConnectionClosedError: the connection was closed during the read.
-        ValueError: ``from_seq``, ``max_msgs``, ``max_bytes`` or ``request_batch`` below 1, or
+        UsageError: ``from_seq``, ``max_msgs``, ``max_bytes`` or ``request_batch`` below 1, or
             ``fast=True`` where the bulk parser is not available.
     """
     if from_seq < 1:

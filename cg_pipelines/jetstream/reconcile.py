@@ -92,7 +92,7 @@ def sink_table_seqs(sink: Any, column: str = "_seq") -> TableSeqs:
     """A :data:`TableSeqs` reading ``column`` from a sink with
     ``read(columns=[...], filter=<pyarrow expression>)`` (e.g.
     :class:`~cg_pipelines.sinks.delta.DeltaSink`; a missing table reads as no rows). The reader
-    raises ``ValueError`` when the table lacks ``column``."""
+    raises ``UsageError`` when the table lacks ``column``."""
     def read(first: int, last: int) -> pa.ChunkedArray:
         flt = (pc.field(column) >= first) & (pc.field(column) <= last)
         try:
@@ -241,7 +241,7 @@ async def reconcile_group(
         JetStreamUnavailableError: the origin (or work queue) does not allow direct get.
         JetStreamError, RequestTimeoutError: other API failures.
         CoverageLogError, OSError: the coverage cannot be read.
-        ValueError: ``max_messages`` or ``max_versions`` < 1.
+        UsageError: ``max_messages`` or ``max_versions`` < 1.
     """
     if max_messages < 1 or max_versions < 1:
         raise UsageError(f"max_messages and max_versions must be >= 1, got {max_messages} "

@@ -222,7 +222,7 @@ class PostgresServer:
         """Create database ``name`` (letters, digits, ``_``) and return its URL.
 
         Raises:
-            ValueError: an unsafe name. PostgresServerError: psql failed (e.g. it exists).
+            UsageError: an unsafe name. PostgresServerError: psql failed (e.g. it exists).
         """
         if not name.replace("_", "").isalnum():
             raise UsageError(f"database name {name!r}: use letters, digits and _ only")

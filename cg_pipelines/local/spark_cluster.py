@@ -140,7 +140,7 @@ class SparkStandaloneCluster:
         start_timeout_s: seconds to wait for the master and every worker to be up.
 
     Raises:
-        RuntimeError (from :meth:`start`): a JVM exited or the cluster was not up in time; the
+        StateError (from :meth:`start`): a JVM exited or the cluster was not up in time; the
             message holds the log tail.
     """
 
@@ -247,7 +247,7 @@ class SparkConnectServer:
     packages (``grpcio``, ``grpcio-status``, ``googleapis-common-protos``, ``zstandard``).
 
     Raises:
-        RuntimeError (from :meth:`start`): the server exited or did not listen in time.
+        StateError (from :meth:`start`): the server exited or did not listen in time.
     """
 
     def __init__(self, master: str = "local[2]", *, log_dir: Path | None = None,
@@ -319,7 +319,7 @@ class SparkConnectServer:
         exits, in its own session; stop it later with :func:`stop_pid`). Returns its pid.
 
         Raises:
-            RuntimeError: not started, or started without a ``log_dir`` of its own (its
+            StateError: not started, or started without a ``log_dir`` of its own (its
                 temporary log directory would go with this object).
         """
         if self._proc is None:

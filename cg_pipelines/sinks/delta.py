@@ -164,7 +164,7 @@ class DeltaSink(DeltaMaintenance):
                 on by default; ``Maintenance.off()`` for nothing).
 
         Raises:
-            ValueError: ``checkpoint_interval < 1``; ``write`` is not Append/Merge/None;
+            UsageError: ``checkpoint_interval < 1``; ``write`` is not Append/Merge/None;
                 ``maintenance`` is not a Maintenance.
         """
         if maintenance is not None and not isinstance(maintenance, Maintenance):
@@ -279,9 +279,10 @@ class DeltaSink(DeltaMaintenance):
             FenceConflictError: the watermark is not ``expected`` (in the remembered snapshot,
                 and in the latest one), or a concurrent commit with the same app id won after
                 that snapshot; nothing was written.
-            ValueError: ``version <= expected``, or the table does not exist, ``table`` has no
-                columns and no ``schema`` was given; in merge mode, a required column is
-                missing, a key is null, or the output's columns differ from the table's.
+            UsageError: ``version <= expected``, or the table does not exist, ``table`` has no
+                columns and no ``schema`` was given.
+            ContractError: in merge mode, a required column is missing, a key is null, or the
+                output's columns differ from the table's.
             DeltaError / OSError: I/O or schema errors from delta-rs (not retried); a
                 ``CommitFailedError`` that is not a fence conflict (e.g. a concurrent metadata
                 change) is re-raised as is; nothing was written.

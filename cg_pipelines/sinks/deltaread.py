@@ -142,7 +142,7 @@ class DeltaTableAccess:
             does not exist yet.
 
         Raises:
-            KeyError: ``key`` or ``order_by`` missing from the table.
+            ColumnNotFoundError: ``key`` or ``order_by`` missing from the table.
             DeltaError / OSError / pyarrow errors: read failures.
         """
         cols = list(dict.fromkeys([key, order_by, *columns]))

@@ -59,7 +59,7 @@ def conform(table: pa.Table, target: pa.Schema, where: str, keep: Sequence[str] 
     ``where`` names the table in errors.
 
     Raises:
-        ValueError: columns missing from ``table`` or not in the table (named).
+        ContractError: columns missing from ``table`` or not in the table (named).
     """
     names = [n for n in table.column_names if n not in keep]
     extra = [n for n in names if n not in target.names]

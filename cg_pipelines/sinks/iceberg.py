@@ -116,7 +116,7 @@ class IcebergSink(IcebergTableAccess):
 
     Errors: :class:`FenceConflictError` when the watermark moved; pyiceberg errors
     (``CommitFailedException`` after ``commit_retries`` lost races, ``NoSuchTableError``,
-    ``ValidationException``), ``OSError`` for I/O, ``ValueError`` for bad input.
+    ``ValidationException``), ``OSError`` for I/O, ``UsageError`` (a ``ValueError``) for bad input.
     """
 
     table_format: ClassVar[str] = "iceberg"
@@ -147,7 +147,7 @@ class IcebergSink(IcebergTableAccess):
             metadata_versions: ``write.metadata.previous-versions-max`` of a created table.
 
         Raises:
-            ValueError: no namespace in ``identifier``; ``write`` not Append/Merge/None;
+            UsageError: no namespace in ``identifier``; ``write`` not Append/Merge/None;
                 ``commit_retries < 0`` or ``keep_snapshots < 1``.
         """
         if "." not in identifier:
@@ -238,9 +238,9 @@ class IcebergSink(IcebergTableAccess):
 
         Raises:
             FenceConflictError: the watermark is not ``expected``; nothing was written.
-            ValueError: ``not 0 <= expected < version``; no table and no schema; merge
-                input without the required columns or with null keys; columns that differ
-                from the table's.
+            UsageError: ``not 0 <= expected < version``; no table and no schema.
+            ContractError: merge input without the required columns or with null keys, or
+                of other partitions; columns that differ from the table's.
             CommitFailedException: ``commit_retries`` races lost to other partitions.
         """
         if not 0 <= expected < version:

@@ -95,7 +95,7 @@ class Maintenance:
     with ``DeltaTable.alter.set_table_properties`` while no run commits).
 
     Raises:
-        ValueError: bad numbers.
+        ConfigError: bad numbers.
     """
 
     compact: bool = True

@@ -71,7 +71,7 @@ def s3_options(
         "AWS_SECRET_ACCESS_KEY", "AWS_ALLOW_HTTP"]}``.
 
     Raises:
-        ValueError: an ``http://`` endpoint without ``allow_http`` (delta-rs would fail later
+        UsageError: an ``http://`` endpoint without ``allow_http`` (delta-rs would fail later
             with an opaque "builder error").
     """
     if endpoint_url and endpoint_url.lower().startswith("http://") and not allow_http:

@@ -48,7 +48,7 @@ def build_class_archive(path: str | Path, *, timeout_s: float = 600.0) -> float:
         Seconds taken.
 
     Raises:
-        RuntimeError: the child failed (its output's last lines in the message) or the JVM
+        StateError: the child failed (its output's last lines in the message) or the JVM
             wrote no archive.
         subprocess.TimeoutExpired: past ``timeout_s`` seconds (the child is killed).
     """

@@ -49,7 +49,7 @@ Options (all strings, as Spark passes them):
 =================  ==========================================================================
 
 Errors (raised on the executor, surfacing as a Spark job failure with the Python traceback):
-``ValueError`` for bad options (raised at planning), nats-py connection errors,
+``UsageError`` (a ``ValueError``) for bad options (raised at planning), nats-py connection errors,
 :class:`~cg_pipelines.jetstream.errors.JetStreamUnavailableError` (stream missing or
 ``allow_direct`` off), :class:`~cg_pipelines.jetstream.errors.RequestTimeoutError`.
 """
@@ -122,7 +122,7 @@ def split_range(first: int, last: int, parts: int) -> list[SeqRange]:
     ``[]``.
 
     Raises:
-        ValueError: ``parts < 1``.
+        UsageError: ``parts < 1``.
     """
     if parts < 1:
         raise UsageError(f"partitions must be >= 1, got {parts}")
@@ -183,7 +183,7 @@ class SourceOptions:
         """Parse Spark's string options (other scalars are accepted and ``str()``-ed).
 
         Raises:
-            ValueError: a required option missing, or a value of the wrong form.
+            UsageError: a required option missing, or a value of the wrong form.
         """
         options = {str(k).lower(): str(v) for k, v in dict(options).items() if v is not None}
         servers = options.get("servers")
@@ -373,7 +373,7 @@ class JetStreamReader(DataSourceReader):
     executor.
 
     Raises:
-        ValueError: bad options, or a requested schema other than :data:`SPARK_RECORD_SCHEMA`.
+        UsageError: bad options, or a requested schema other than :data:`SPARK_RECORD_SCHEMA`.
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:

@@ -422,7 +422,7 @@ def read_range_with_spark(
     order within each input partition only: use ``orderBy("seq")`` for stream order.
 
     Raises:
-        ValueError: bad options (at planning, i.e. on the first action or schema analysis).
+        UsageError: bad options (at planning, i.e. on the first action or schema analysis).
     """
     register_jetstream_source(spark)
     reader = (

@@ -375,7 +375,7 @@ def warm_up(spark: SparkSession, rounds: int = 3, rows: int = 40_000) -> list[fl
         Seconds per job.
 
     Raises:
-        RuntimeError: a job returned the wrong number of rows; whatever pyspark raises.
+        InvariantError: a job returned the wrong number of rows; whatever pyspark raises.
     """
     import pyarrow as pa
     from pyspark.sql import Window

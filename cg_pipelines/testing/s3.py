@@ -52,7 +52,7 @@ class MotoS3Server:
         """Start the server (port chosen by the OS, so no race for a free port).
 
         Raises:
-            RuntimeError: already started.
+            StateError: already started.
         """
         if self._server is not None:
             raise StateError("MotoS3Server already started")
@@ -95,7 +95,7 @@ class MotoS3Server:
         """``http://127.0.0.1:<port>``.
 
         Raises:
-            RuntimeError: not started.
+            StateError: not started.
         """
         if self._server is None or self._endpoint is None:
             raise StateError("MotoS3Server not started")
