@@ -81,7 +81,7 @@ def decode_seqs(text: str) -> np.ndarray:
         dtype = "<u8"
     else:
         raise DecodeError(f"coverage text must start with {_U32!r} or {_U64!r}, got "
-                         f"{text[:8]!r}")
+                          f"{text[:8]!r}")
     try:
         raw = zlib.decompress(base64.b64decode(text[2:], validate=True))
     except (binascii.Error, zlib.error) as e:
@@ -242,7 +242,7 @@ class ReconcileCursor:
             gap_parts = np.asarray(d["gap_parts"], np.int64)
             if len(gap_parts) != len(gap_seqs):
                 raise DecodeError(f"{len(gap_seqs)} gap sequences but {len(gap_parts)} "
-                                 "partitions")
+                                  "partitions")
             return cls(int(d["origin_through"]), int(d["version"]), decode_seqs(d["carry"]),
                        {int(k): int(v) for k, v in d["committed"].items()},
                        {int(k): int(v) for k, v in d["rebuilt"].items()}, gap_seqs, gap_parts,

@@ -132,12 +132,13 @@ class Merge:
             hint = (" (keep _seq from the decoded batch, or Merge(order_by=None) to use the "
                     "output's row order)" if self.order_by in missing else "")
             raise ContractError(f"merge mode needs the output columns {missing}{hint}; the output "
-                             f"has {table.column_names}")
+                                f"has {table.column_names}")
         for k in self.keys:
             nulls = table[k].null_count
             if nulls:
                 raise ContractError(f"merge key column {k!r} holds {nulls} null value(s): a null "
-                                 "key cannot be merged (drop or fix those rows in the transform)")
+                                    "key cannot be merged (drop or fix those rows in the "
+                                    "transform)")
 
     def delete_mask(self, table: pa.Table) -> pa.Array:
         """A boolean array (no nulls), one per row of ``table``: whether the row is a delete

@@ -169,7 +169,7 @@ class IcebergTableIOManager(ConfigurableIOManager):
         returned value."""
         if obj is not None:
             raise WrongTypeError(f"{context.asset_key.to_user_string()}: IcebergTableIOManager "
-                            "only loads consumer-group tables; it does not store values")
+                                 "only loads consumer-group tables; it does not store values")
 
     def load_input(self, context: InputContext) -> Any:
         """The upstream group asset's table (or its loaded partitions), typed as asked.
@@ -199,7 +199,8 @@ class IcebergTableIOManager(ConfigurableIOManager):
         if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
             return arrow
         raise WrongTypeError(f"IcebergTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
-                        f"DataFrame; {context.asset_key.to_user_string()} is annotated {want!r}")
+                             f"DataFrame; {context.asset_key.to_user_string()} is annotated "
+                             f"{want!r}")
 
 
 def spark_frame(spark: Any, sink: IcebergSink, parts: list[int] | None = None) -> Any:

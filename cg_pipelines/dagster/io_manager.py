@@ -59,7 +59,7 @@ class DeltaTableIOManager(ConfigurableIOManager):
         ``WrongTypeError`` if an asset using this IO manager returns a value."""
         if obj is not None:
             raise WrongTypeError(f"{context.asset_key.to_user_string()}: DeltaTableIOManager only "
-                            "loads consumer-group tables; it does not store returned values")
+                                 "loads consumer-group tables; it does not store returned values")
 
     def load_input(self, context: InputContext) -> Any:
         """The upstream group asset's table (or its loaded partitions), typed as asked: the
@@ -89,7 +89,8 @@ class DeltaTableIOManager(ConfigurableIOManager):
         if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
             return arrow
         raise WrongTypeError(f"DeltaTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
-                        f"DataFrame; {context.asset_key.to_user_string()} is annotated {want!r}")
+                             f"DataFrame; {context.asset_key.to_user_string()} is annotated "
+                             f"{want!r}")
 
     def _spark_frame(self, sink: DeltaSink, parts: list[int] | None) -> Any:
         if self.spark is None:

@@ -277,7 +277,7 @@ def run_spark_session(resource: Any) -> SparkSession:
     session = resource.spark_session
     if session is None:
         raise StateError(f"{type(resource).__name__} has no SparkSession (was it set up "
-                           "for this run?)")
+                         "for this run?)")
     from cg_pipelines.spark.session import DEFAULT_CONF
 
     given = _flat_conf(getattr(resource, "spark_config", None) or {})
@@ -289,7 +289,7 @@ def run_spark_session(resource: Any) -> SparkSession:
                 session.conf.set(k, v)
         except Exception as e:  # a stopped classic session: py4j/AttributeError
             raise StateError(f"the SparkSession of {type(resource).__name__} is not usable "
-                               f"(stopped?): {e}") from e
+                             f"(stopped?): {e}") from e
     return session
 
 

@@ -380,7 +380,7 @@ async def replay_dead_letter(js: JetStreamContext, api: JetStreamAPI, stream: st
     dead = await get_dead_letter(api, stream, group, seq)
     if not dead.origin_subject:
         raise DecodeError(f"dead letter {seq} of {dlq_stream_name(stream, group)} has no "
-                         "Cg-Subject header: cannot tell where to replay it")
+                          "Cg-Subject header: cannot tell where to replay it")
     headers = {k: v for k, v in dead.headers.items()
                if not k.startswith(("Cg-", "Nats-"))}
     name = dlq_stream_name(stream, group)

@@ -333,7 +333,7 @@ class Drain:
         unknown = [d.seq for d in processed.dead if d.seq not in seqs]
         if unknown:
             raise ContractError(f"processing step dead-lettered sequences not in the batch: "
-                             f"{unknown[:5]}")
+                                f"{unknown[:5]}")
         return processed
 
     async def _prepare_batch(self, records: pa.Table) -> _Prepared:
@@ -350,7 +350,7 @@ class Drain:
             processed = await self._process(records)
             if processed.dead:  # the prefix must process cleanly: it did in the full batch
                 raise InvariantError("processing step is not deterministic: the batch before a "
-                                   "bad message produced dead letters on re-processing")
+                                     "bad message produced dead letters on re-processing")
         if self.ctx.state is not None:
             # Optimistic: the next batch is processed while this one commits; if the commit
             # is refused (fence), the run stops and this per-run cache goes with it.

@@ -155,10 +155,10 @@ def check_range(got: RangeProcessed, first: int, last: int) -> None:
     span_first, span_last = got.first_seq, got.last_seq
     if not first <= span_first <= span_last <= last:
         raise ContractError(f"range processing returned sequences {span_first}..{span_last} "
-                         f"outside the range {first}..{last}")
+                            f"outside the range {first}..{last}")
     dead = [d.seq for d in got.processed.dead]
     known = set(got.dead_records["seq"].to_pylist())
     unknown = [q for q in dead if q not in known or not span_first <= q <= span_last]
     if unknown or len(set(dead)) != len(dead) or len(dead) > got.messages:
         raise ContractError(f"range processing dead-lettered sequences it did not read or twice: "
-                         f"{(unknown or dead)[:5]}")
+                            f"{(unknown or dead)[:5]}")

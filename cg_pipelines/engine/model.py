@@ -325,7 +325,7 @@ def with_partition_column(table: pa.Table | None, partition: int) -> pa.Table | 
         col = table[PARTITION_COLUMN]
         if table.num_rows and not pc.all(pc.equal(col, partition)).as_py():
             raise ContractError(f"the transform's {PARTITION_COLUMN} column holds other "
-                             f"partitions than {partition}")
+                                f"partitions than {partition}")
         return table
     return table.append_column(pa.field(PARTITION_COLUMN, pa.int64(), nullable=False),
                                pa.array(np.full(table.num_rows, partition, np.int64)))

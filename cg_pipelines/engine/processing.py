@@ -90,7 +90,7 @@ def with_state(table: pa.Table, spec: KeyedState | None, ctx: BatchContext) -> p
         return table
     if ctx.state is None:
         raise StateError("the processor declares KeyedState but the batch context has no "
-                           "state reader: run it through the engine (run_partition)")
+                         "state reader: run it through the engine (run_partition)")
     return attach_state(table, ctx.state.lookup(keys_of(table, spec.key)), spec)
 
 

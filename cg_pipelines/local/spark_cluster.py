@@ -214,7 +214,7 @@ class SparkStandaloneCluster:
                 tails = "\n".join(f"--- {p.name}\n{p.tail(8)}" for p in self._procs)
                 self.stop()
                 raise StateError(f"Spark {what} not up after {self.start_timeout_s:g} s\n"
-                                   f"{tails}")
+                                 f"{tails}")
             time.sleep(0.3)
 
     def stop(self) -> None:
@@ -305,7 +305,7 @@ class SparkConnectServer:
                 tail = self._proc.tail()
                 self.stop()
                 raise StateError(f"Spark Connect server not listening after "
-                                   f"{self.start_timeout_s:g} s:\n{tail}")
+                                 f"{self.start_timeout_s:g} s:\n{tail}")
             time.sleep(0.3)
 
     def stop(self) -> None:

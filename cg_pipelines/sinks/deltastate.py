@@ -128,7 +128,7 @@ class PartitionStates:
         frags = [f for f in ds.get_fragments() if f.path in wanted]
         if len(frags) != len(wanted):
             raise InvariantError(f"state read: {len(wanted) - len(frags)} of the partition's "
-                               "live files are not in the table's dataset")
+                                 "live files are not in the table's dataset")
         sub = pads.FileSystemDataset(frags, ds.schema, ds.format, ds.filesystem)
         return sub.to_table(columns=columns)
 

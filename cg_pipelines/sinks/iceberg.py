@@ -430,7 +430,7 @@ class IcebergSink(IcebergTableAccess):
         if rows.num_rows and PARTITION_COLUMN in rows.column_names and not pc.all(
                 pc.equal(rows[PARTITION_COLUMN], partition)).as_py():
             raise ContractError(f"{self._ident}: replacement rows of partition {partition} hold "
-                             "other partitions")
+                                "other partitions")
         summary = self._summary(app_id, expected, "replace_partition",
                                 {"partition": partition, **(lineage or {})})
         props = {WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}

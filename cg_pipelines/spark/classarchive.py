@@ -79,7 +79,7 @@ def build_class_archive(path: str | Path, *, timeout_s: float = 600.0) -> float:
         tail = "\n".join(out.decode(errors="replace").splitlines()[-20:])
         tmp.unlink(missing_ok=True)
         raise StateError(f"building the Spark class archive failed (exit {proc.returncode}, "
-                           f"archive {'written' if tmp.is_file() else 'not written'}):\n{tail}")
+                         f"archive {'written' if tmp.is_file() else 'not written'}):\n{tail}")
     os.replace(tmp, target)
     return time.monotonic() - t0
 

@@ -279,7 +279,7 @@ class SparkProcessor(ProcessorBase):
             return df
         if ctx.state is None:
             raise StateError("the processor declares KeyedState but the batch context has no "
-                               "state reader: run it through the engine (run_partition)")
+                             "state reader: run it through the engine (run_partition)")
         if spec.key not in df.columns:
             raise ColumnNotFoundError(f"state key {spec.key!r} not in the batch's columns "
                                       f"{df.columns}")
@@ -382,7 +382,7 @@ class _ExecutorDecode:
         good_in, dead_in = records.filter(pc.invert(is_dead)), records.filter(is_dead)
         if good_in.num_rows != good.num_rows or dead_in.num_rows != len(reasons):
             raise InvariantError("decode_batch did not give every message as a row or a dead "
-                               "letter exactly once")
+                                 "letter exactly once")
         fields = self.decoder.arrow_schema
         m, n = good.num_rows, dead_in.num_rows
         good_cols = [*(good[f.name] for f in fields), good["_seq"], good["_subject"],
