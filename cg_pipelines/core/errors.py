@@ -1,4 +1,35 @@
-"""Errors raised by the pure core (no I/O)."""
+"""The library's error family: :class:`CgError`, the general kinds every layer raises, and the
+errors of the pure core (no I/O).
+
+Every exception the library raises on purpose is a :class:`CgError` and keeps its standard
+base, so ``except ValueError`` (or ``KeyError``, ``RuntimeError``...) keeps working. The whole
+family, by layer:
+
+- general kinds (here): :class:`ConfigError`, :class:`UsageError`, :class:`DecodeError`,
+  :class:`ContractError` (``ValueError``); :class:`ColumnNotFoundError` (``KeyError``);
+  :class:`WrongTypeError` (``TypeError``); :class:`StateError`, :class:`InvariantError`
+  (``RuntimeError``);
+- groups (here): :class:`GroupNotFoundError`, :class:`GroupExistsError`,
+  :class:`MembershipError`, :class:`ConcurrentUpdateError`; a failed partition run's facts:
+  :class:`PartitionRunError`;
+- core: ``OutputContractError`` (a :class:`ContractError`), ``BadMessage`` (a payload a
+  transform cannot decode; dead-lettered);
+- JetStream: ``JetStreamError`` and one subclass per server error it tells apart
+  (``StreamNotFoundError``, ``ConsumerNotFoundError``, ``ConsumerAlreadyExistsError``,
+  ``WorkQueueConsumerNotUniqueError``, ``NoMessageFoundError``, ``NotPinnedError``,
+  ``JetStreamUnavailableError``, ``RequestTimeoutError``, ``StaleReplicaError``,
+  ``PublishError``); connections: ``NatsConnectError``, ``NatsAuthError``, ``NatsTLSError``;
+- engine and sinks: ``FenceConflictError``, ``EngineConfigError``, ``NatsUnavailableError``,
+  ``RebuildError``, ``CoverageLogError``;
+- Spark and local servers: ``JavaNotFoundError``, ``NatsServerError``,
+  ``NatsServerNotFoundError``, ``NatsServerStartError``, ``NatsClusterError``,
+  ``PostgresServerError``.
+
+``tests/unit/test_raise_walk.py`` walks every ``raise`` of the package and lists, with a reason
+each, the few foreign exceptions raised on purpose (Dagster's ``Failure``, ``SystemExit`` in
+the CLI, a table library's own "no table" error...); ``tests/unit/test_error_family.py`` checks
+that every exception class the package defines is named in this list.
+"""
 
 from __future__ import annotations
 

@@ -3,11 +3,17 @@ had before the family existed (``except ValueError`` callers keep working)."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
+import re
 from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
 
+import cg_pipelines
+from cg_pipelines.core import errors
 from cg_pipelines.core.contract import OutputContractError, check_output
 from cg_pipelines.core.coverage import decode_seqs
 from cg_pipelines.core.errors import (
@@ -81,3 +87,20 @@ def test_each_kind_of_error_has_its_class_and_keeps_its_base(
 def test_output_contract_errors_are_contract_errors() -> None:
     assert issubclass(OutputContractError, ContractError)
     assert issubclass(OutputContractError, ValueError)
+
+
+def test_the_family_list_names_every_error_class_of_the_package() -> None:
+    """``cg_pipelines.core.errors``' docstring is the one table of the family: a new error
+    class must be added to it."""
+    doc = errors.__doc__ or ""
+    defined = set()
+    for mod in pkgutil.walk_packages(cg_pipelines.__path__, "cg_pipelines."):
+        if mod.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(mod.name)
+        defined |= {name for name, obj in vars(module).items()
+                    if inspect.isclass(obj) and issubclass(obj, CgError)
+                    and obj.__module__ == module.__name__ and not name.startswith("_")}
+    assert len(defined) > 30, defined  # the walk found them
+    missing = sorted(n for n in defined - {"CgError"} if not re.search(rf"\b{n}`", doc))
+    assert not missing, f"not in the family list of cg_pipelines.core.errors: {missing}"
