@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from cg_pipelines.cli.context import Ctx, fail
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.engine.maintain import maintain_partition
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.jetstream import admin
@@ -66,7 +67,7 @@ def maintain(c: Ctx, stream: str, group: str, table: str, partitions: tuple[int,
         n = v.config.max_members
         out_of_range = [p for p in partitions if not 0 <= p < n]
         if out_of_range:
-            raise ValueError(f"partition {out_of_range[0]} out of range: {stream}.{group} has "
+            raise UsageError(f"partition {out_of_range[0]} out of range: {stream}.{group} has "
                              f"partitions 0..{n - 1}")
         nc = await c.opts.connect()
         try:

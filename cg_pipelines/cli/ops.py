@@ -41,6 +41,7 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.cli.context import Ctx, fail, table
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.engine import deadletter as dl
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
@@ -75,25 +76,25 @@ def _run(c: Ctx, fn: Callable[[JetStreamContext, JetStreamAPI], Awaitable[T]]) -
 async def _partitions(c: Ctx, js: JetStreamContext, stream: str, group: str,
                       partitions: tuple[int, ...] | list[int] = ()) -> int:
     """The elastic group's partition count, after checking it exists (``GroupNotFoundError``
-    names it) and that every one of ``partitions`` is in range (``ValueError`` naming the
+    names it) and that every one of ``partitions`` is in range (``UsageError`` naming the
     valid range)."""
     n = (await admin.get_elastic(js, stream, group, timeout=c.timeout)).config.max_members
     bad = [p for p in partitions if not 0 <= p < n]
     if bad:
-        raise ValueError(f"partition {bad[0]} out of range: {stream}.{group} has partitions "
+        raise UsageError(f"partition {bad[0]} out of range: {stream}.{group} has partitions "
                          f"0..{n - 1}")
     return n
 
 
-def _no_work_queue(stream: str, group: str) -> ValueError:
-    return ValueError(f"work-queue stream {work_queue_stream_name(stream, group)} of group "
+def _no_work_queue(stream: str, group: str) -> UsageError:
+    return UsageError(f"work-queue stream {work_queue_stream_name(stream, group)} of group "
                       f"{group} on stream {stream} does not exist: the group's config is there "
                       "but its stream is not (recreate the group, e.g. `cg elastic delete` then "
                       "`cg elastic create`)")
 
 
-def _no_dlq(stream: str, group: str) -> ValueError:
-    return ValueError(f"no dead letters: {dl.dlq_stream_name(stream, group)} does not exist "
+def _no_dlq(stream: str, group: str) -> UsageError:
+    return UsageError(f"no dead letters: {dl.dlq_stream_name(stream, group)} does not exist "
                       f"(group {group} on stream {stream} never dead-lettered a message)")
 
 
@@ -184,7 +185,7 @@ def dlq_ls(c: Ctx, stream: str, group: str, partition: int | None, start_seq: in
 async def _dlq(c: Ctx, js: JetStreamContext, stream: str, group: str,
                call: Callable[[], Awaitable[T]], partition: int | None = None) -> T:
     """``call`` on the group's dead-letter stream after checking the group exists (and
-    ``partition`` is one of its partitions); a missing dead-letter stream is a ``ValueError``
+    ``partition`` is one of its partitions); a missing dead-letter stream is a ``UsageError``
     saying there are none."""
     await _partitions(c, js, stream, group, [] if partition is None else [partition])
     try:

@@ -23,6 +23,7 @@ from cg_pipelines.core.config import (
     StaticConfig,
     check_max_members,
 )
+from cg_pipelines.core.errors import UsageError
 
 Assignment = dict[str, list[int]]
 
@@ -141,13 +142,13 @@ def sticky_assignment(
     more partition; members that already hold the most keep the larger shares. A member keeps its
     lowest-numbered partitions up to its share; released and unowned partitions go, ascending, to
     members below their share in name order. Deterministic for equal inputs.
-    Raises ``ValueError`` if there are no members, ``ConfigError`` (a ``ValueError``) if
+    Raises ``UsageError`` if there are no members, ``ConfigError`` (a ``ValueError``) if
     ``max_members`` is outside [1, MAX_MEMBERS].
     """
     check_max_members(max_members)
     eff = effective_members(members, max_members)
     if not eff:
-        raise ValueError("a sticky assignment needs at least one member")
+        raise UsageError("a sticky assignment needs at least one member")
     n = len(eff)
     base, extra = divmod(max_members, n)
     kept = {m: sorted(p for p in previous.get(m, ()) if 0 <= p < max_members) for m in eff}

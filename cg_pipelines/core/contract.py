@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from cg_pipelines.core.errors import CgError
+from cg_pipelines.core.errors import ContractError
 from cg_pipelines.core.state import KeyedState
 
 __all__ = ["SEQ_COLUMN", "OutputContractError", "check_output", "contract_violation"]
@@ -31,7 +31,7 @@ SEQ_COLUMN = "_seq"
 _SHOWN_COLUMNS = 12
 
 
-class OutputContractError(CgError, ValueError):
+class OutputContractError(ContractError):
     """The transform's output misses a required column or has it with the wrong type.
 
     Attributes:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cg_pipelines.core.errors import DecodeError, UsageError
+
 __all__ = ["COVERAGE_KEY", "COVERAGE_THROUGH_KEY", "MAX_TRACKED_GAP_MESSAGES", "CommitCoverage",
            "ReconcileCursor", "decode_seqs", "encode_seqs"]
 
@@ -53,12 +55,12 @@ def encode_seqs(seqs: Iterable[int] | np.ndarray) -> str:
     """The compact text of a set of positive sequences (any order, repeats dropped).
 
     Raises:
-        ValueError: a sequence is below 1.
+        UsageError: a sequence is below 1.
     """
     arr = _sorted_distinct(np.asarray(
         list(seqs) if not isinstance(seqs, np.ndarray) else seqs, dtype=np.int64))
     if len(arr) and arr[0] < 1:
-        raise ValueError(f"sequences must be >= 1, got {int(arr[0])}")
+        raise UsageError(f"sequences must be >= 1, got {int(arr[0])}")
     deltas = np.diff(arr, prepend=np.int64(0))
     if len(deltas) and int(deltas.max()) > 0xFFFFFFFF:
         prefix, raw = _U64, deltas.astype("<u8").tobytes()
@@ -71,25 +73,25 @@ def decode_seqs(text: str) -> np.ndarray:
     """The sequences (int64, ascending, distinct) of an :func:`encode_seqs` text.
 
     Raises:
-        ValueError: ``text`` is not such a text (names what is wrong).
+        DecodeError: ``text`` is not such a text (names what is wrong).
     """
     if text.startswith(_U32):
         dtype = "<u4"
     elif text.startswith(_U64):
         dtype = "<u8"
     else:
-        raise ValueError(f"coverage text must start with {_U32!r} or {_U64!r}, got "
-                         f"{text[:8]!r}")
+        raise DecodeError(f"coverage text must start with {_U32!r} or {_U64!r}, got "
+                          f"{text[:8]!r}")
     try:
         raw = zlib.decompress(base64.b64decode(text[2:], validate=True))
     except (binascii.Error, zlib.error) as e:
-        raise ValueError(f"coverage text is not base64 of zlib data: {e}") from e
+        raise DecodeError(f"coverage text is not base64 of zlib data: {e}") from e
     width = np.dtype(dtype).itemsize
     if len(raw) % width:
-        raise ValueError(f"coverage data is {len(raw)} bytes, not a multiple of {width}")
+        raise DecodeError(f"coverage data is {len(raw)} bytes, not a multiple of {width}")
     deltas = np.frombuffer(raw, dtype=dtype).astype(np.int64)
     if len(deltas) and (deltas[0] < 1 or (deltas[1:] < 1).any()):
-        raise ValueError("coverage data is not strictly increasing positive sequences")
+        raise DecodeError("coverage data is not strictly increasing positive sequences")
     return np.cumsum(deltas, dtype=np.int64)
 
 
@@ -230,21 +232,21 @@ class ReconcileCursor:
         """The cursor of a :meth:`to_json` text.
 
         Raises:
-            ValueError: not such a text (names the problem).
+            DecodeError: not such a text (names the problem).
         """
         try:
             d = json.loads(text)
             if d.get("format") != 1:
-                raise ValueError(f"unknown cursor format {d.get('format')!r}")
+                raise DecodeError(f"unknown cursor format {d.get('format')!r}")
             gap_seqs = decode_seqs(d["gap_seqs"])
             gap_parts = np.asarray(d["gap_parts"], np.int64)
             if len(gap_parts) != len(gap_seqs):
-                raise ValueError(f"{len(gap_seqs)} gap sequences but {len(gap_parts)} "
-                                 "partitions")
+                raise DecodeError(f"{len(gap_seqs)} gap sequences but {len(gap_parts)} "
+                                  "partitions")
             return cls(int(d["origin_through"]), int(d["version"]), decode_seqs(d["carry"]),
                        {int(k): int(v) for k, v in d["committed"].items()},
                        {int(k): int(v) for k, v in d["rebuilt"].items()}, gap_seqs, gap_parts,
                        int(d.get("gaps_untracked") or 0),
                        [(int(a), int(b)) for a, b in d.get("gap_ranges") or []])
         except (KeyError, TypeError, json.JSONDecodeError) as e:
-            raise ValueError(f"not a reconcile cursor: {type(e).__name__}: {e}") from e
+            raise DecodeError(f"not a reconcile cursor: {type(e).__name__}: {e}") from e

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from cg_pipelines.core.errors import CgError
+from cg_pipelines.core.errors import CgError, DecodeError, UsageError
 
 FieldType = Literal["string", "int", "float", "bool"]
 
@@ -87,7 +87,7 @@ def _type_error(v: Any, f: JsonField) -> str | None:
 
 
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+    raise DecodeError(f"{name} is not valid JSON")
 
 
 def _depth(obj: Any, limit: int) -> int:
@@ -128,16 +128,16 @@ class JsonDecoder:
     :data:`MAX_DEPTH` levels of nesting; ``NaN`` and ``Infinity`` are not JSON.
 
     Raises:
-        ValueError: duplicate field names, or a non-positive ``max_payload_bytes``.
+        UsageError: duplicate field names, or a non-positive ``max_payload_bytes``.
     """
 
     def __init__(self, fields: Sequence[JsonField], *,
                  max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
         names = [f.name for f in fields]
         if len(set(names)) != len(names):
-            raise ValueError(f"duplicate field names in {names}")
+            raise UsageError(f"duplicate field names in {names}")
         if max_payload_bytes < 1:
-            raise ValueError("max_payload_bytes must be >= 1")
+            raise UsageError("max_payload_bytes must be >= 1")
         self.fields = tuple(fields)
         self.max_payload_bytes = max_payload_bytes
         self._parse_options = pajson.ParseOptions(

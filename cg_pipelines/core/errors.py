@@ -1,4 +1,35 @@
-"""Errors raised by the pure core (no I/O)."""
+"""The library's error family: :class:`CgError`, the general kinds every layer raises, and the
+errors of the pure core (no I/O).
+
+Every exception the library raises on purpose is a :class:`CgError` and keeps its standard
+base, so ``except ValueError`` (or ``KeyError``, ``RuntimeError``...) keeps working. The whole
+family, by layer:
+
+- general kinds (here): :class:`ConfigError`, :class:`UsageError`, :class:`DecodeError`,
+  :class:`ContractError` (``ValueError``); :class:`ColumnNotFoundError` (``KeyError``);
+  :class:`WrongTypeError` (``TypeError``); :class:`StateError`, :class:`InvariantError`
+  (``RuntimeError``);
+- groups (here): :class:`GroupNotFoundError`, :class:`GroupExistsError`,
+  :class:`MembershipError`, :class:`ConcurrentUpdateError`; a failed partition run's facts:
+  :class:`PartitionRunError`;
+- core: ``OutputContractError`` (a :class:`ContractError`), ``BadMessage`` (a payload a
+  transform cannot decode; dead-lettered);
+- JetStream: ``JetStreamError`` and one subclass per server error it tells apart
+  (``StreamNotFoundError``, ``ConsumerNotFoundError``, ``ConsumerAlreadyExistsError``,
+  ``WorkQueueConsumerNotUniqueError``, ``NoMessageFoundError``, ``NotPinnedError``,
+  ``JetStreamUnavailableError``, ``RequestTimeoutError``, ``StaleReplicaError``,
+  ``PublishError``); connections: ``NatsConnectError``, ``NatsAuthError``, ``NatsTLSError``;
+- engine and sinks: ``FenceConflictError``, ``EngineConfigError``, ``NatsUnavailableError``,
+  ``RebuildError``, ``CoverageLogError``;
+- Spark and local servers: ``JavaNotFoundError``, ``NatsServerError``,
+  ``NatsServerNotFoundError``, ``NatsServerStartError``, ``NatsClusterError``,
+  ``PostgresServerError``.
+
+``tests/unit/test_raise_walk.py`` walks every ``raise`` of the package and lists, with a reason
+each, the few foreign exceptions raised on purpose (Dagster's ``Failure``, ``SystemExit`` in
+the CLI, a table library's own "no table" error...); ``tests/unit/test_error_family.py`` checks
+that every exception class the package defines is named in this list.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +40,8 @@ class CgError(Exception):
 
 
 class ConfigError(CgError, ValueError):
-    """An invalid consumer-group configuration.
+    """An invalid configuration: a consumer group's config, or a field of an options object
+    (``EngineOptions``, ``MemberConfig``, ``Maintenance``, ``RetryPolicy``, a Dagster spec).
 
     Attributes:
         field: the configuration field at fault (e.g. ``"member_mappings"``), using the
@@ -46,11 +78,51 @@ class ConcurrentUpdateError(CgError, RuntimeError):
     """A compare-and-set config update kept losing to concurrent writers and gave up."""
 
 
-class ProcessorContractError(CgError, ValueError):
-    """A processing step's output breaks the :class:`~cg_pipelines.engine.processor.Processor`
-    contract (e.g. it dead-letters a sequence not in its batch, gives rows of another
-    partition, or is not deterministic). The run fails before anything of the batch is
-    committed."""
+class UsageError(CgError, ValueError):
+    """A call got an argument it cannot take: out of range (``partition must be >= 0``),
+    missing, or in conflict with another (``purge takes seq or keep, not both``). The
+    caller's mistake, fixed by changing the call; the message names the argument."""
+
+
+class WrongTypeError(CgError, TypeError):
+    """A call got an object of a type it cannot use (a resource that is not a Spark
+    resource, an input annotated with a type an IO manager cannot load)."""
+
+
+class ColumnNotFoundError(CgError, KeyError):
+    """A column the call needs is not in the table or batch; the message names it and the
+    columns there are."""
+
+
+class DecodeError(CgError, ValueError):
+    """Stored or wire data that cannot be decoded: a sensor cursor, an encoded coverage, an
+    RFC 3339 time stamp, a direct-get header block or control line, a subject without its
+    partition token, a JSON constant Go rejects. The message names the format and shows (the
+    start of) the input. Messages whose payload a transform cannot decode are
+    :class:`~cg_pipelines.core.decode.BadMessage` instead (dead-lettered, not raised to the
+    caller)."""
+
+
+class ContractError(CgError, ValueError):
+    """A user's processor, transform or sink broke its contract with the engine: it returned
+    rows, sequences or dead letters for messages it was not given, rows of another partition,
+    or an output without the columns its write mode needs. A bug in that code, not in the data;
+    nothing of the batch is committed. (A missing or mistyped output column is the subclass
+    :class:`~cg_pipelines.core.contract.OutputContractError`.)"""
+
+
+class InvariantError(CgError, RuntimeError):
+    """A check the library makes on its own work failed: re-processing a batch gave other
+    dead letters (a processor that is not deterministic), a decode step lost or doubled a
+    message, a state read did not find the files the table's log lists, a warm-up job returned
+    the wrong row count. Nothing is committed past the failure."""
+
+
+class StateError(CgError, RuntimeError):
+    """An object or process is not in the state the call needs: a helper used before it was
+    started (or started twice), a local server or Spark process that exited or did not come up,
+    a SparkSession that is missing or stopped, a processor run outside the engine that needs
+    the engine's state reader."""
 
 
 CAUSE_CHARS = 1000

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard
 
-from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.errors import ConfigError, DecodeError
 
 JsonObject = dict[str, Any]
 """A JSON object as ``json.loads`` returns it (key order kept); its values are whatever the
@@ -52,7 +52,7 @@ def is_int(v: object) -> TypeGuard[int]:
 
 def _no_constant(name: str) -> Any:
     # Python's json reads NaN/Infinity; Go's encoding/json (the reference) rejects them.
-    raise ValueError(f"{name} is not JSON")
+    raise DecodeError(f"{name} is not JSON")
 
 
 def load_object(data: bytes | str) -> tuple[JsonObject, bytes]:

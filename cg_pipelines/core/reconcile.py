@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from cg_pipelines.core.errors import UsageError
+
 __all__ = ["ORIGIN_SEQ_HEADER", "REPLAY_OF_HEADER", "Judgement", "OriginGap", "ReconcileReport",
            "SourcingStall", "find_gaps", "judge"]
 
@@ -92,12 +94,12 @@ def find_gaps(
         were left out as not yet sourced.
 
     Raises:
-        ValueError: ``origin_seqs`` and ``partitions`` differ in length.
+        UsageError: ``origin_seqs`` and ``partitions`` differ in length.
     """
     seqs = np.asarray(origin_seqs, dtype=np.int64)
     parts = np.asarray(partitions, dtype=np.int64)
     if seqs.shape != parts.shape:
-        raise ValueError(f"{len(seqs)} origin sequences but {len(parts)} partitions")
+        raise UsageError(f"{len(seqs)} origin sequences but {len(parts)} partitions")
     want = parts >= 0
     seqs, parts = seqs[want], parts[want]
     if not len(seqs):
@@ -167,7 +169,7 @@ def judge(
     source has not passed are counted as not yet sourced, never as gaps.
 
     Raises:
-        ValueError: the arrays differ in length.
+        UsageError: the arrays differ in length.
     """
     seqs = np.asarray(origin_seqs, dtype=np.int64)
     parts = np.asarray(partitions, dtype=np.int64)
@@ -175,7 +177,7 @@ def judge(
     src = np.asarray(sourced, dtype=bool)
     und = np.zeros(len(seqs), bool) if undecided is None else np.asarray(undecided, bool)
     if not (len(seqs) == len(parts) == len(cov) == len(src) == len(und)):
-        raise ValueError(f"{len(seqs)} origin sequences, {len(parts)} partitions, "
+        raise UsageError(f"{len(seqs)} origin sequences, {len(parts)} partitions, "
                          f"{len(cov)} covered, {len(src)} sourced and {len(und)} undecided "
                          "flags")
     miss = (parts >= 0) & ~cov

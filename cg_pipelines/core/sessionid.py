@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 import uuid
 
+from cg_pipelines.core.errors import UsageError
+
 __all__ = ["shared_session_id"]
 
 _NAMESPACE = uuid.UUID("5f0c7b0e-8a3b-4f4e-9d62-6c1f3a9e2b71")
@@ -45,10 +47,10 @@ def shared_session_id(key: str, window_s: float, now: float) -> str:
         ``floor(now / window_s)``.
 
     Raises:
-        ValueError: ``window_s`` is not a positive finite number.
+        UsageError: ``window_s`` is not a positive finite number.
     """
     if not (window_s > 0 and math.isfinite(window_s)):
-        raise ValueError(f"window_s must be a positive number of seconds, got {window_s!r}")
+        raise UsageError(f"window_s must be a positive number of seconds, got {window_s!r}")
     window = math.floor(now / window_s)
     derived = uuid.uuid5(_NAMESPACE, f"{window}\n{key}")
     return str(uuid.UUID(bytes=derived.bytes, version=4))

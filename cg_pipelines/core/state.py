@@ -24,6 +24,8 @@ from typing import cast
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cg_pipelines.core.errors import ColumnNotFoundError, UsageError
+
 __all__ = ["KeyedState", "attach_state", "keys_of", "last_per_key", "merge_last"]
 
 
@@ -42,7 +44,7 @@ class KeyedState:
             first commit).
 
     Raises:
-        ValueError: empty names, ``key`` among ``columns``, or duplicate columns.
+        UsageError: empty names, ``key`` among ``columns``, or duplicate columns.
     """
 
     key: str
@@ -55,11 +57,11 @@ class KeyedState:
         cols = tuple(self.columns)
         object.__setattr__(self, "columns", cols)
         if not self.key or not self.order_by or not all(cols):
-            raise ValueError("KeyedState: key, order_by and columns must be non-empty names")
+            raise UsageError("KeyedState: key, order_by and columns must be non-empty names")
         if self.key in cols:
-            raise ValueError(f"KeyedState: the key {self.key!r} cannot also be a state column")
+            raise UsageError(f"KeyedState: the key {self.key!r} cannot also be a state column")
         if len(set(cols)) != len(cols):
-            raise ValueError(f"KeyedState: duplicate state columns in {list(cols)}")
+            raise UsageError(f"KeyedState: duplicate state columns in {list(cols)}")
 
     @property
     def read_columns(self) -> list[str]:
@@ -82,11 +84,11 @@ def last_per_key(table: pa.Table, key: str, order_by: str) -> pa.Table:
     ``table``), sorted by key.
 
     Raises:
-        KeyError: ``key`` or ``order_by`` is not a column.
+        ColumnNotFoundError: ``key`` or ``order_by`` is not a column.
     """
     for c in (key, order_by):
         if c not in table.column_names:
-            raise KeyError(f"column {c!r} not in {table.column_names}")
+            raise ColumnNotFoundError(f"column {c!r} not in {table.column_names}")
     if table.num_rows == 0:
         return table
     ordered = table.sort_by([(order_by, "ascending")])
@@ -126,15 +128,16 @@ def attach_state(batch: pa.Table, state: pa.Table, spec: KeyedState) -> pa.Table
         state: one row per key (as :func:`last_per_key` returns), with the state columns.
 
     Raises:
-        KeyError: the key column is missing from ``batch`` or ``state``, or a state column
-            from ``state``.
-        ValueError: an attached name already exists in ``batch``.
+        ColumnNotFoundError: the key column is missing from ``batch``. KeyError: it or a
+            state column is missing from ``state``.
+        UsageError: an attached name already exists in ``batch``.
     """
     if spec.key not in batch.column_names:
-        raise KeyError(f"state key {spec.key!r} not in the batch's columns {batch.column_names}")
+        raise ColumnNotFoundError(f"state key {spec.key!r} not in the batch's columns "
+                                  f"{batch.column_names}")
     clash = [n for n in spec.attached_names if n in batch.column_names]
     if clash:
-        raise ValueError(f"state columns {clash} clash with the batch's own columns: choose "
+        raise UsageError(f"state columns {clash} clash with the batch's own columns: choose "
                          "another KeyedState.prefix")
     if state.num_rows == 0:
         types = {f.name: f.type for f in state.schema}

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
+from cg_pipelines.core.errors import UsageError
+
 __all__ = ["after_rewrite", "catch_up_files", "needs_compaction"]
 
 
@@ -68,7 +70,7 @@ def needs_compaction(sizes: Iterable[int], min_files: int, target_size: int) -> 
     there are at least ``min_files`` of them, else 0 (nothing to compact).
 
     Raises:
-        ValueError: ``min_files < 2`` or ``target_size < 1``.
+        UsageError: ``min_files < 2`` or ``target_size < 1``.
 
     >>> needs_compaction([10, 10, 10], 3, 100)
     3
@@ -76,8 +78,8 @@ def needs_compaction(sizes: Iterable[int], min_files: int, target_size: int) -> 
     0
     """
     if min_files < 2:
-        raise ValueError(f"min_files must be >= 2 (one file is not compacted), got {min_files}")
+        raise UsageError(f"min_files must be >= 2 (one file is not compacted), got {min_files}")
     if target_size < 1:
-        raise ValueError(f"target_size must be >= 1 byte, got {target_size}")
+        raise UsageError(f"target_size must be >= 1 byte, got {target_size}")
     small = sum(1 for s in sizes if s < target_size)
     return small if small >= min_files else 0

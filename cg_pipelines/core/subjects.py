@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cg_pipelines.core.errors import DecodeError, UsageError
+
 _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
 
@@ -31,10 +33,10 @@ def partition_for(tokens: Sequence[str], n: int) -> int:
     """Partition number in [0, n) for the selected subject tokens, as nats-server computes it.
 
     ``tokens`` are joined without separator and hashed with FNV-1a 32-bit (UTF-8 bytes).
-    Raises ``ValueError`` if ``n < 1``.
+    Raises ``UsageError`` if ``n < 1``.
     """
     if n < 1:
-        raise ValueError(f"number of partitions must be >= 1, got {n}")
+        raise UsageError(f"number of partitions must be >= 1, got {n}")
     return fnv1a_32("".join(tokens).encode()) % n
 
 
@@ -49,7 +51,7 @@ def partition_of_subject(
     """Partition number the work-queue transform gives ``subject`` (which must match the filter).
 
     ``partitioning_wildcards`` are 1-based indexes into the filter's ``*`` wildcards; empty means
-    the whole subject is hashed. Raises ``ValueError`` if the subject has too few tokens.
+    the whole subject is hashed. Raises ``UsageError`` if the subject has too few tokens.
     """
     if not partitioning_wildcards:
         return partition_for([subject], n)
@@ -59,7 +61,7 @@ def partition_of_subject(
     for k in partitioning_wildcards:
         pos = positions[k - 1]
         if pos >= len(tokens):
-            raise ValueError(
+            raise UsageError(
                 f"subject {subject!r} has too few tokens for filter {filter_subject!r}"
             )
         selected.append(tokens[pos])
@@ -89,11 +91,11 @@ def transform_destination(
 def strip_partition(subject: str) -> tuple[int, str]:
     """Split a work-queue subject ``"<p>.<rest>"`` into ``(p, rest)``.
 
-    Raises ``ValueError`` if the first token is not a partition number or nothing follows it.
+    Raises ``DecodeError`` if the first token is not a partition number or nothing follows it.
     """
     head, sep, rest = subject.partition(".")
     if not sep or not rest or not head.isdigit():
-        raise ValueError(f"subject {subject!r} does not start with a partition-number token")
+        raise DecodeError(f"subject {subject!r} does not start with a partition-number token")
     return int(head), rest
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cg_pipelines.core.assignment import moved_partitions, owners
+from cg_pipelines.core.errors import ConfigError, DecodeError, UsageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +56,10 @@ def backlog_requests(
 ) -> list[BacklogRequest]:
     """Partitions to run: ``pending >= min_pending``, or any pending message older than
     ``max_age_s`` seconds. Only ``partitions`` (default: all) are considered; one request per
-    partition, in partition order. Raises ``ValueError`` if ``min_pending < 1``.
+    partition, in partition order. Raises ``UsageError`` if ``min_pending < 1``.
     """
     if min_pending < 1:
-        raise ValueError(f"min_pending must be >= 1, got {min_pending}")
+        raise UsageError(f"min_pending must be >= 1, got {min_pending}")
     allowed = None if partitions is None else set(partitions)
     out: dict[int, BacklogRequest] = {}
     for b in backlog:
@@ -120,7 +121,7 @@ def summary_lines(lines: Sequence[str], limit: int = 20) -> list[str]:
     """At most ``limit`` of ``lines``, then ``"... and <k> more"`` for the ``k`` left out
     (a tick of a group with hundreds of partitions logs a bounded number of lines)."""
     if limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
+        raise UsageError(f"limit must be >= 0, got {limit}")
     if len(lines) <= limit:
         return list(lines)
     return [*lines[:limit], f"... and {len(lines) - limit} more"]
@@ -153,7 +154,7 @@ def encode_membership_cursor(revision: int, assign: Mapping[str, Sequence[int]])
 
 
 def decode_membership_cursor(cursor: str | None) -> tuple[int, dict[str, list[int]]]:
-    """``(revision, assignment)``; ``(0, {})`` for no cursor. Raises ``ValueError`` if corrupt."""
+    """``(revision, assignment)``; ``(0, {})`` for no cursor. Raises ``DecodeError`` if corrupt."""
     if not cursor:
         return 0, {}
     try:
@@ -161,7 +162,7 @@ def decode_membership_cursor(cursor: str | None) -> tuple[int, dict[str, list[in
         return int(obj["rev"]), {str(m): [int(p) for p in ps]
                                  for m, ps in obj["assignment"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"corrupt membership cursor {cursor[:80]!r}: {e}") from None
+        raise DecodeError(f"corrupt membership cursor {cursor[:80]!r}: {e}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +177,7 @@ class RetryPolicy:
     count), then it resumes by itself. Durations are seconds.
 
     Raises:
-        ValueError: ``max_failures < 1`` or ``0 < backoff_s <= max_backoff_s`` does not hold.
+        ConfigError: ``max_failures < 1`` or ``0 < backoff_s <= max_backoff_s`` does not hold.
     """
 
     max_failures: int = 5
@@ -185,10 +186,10 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.max_failures < 1:
-            raise ValueError(f"max_failures must be >= 1, got {self.max_failures}")
+            raise ConfigError("max_failures", f"must be >= 1, got {self.max_failures}")
         if not 0 < self.backoff_s <= self.max_backoff_s:
-            raise ValueError(f"need 0 < backoff_s <= max_backoff_s seconds, got "
-                             f"{self.backoff_s:g} and {self.max_backoff_s:g}")
+            raise ConfigError("backoff_s", "need 0 < backoff_s <= max_backoff_s seconds, got "
+                                           f"{self.backoff_s:g} and {self.max_backoff_s:g}")
 
     def backoff(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th consecutive failure (0 for none)."""
@@ -322,9 +323,9 @@ def plan_backlog_runs(
 def lag_breaches(backlog: Sequence[PartitionBacklog], objective_s: float
                  ) -> list[PartitionBacklog]:
     """Partitions whose oldest pending message is older than ``objective_s`` seconds, in the
-    order given. Raises ``ValueError`` if ``objective_s <= 0``."""
+    order given. Raises ``UsageError`` if ``objective_s <= 0``."""
     if objective_s <= 0:
-        raise ValueError(f"lag objective must be > 0 seconds, got {objective_s:g}")
+        raise UsageError(f"lag objective must be > 0 seconds, got {objective_s:g}")
     return [b for b in backlog if b.pending > 0 and b.age_s > objective_s]
 
 
@@ -360,10 +361,10 @@ def lag_observations_due(
         held back by the rate bound is observed when the bound allows).
 
     Raises:
-        ValueError: ``refresh_s <= 0``.
+        UsageError: ``refresh_s <= 0``.
     """
     if not refresh_s > 0:
-        raise ValueError(f"lag refresh interval must be > 0 seconds, got {refresh_s!r}")
+        raise UsageError(f"lag refresh interval must be > 0 seconds, got {refresh_s!r}")
     due: list[PartitionBacklog] = []
     out: dict[str, list[float | int | None]] = {}
     for b in backlog:
@@ -393,9 +394,9 @@ def lag_events_per_day(partitions: int, tick_s: float,
     :func:`lag_observations_due` keeps). Partitions without backlog add nothing.
 
     Raises:
-        ValueError: ``partitions < 0`` or a non-positive interval.
+        UsageError: ``partitions < 0`` or a non-positive interval.
     """
     if partitions < 0 or not tick_s > 0 or not refresh_s > 0:
-        raise ValueError(f"need partitions >= 0 and intervals > 0 s, got {partitions}, "
+        raise UsageError(f"need partitions >= 0 and intervals > 0 s, got {partitions}, "
                          f"{tick_s!r}, {refresh_s!r}")
     return int(partitions * (86400 // max(refresh_s, tick_s)))

@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cg_pipelines.core.errors import ColumnNotFoundError, ContractError, UsageError
+
 __all__ = ["DELETE_COLUMN", "Append", "DeleteWhen", "Merge", "WriteMode", "write_mode_name"]
 
 DELETE_COLUMN: Final = "__cg_delete"
@@ -66,7 +68,7 @@ class Merge:
             input's order; NOT a Spark transform, whose row order is not kept).
 
     Raises:
-        ValueError: an empty key or key name, a duplicate key column, an empty ``order_by``,
+        UsageError: an empty key or key name, a duplicate key column, an empty ``order_by``,
             ``order_by`` among the key columns, a ``delete_when`` that is neither a
             ``(column, value)`` pair with a non-empty column nor a pyarrow ``Expression``, or
             a delete column that is a key column.
@@ -80,24 +82,24 @@ class Merge:
         keys = (self.key,) if isinstance(self.key, str) else tuple(self.key)
         object.__setattr__(self, "key", self.key if isinstance(self.key, str) else keys)
         if not keys or not all(isinstance(k, str) and k for k in keys):
-            raise ValueError(f"Merge: key must be a column name or a non-empty tuple of names, "
+            raise UsageError(f"Merge: key must be a column name or a non-empty tuple of names, "
                              f"got {self.key!r}")
         if len(set(keys)) != len(keys):
-            raise ValueError(f"Merge: duplicate key columns in {list(keys)}")
+            raise UsageError(f"Merge: duplicate key columns in {list(keys)}")
         if self.order_by is not None and (not isinstance(self.order_by, str) or
                                           not self.order_by):
-            raise ValueError(f"Merge: order_by must be a column name or None, got "
+            raise UsageError(f"Merge: order_by must be a column name or None, got "
                              f"{self.order_by!r}")
         if self.order_by in keys:
-            raise ValueError(f"Merge: order_by {self.order_by!r} cannot be a key column")
+            raise UsageError(f"Merge: order_by {self.order_by!r} cannot be a key column")
         d = self.delete_when
         if d is None or isinstance(d, pc.Expression):
             return
         if not (isinstance(d, tuple) and len(d) == 2 and isinstance(d[0], str) and d[0]):
-            raise ValueError("Merge: delete_when must be (column, value) or a pyarrow "
+            raise UsageError("Merge: delete_when must be (column, value) or a pyarrow "
                              f"Expression (e.g. pc.field('op') == 'delete'), got {d!r}")
         if d[0] in keys:
-            raise ValueError(f"Merge: the delete column {d[0]!r} cannot be a key column")
+            raise UsageError(f"Merge: the delete column {d[0]!r} cannot be a key column")
 
     @property
     def name(self) -> str:
@@ -122,28 +124,29 @@ class Merge:
         """Check that ``table`` (a batch's output) can be merged.
 
         Raises:
-            ValueError: a required column is missing (the message names it and the columns
+            ContractError: a required column is missing (the message names it and the columns
                 present), or a key column holds nulls (a null key cannot be matched).
         """
         missing = [c for c in self.required_columns() if c not in table.column_names]
         if missing:
             hint = (" (keep _seq from the decoded batch, or Merge(order_by=None) to use the "
                     "output's row order)" if self.order_by in missing else "")
-            raise ValueError(f"merge mode needs the output columns {missing}{hint}; the output "
-                             f"has {table.column_names}")
+            raise ContractError(f"merge mode needs the output columns {missing}{hint}; the output "
+                                f"has {table.column_names}")
         for k in self.keys:
             nulls = table[k].null_count
             if nulls:
-                raise ValueError(f"merge key column {k!r} holds {nulls} null value(s): a null "
-                                 "key cannot be merged (drop or fix those rows in the transform)")
+                raise ContractError(f"merge key column {k!r} holds {nulls} null value(s): a null "
+                                    "key cannot be merged (drop or fix those rows in the "
+                                    "transform)")
 
     def delete_mask(self, table: pa.Table) -> pa.Array:
         """A boolean array (no nulls), one per row of ``table``: whether the row is a delete
         marker. All false without ``delete_when``.
 
         Raises:
-            KeyError: the delete column is missing. pyarrow errors: the expression cannot be
-                evaluated on ``table``.
+            ColumnNotFoundError: the delete column is missing. pyarrow errors: the expression
+                cannot be evaluated on ``table``.
         """
         n = table.num_rows
         d = self.delete_when
@@ -152,7 +155,8 @@ class Merge:
         if isinstance(d, tuple):
             col, value = d
             if col not in table.column_names:
-                raise KeyError(f"delete column {col!r} not in the output {table.column_names}")
+                raise ColumnNotFoundError(f"delete column {col!r} not in the output "
+                                          f"{table.column_names}")
             values = table[col]
             if isinstance(value, Collection) and not isinstance(value, (str, bytes)):
                 mask = pc.is_in(values, value_set=pa.array(list(value), values.type))
@@ -170,7 +174,7 @@ class Merge:
         unspecified.
 
         Raises:
-            ValueError: as :meth:`check`.
+            ContractError: as :meth:`check`.
         """
         self.check(table)
         return last_rows_by_key(table.append_column(DELETE_COLUMN, self.delete_mask(table)),

@@ -38,7 +38,7 @@ from pydantic import Field
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.expressions import In
 
-from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.errors import ConfigError, UsageError, WrongTypeError
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.io_manager import partitions_to_load, upstream_table
 from cg_pipelines.dagster.resources import SparkResource
@@ -86,15 +86,15 @@ class IcebergWarehouseResource(ConfigurableResource):
         """The ``load_catalog`` properties (secrets included: do not log them).
 
         Raises:
-            ValueError: no ``catalog_uri`` with an S3 warehouse or a REST catalog, or an
+            UsageError: no ``catalog_uri`` with an S3 warehouse or a REST catalog, or an
                 unknown ``catalog_type``.
         """
         if self.catalog_type not in ("sql", "rest"):
-            raise ValueError(f"catalog_type must be 'sql' or 'rest', got {self.catalog_type!r}")
+            raise UsageError(f"catalog_type must be 'sql' or 'rest', got {self.catalog_type!r}")
         uri = self.catalog_uri
         if uri is None:
             if self.catalog_type != "sql" or "://" in self.warehouse:
-                raise ValueError("catalog_uri is required with an s3:// warehouse or a REST "
+                raise UsageError("catalog_uri is required with an s3:// warehouse or a REST "
                                  "catalog")
             os.makedirs(self.warehouse, exist_ok=True)
             db = os.path.abspath(os.path.join(self.warehouse, "catalog.db"))
@@ -165,19 +165,19 @@ class IcebergTableIOManager(ConfigurableIOManager):
     spark: SparkResource | None = None
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
-        """Nothing to store (the engine committed the rows). Raises ``TypeError`` for a
+        """Nothing to store (the engine committed the rows). Raises ``WrongTypeError`` for a
         returned value."""
         if obj is not None:
-            raise TypeError(f"{context.asset_key.to_user_string()}: IcebergTableIOManager "
-                            "only loads consumer-group tables; it does not store values")
+            raise WrongTypeError(f"{context.asset_key.to_user_string()}: IcebergTableIOManager "
+                                 "only loads consumer-group tables; it does not store values")
 
     def load_input(self, context: InputContext) -> Any:
         """The upstream group asset's table (or its loaded partitions), typed as asked.
 
         Raises:
-            ValueError: the upstream asset is no consumer-group asset, or a Spark DataFrame
+            UsageError: the upstream asset is no consumer-group asset, or a Spark DataFrame
                 is asked for without ``spark``.
-            TypeError: an annotation this IO manager cannot produce.
+            WrongTypeError: an annotation this IO manager cannot produce.
         """
         table, md = upstream_table(context)
         sink = self.warehouse.sink(table)
@@ -187,7 +187,7 @@ class IcebergTableIOManager(ConfigurableIOManager):
         name = f"{getattr(want, '__module__', '')}.{getattr(want, '__qualname__', '')}"
         if name.startswith("pyspark.sql") and name.endswith("DataFrame"):
             if self.spark is None:
-                raise ValueError("a Spark DataFrame input needs IcebergTableIOManager(spark=...)")
+                raise UsageError("a Spark DataFrame input needs IcebergTableIOManager(spark=...)")
             return spark_frame(self.spark.spark_session, sink, parts)
         arrow = sink.read(row_filter=flt)
         if name.startswith("polars"):
@@ -198,8 +198,9 @@ class IcebergTableIOManager(ConfigurableIOManager):
             return arrow.to_pandas()
         if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
             return arrow
-        raise TypeError(f"IcebergTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
-                        f"DataFrame; {context.asset_key.to_user_string()} is annotated {want!r}")
+        raise WrongTypeError(f"IcebergTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
+                             f"DataFrame; {context.asset_key.to_user_string()} is annotated "
+                             f"{want!r}")
 
 
 def spark_frame(spark: Any, sink: IcebergSink, parts: list[int] | None = None) -> Any:

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from dagster import ConfigurableIOManager, InputContext, OutputContext
 
+from cg_pipelines.core.errors import UsageError, WrongTypeError
 from cg_pipelines.dagster.resources import DeltaWarehouseResource, SparkResource
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.delta import DeltaSink
@@ -55,19 +56,19 @@ class DeltaTableIOManager(ConfigurableIOManager):
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         """Nothing to store: the group asset committed its rows in the engine. Raises
-        ``TypeError`` if an asset using this IO manager returns a value."""
+        ``WrongTypeError`` if an asset using this IO manager returns a value."""
         if obj is not None:
-            raise TypeError(f"{context.asset_key.to_user_string()}: DeltaTableIOManager only "
-                            "loads consumer-group tables; it does not store returned values")
+            raise WrongTypeError(f"{context.asset_key.to_user_string()}: DeltaTableIOManager only "
+                                 "loads consumer-group tables; it does not store returned values")
 
     def load_input(self, context: InputContext) -> Any:
         """The upstream group asset's table (or its loaded partitions), typed as asked: the
         history in append mode, the current row per key in merge mode.
 
         Raises:
-            ValueError: the upstream asset is not a consumer-group asset (no ``cg/table``
+            UsageError: the upstream asset is not a consumer-group asset (no ``cg/table``
                 definition metadata), or a Spark DataFrame is asked for without ``spark``.
-            TypeError: an annotation this IO manager cannot produce.
+            WrongTypeError: an annotation this IO manager cannot produce.
         """
         table, md = upstream_table(context)
         sink = self.warehouse.sink(table)
@@ -87,12 +88,13 @@ class DeltaTableIOManager(ConfigurableIOManager):
             return arrow.to_pandas()
         if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
             return arrow
-        raise TypeError(f"DeltaTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
-                        f"DataFrame; {context.asset_key.to_user_string()} is annotated {want!r}")
+        raise WrongTypeError(f"DeltaTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
+                             f"DataFrame; {context.asset_key.to_user_string()} is annotated "
+                             f"{want!r}")
 
     def _spark_frame(self, sink: DeltaSink, parts: list[int] | None) -> Any:
         if self.spark is None:
-            raise ValueError("a Spark DataFrame input needs DeltaTableIOManager(spark=...)")
+            raise UsageError("a Spark DataFrame input needs DeltaTableIOManager(spark=...)")
         spark = self.spark.spark_session
         files = sink.file_uris()
         if not files:
@@ -106,13 +108,13 @@ def upstream_table(context: InputContext) -> tuple[str, Any]:
     metadata.
 
     Raises:
-        ValueError: the upstream asset is not a consumer-group asset (no ``cg/table``).
+        UsageError: the upstream asset is not a consumer-group asset (no ``cg/table``).
     """
     upstream = context.upstream_output
     md = upstream.definition_metadata if upstream is not None else {}
     table = md.get("cg/table")
     if table is None:
-        raise ValueError(f"{context.asset_key.to_user_string()} is not a consumer-group "
+        raise UsageError(f"{context.asset_key.to_user_string()} is not a consumer-group "
                          "asset (no cg/table metadata)")
     return str(getattr(table, "value", table)), md
 

@@ -46,6 +46,7 @@ from dagster import (
 from nats.aio.client import Client
 
 from cg_pipelines.core.coverage import ReconcileCursor
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.reconcile import ReconcileReport
 from cg_pipelines.dagster.assets import asset_key_of
 from cg_pipelines.dagster.resources import DeltaWarehouseResource, NatsResource
@@ -87,12 +88,12 @@ def table_coverage(spec: ConsumerGroupAsset, warehouse: DeltaWarehouseResource
     """The coverage reader (and cursor store) of ``spec``'s table in ``warehouse``.
 
     Raises:
-        ValueError: the warehouse's table URI has no filesystem this library reads.
+        UsageError: the warehouse's table URI has no filesystem this library reads.
     """
     uri = warehouse.table_uri(spec.table_name)
     fs = table_filesystem(uri, warehouse.storage_options() or {})
     if fs is None:
-        raise ValueError(f"cannot read the Delta log of {uri.split('?')[0]!r}: only local "
+        raise UsageError(f"cannot read the Delta log of {uri.split('?')[0]!r}: only local "
                          "paths and s3:// tables are supported")
     return DeltaLogCoverage(fs, spec.stream, spec.group)
 
@@ -116,7 +117,7 @@ def reconcile_group_report(
 
     Raises:
         TimeoutError, NatsConnectError, JetStreamError, GroupNotFoundError, ConfigError,
-        CoverageLogError, ValueError: see :func:`cg_pipelines.jetstream.reconcile.
+        CoverageLogError, UsageError: see :func:`cg_pipelines.jetstream.reconcile.
         reconcile_group`.
     """
     log = table_coverage(spec, warehouse)

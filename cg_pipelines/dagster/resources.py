@@ -33,6 +33,7 @@ from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from nats.aio.client import Client
 from pydantic import Field, PrivateAttr
 
+from cg_pipelines.core.errors import StateError, WrongTypeError
 from cg_pipelines.core.triggers import RetryPolicy
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.options import EngineOptions
@@ -265,19 +266,19 @@ def run_spark_session(resource: Any) -> SparkSession:
       (or ``spark.pyspark.python``) set to an interpreter with this package.
 
     Raises:
-        TypeError: ``resource`` has no ``spark_session``.
-        RuntimeError: its session is missing or already stopped.
+        WrongTypeError: ``resource`` has no ``spark_session``.
+        StateError: its session is missing or already stopped.
     """
     if isinstance(resource, SparkResource):
         return resource.spark_session
     if not hasattr(resource, "spark_session"):
-        raise TypeError(f"{type(resource).__name__} is not a Spark resource (no spark_session): "
-                        "use cg_pipelines.dagster.SparkResource or "
-                        "dagster_pyspark.PySparkResource")
+        raise WrongTypeError(f"{type(resource).__name__} is not a Spark resource (no "
+                             "spark_session): use cg_pipelines.dagster.SparkResource or "
+                             "dagster_pyspark.PySparkResource")
     session = resource.spark_session
     if session is None:
-        raise RuntimeError(f"{type(resource).__name__} has no SparkSession (was it set up "
-                           "for this run?)")
+        raise StateError(f"{type(resource).__name__} has no SparkSession (was it set up "
+                         "for this run?)")
     from cg_pipelines.spark.session import DEFAULT_CONF
 
     given = _flat_conf(getattr(resource, "spark_config", None) or {})
@@ -288,8 +289,8 @@ def run_spark_session(resource: Any) -> SparkSession:
             if session.conf.isModifiable(k):
                 session.conf.set(k, v)
         except Exception as e:  # a stopped classic session: py4j/AttributeError
-            raise RuntimeError(f"the SparkSession of {type(resource).__name__} is not usable "
-                               f"(stopped?): {e}") from e
+            raise StateError(f"the SparkSession of {type(resource).__name__} is not usable "
+                             f"(stopped?): {e}") from e
     return session
 
 
@@ -453,7 +454,7 @@ class PartitionRunsResource(ConfigurableResource):
         """The retry settings as a :class:`~cg_pipelines.core.triggers.RetryPolicy`.
 
         Raises:
-            ValueError: invalid settings (the reason is in the message).
+            ConfigError: invalid settings (the reason is in the message).
         """
         return RetryPolicy(self.retry_max_failures, self.retry_backoff_s,
                            self.retry_max_backoff_s)

@@ -94,7 +94,7 @@ class DeltaLogCoverage:
         Raises:
             CoverageLogError: the next version is gone while a later one exists (log cleanup:
                 see the module docstring).
-            ValueError: a commit's ``cg.coverage`` is malformed.
+            DecodeError: a commit's ``cg.coverage`` is malformed.
             OSError: the storage cannot be read.
         """
         out: list[CommitCoverage] = []
@@ -138,7 +138,7 @@ class DeltaLogCoverage:
         """The stored cursor, or None (none yet).
 
         Raises:
-            ValueError: the stored cursor is unreadable (delete it to start over).
+            DecodeError: the stored cursor is unreadable (delete it to start over).
         """
         try:
             with self.fs.open_input_stream(cursor_path(self.stream, self.group)) as f:

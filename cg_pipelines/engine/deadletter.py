@@ -28,6 +28,7 @@ import pyarrow as pa
 from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.errors import ContractError, DecodeError, UsageError
 from cg_pipelines.core.reconcile import ORIGIN_SEQ_HEADER, REPLAY_OF_HEADER
 from cg_pipelines.engine.processor import DeadLetter
 from cg_pipelines.jetstream.api import JetStreamAPI, StoredMessage, seconds_to_ns
@@ -164,7 +165,7 @@ async def publish_dead_letters(
     (:data:`~cg_pipelines.core.record.RECORD_SCHEMA`: its ``data``, ``subject`` and user
     ``headers`` are what is published).
 
-    Raises ``ValueError`` if a dead letter names a sequence not in ``batch`` (the processing
+    Raises ``ContractError`` if a dead letter names a sequence not in ``batch`` (the processing
     step must only reject messages it was given).
     """
     index = {seq: i for i, seq in enumerate(batch["seq"].to_pylist())}
@@ -173,7 +174,7 @@ async def publish_dead_letters(
     for d in dead:
         i = index.get(d.seq)
         if i is None:
-            raise ValueError(f"dead letter for sequence {d.seq} which is not in the batch")
+            raise ContractError(f"dead letter for sequence {d.seq} which is not in the batch")
         raw = batch["headers"][i].as_py()
         headers = dead_letter_headers(
             dict(json.loads(raw)) if raw else None, origin_stream=origin_stream,
@@ -372,14 +373,14 @@ async def replay_dead_letter(js: JetStreamContext, api: JetStreamAPI, stream: st
 
     Raises:
         NoMessageFoundError: no dead letter at ``seq``.
-        ValueError: the dead letter has no ``Cg-Subject`` (not made by this library).
+        DecodeError: the dead letter has no ``Cg-Subject`` (not made by this library).
         JetStreamError: the publish or delete failed (a failed delete leaves the dead letter
             in place; replaying it again is de-duplicated by the origin).
     """
     dead = await get_dead_letter(api, stream, group, seq)
     if not dead.origin_subject:
-        raise ValueError(f"dead letter {seq} of {dlq_stream_name(stream, group)} has no "
-                         "Cg-Subject header: cannot tell where to replay it")
+        raise DecodeError(f"dead letter {seq} of {dlq_stream_name(stream, group)} has no "
+                          "Cg-Subject header: cannot tell where to replay it")
     headers = {k: v for k, v in dead.headers.items()
                if not k.startswith(("Cg-", "Nats-"))}
     name = dlq_stream_name(stream, group)
@@ -435,11 +436,11 @@ async def skip_message(
 
     Raises:
         NoMessageFoundError: the partition has no pending message, or none at ``seq``.
-        ValueError: the message at ``seq`` belongs to another partition; empty ``reason``.
+        UsageError: the message at ``seq`` belongs to another partition; empty ``reason``.
         JetStreamError: an API failure (nothing deleted unless the dead letter was stored).
     """
     if not reason.strip():
-        raise ValueError("a reason is required (it is stored as the dead letter's Cg-Error)")
+        raise UsageError("a reason is required (it is stored as the dead letter's Cg-Error)")
     wq = work_queue_stream_name(stream, group)
     if seq is None:
         got = await api.msg_get(wq, seq=1, next_by_subj=f"{partition}.>")
@@ -453,7 +454,7 @@ async def skip_message(
                                       f"no message at sequence {seq} in {wq} (already removed?)")
     token, _, rest = got.subject.partition(".")
     if token != str(partition):
-        raise ValueError(f"sequence {got.seq} of {wq} is in partition {token}, not {partition}")
+        raise UsageError(f"sequence {got.seq} of {wq} is in partition {token}, not {partition}")
     await ensure_dlq_stream(api, stream, group)
     note = await halt_note(api, stream, group, partition, got.seq)
     halted_with = (note.headers or {}).get("Cg-Error") if note is not None else None

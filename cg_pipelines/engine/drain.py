@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 from cg_pipelines.core.batching import next_batch_size
 from cg_pipelines.core.contract import check_output
 from cg_pipelines.core.coverage import COVERAGE_KEY, encode_seqs
-from cg_pipelines.core.errors import ProcessorContractError
+from cg_pipelines.core.errors import ContractError, InvariantError
 from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.deadletter import (
@@ -336,8 +336,8 @@ class Drain:
         seqs = set(records["seq"].to_pylist())
         unknown = [d.seq for d in processed.dead if d.seq not in seqs]
         if unknown:
-            raise ProcessorContractError(f"processing step dead-lettered sequences not in the "
-                                         f"batch: {unknown[:5]}")
+            raise ContractError(f"processing step dead-lettered sequences not in the batch: "
+                                f"{unknown[:5]}")
         return processed
 
     async def _prepare_batch(self, records: pa.Table) -> _Prepared:
@@ -353,9 +353,8 @@ class Drain:
                 return _Prepared(records, processed, halted, time.monotonic() - t)
             processed = await self._process(records)
             if processed.dead:  # the prefix must process cleanly: it did in the full batch
-                raise ProcessorContractError(
-                    "processing step is not deterministic: the batch before a bad message "
-                    "produced dead letters on re-processing")
+                raise InvariantError("processing step is not deterministic: the batch before a "
+                                     "bad message produced dead letters on re-processing")
         if self.ctx.state is not None:
             # Optimistic: the next batch is processed while this one commits; if the commit
             # is refused (fence), the run stops and this per-run cache goes with it.

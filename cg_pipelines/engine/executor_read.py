@@ -19,6 +19,7 @@ from typing import Protocol, runtime_checkable
 import pyarrow as pa
 from nats.aio.client import Client
 
+from cg_pipelines.core.errors import ContractError
 from cg_pipelines.engine.processor import BatchContext, Processed
 from cg_pipelines.jetstream.connect import ConnectOptions, connect_options_of
 
@@ -148,16 +149,16 @@ async def credentials_shown(nc: Client, timeout_s: float) -> bool:
 def check_range(got: RangeProcessed, first: int, last: int) -> None:
     """An executor batch's facts must be consistent: within the range ``[first, last]`` asked
     for, every dead letter in ``dead_records`` and in the range, no more dead letters than
-    messages. Raises ValueError otherwise (nothing is committed)."""
+    messages. Raises ContractError otherwise (nothing is committed)."""
     if got.first_seq is None or got.last_seq is None:
-        raise ValueError("range processing returned no sequences for a non-empty range")
+        raise ContractError("range processing returned no sequences for a non-empty range")
     span_first, span_last = got.first_seq, got.last_seq
     if not first <= span_first <= span_last <= last:
-        raise ValueError(f"range processing returned sequences {span_first}..{span_last} "
-                         f"outside the range {first}..{last}")
+        raise ContractError(f"range processing returned sequences {span_first}..{span_last} "
+                            f"outside the range {first}..{last}")
     dead = [d.seq for d in got.processed.dead]
     known = set(got.dead_records["seq"].to_pylist())
     unknown = [q for q in dead if q not in known or not span_first <= q <= span_last]
     if unknown or len(set(dead)) != len(dead) or len(dead) > got.messages:
-        raise ValueError(f"range processing dead-lettered sequences it did not read or twice: "
-                         f"{(unknown or dead)[:5]}")
+        raise ContractError(f"range processing dead-lettered sequences it did not read or twice: "
+                            f"{(unknown or dead)[:5]}")

@@ -19,6 +19,7 @@ import asyncio
 import pyarrow as pa
 from nats.aio.client import Client
 
+from cg_pipelines.core.errors import InvariantError
 from cg_pipelines.engine.context import open_run
 from cg_pipelines.engine.lease import LeaseHolder, lease_consumer_name
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions
@@ -33,7 +34,7 @@ class _NoProcessing(ProcessorBase):
     """The upkeep processes no message."""
 
     def process(self, batch: pa.Table, ctx: BatchContext) -> Processed:
-        raise RuntimeError("maintain_partition processes no message")
+        raise InvariantError("maintain_partition processes no message")
 
 
 async def maintain_partition(nc: Client, stream: str, group: str, partition: int,

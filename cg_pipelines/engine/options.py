@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cg_pipelines.core.errors import CgError
+from cg_pipelines.core.errors import CgError, ConfigError
 
 __all__ = ["EngineConfigError", "EngineOptions", "Hook"]
 
@@ -96,17 +96,17 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         if self.batch_max_msgs < 1 or self.batch_max_bytes < 1 or self.read_chunk < 1:
-            raise ValueError("batch_max_msgs, batch_max_bytes and read_chunk must be >= 1")
+            raise ConfigError("batch_max_msgs, batch_max_bytes, read_chunk", "each must be >= 1")
         if self.ack_wait_s <= 0 or self.priority_timeout_s <= 0 or self.hold_wait_s <= 0:
-            raise ValueError("ack_wait_s, priority_timeout_s and hold_wait_s must be > 0 seconds")
+            raise ConfigError("ack_wait_s, priority_timeout_s, hold_wait_s", "each must be > 0 s")
         if self.timeout_s <= 0 or self.retry_max_s < 0:
-            raise ValueError("timeout_s must be > 0 and retry_max_s >= 0 seconds")
+            raise ConfigError("timeout_s, retry_max_s", "need timeout_s > 0 and retry_max_s >= 0")
         if not 0 < self.retry_backoff_s <= self.retry_max_backoff_s:
-            raise ValueError("need 0 < retry_backoff_s <= retry_max_backoff_s seconds")
+            raise ConfigError("retry_backoff_s", "need 0 < retry_backoff_s <= retry_max_backoff_s")
         if self.executor_read_min_msgs is not None and self.executor_read_min_msgs < 1:
-            raise ValueError("executor_read_min_msgs must be >= 1 messages (or None: off)")
+            raise ConfigError("executor_read_min_msgs", "must be >= 1 messages (or None: off)")
         if self.dlq_max_age_s is not None and self.dlq_max_age_s <= 0:
-            raise ValueError("dlq_max_age_s must be > 0 seconds (or None: keep for ever)")
+            raise ConfigError("dlq_max_age_s", "must be > 0 seconds (or None: keep for ever)")
         if self.dead_letter_policy not in ("dlq", "halt"):
-            raise ValueError(f"dead_letter_policy must be 'dlq' or 'halt', not "
-                             f"{self.dead_letter_policy!r}")
+            raise ConfigError("dead_letter_policy", f"must be 'dlq' or 'halt', not "
+                                                    f"{self.dead_letter_policy!r}")

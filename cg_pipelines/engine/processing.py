@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.decode import JsonDecoder
+from cg_pipelines.core.errors import StateError
 from cg_pipelines.core.state import KeyedState, attach_state, keys_of
-from cg_pipelines.engine.options import EngineConfigError
 from cg_pipelines.engine.processor import BatchContext, DeadLetter, Processed, ProcessorBase
 
 __all__ = [
@@ -83,14 +83,14 @@ def with_state(table: pa.Table, spec: KeyedState | None, ctx: BatchContext) -> p
     :mod:`cg_pipelines.core.state`); ``table`` itself when ``spec`` is ``None``.
 
     Raises:
-        EngineConfigError: state is declared but ``ctx`` carries no state reader (the processor
-            was called outside the engine without one).
+        StateError: state is declared but ``ctx`` carries no state reader (the processor was
+            called outside the engine without one).
     """
     if spec is None:
         return table
     if ctx.state is None:
-        raise EngineConfigError("the processor declares KeyedState but the batch context has "
-                                "no state reader: run it through the engine (run_partition)")
+        raise StateError("the processor declares KeyedState but the batch context has no "
+                         "state reader: run it through the engine (run_partition)")
     return attach_state(table, ctx.state.lookup(keys_of(table, spec.key)), spec)
 
 

@@ -189,7 +189,7 @@ class Processor(Protocol):
         Raises:
             Anything: the run fails before the batch's commit (nothing of it written or
             acknowledged) and the exception propagates. The engine raises
-            :class:`~cg_pipelines.core.errors.ProcessorContractError` itself when the output
+            :class:`~cg_pipelines.core.errors.ContractError` itself when the output
             dead-letters a sequence not in the batch, holds other partitions' rows, or
             (``halt``) the re-processed part gives dead letters;
             :class:`~cg_pipelines.core.contract.OutputContractError` when the table misses (or

@@ -25,7 +25,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from cg_pipelines.core.errors import CgError
+from cg_pipelines.core.errors import CgError, UsageError
 from cg_pipelines.jetstream.errors import (
     JetStreamError,
     JetStreamUnavailableError,
@@ -84,7 +84,7 @@ def is_transient(exc: BaseException) -> bool:
 def backoff_delays(first_s: float, cap_s: float) -> Callable[[int], float]:
     """``delay(attempt)`` in seconds: ``first_s * 2**(attempt-1)``, capped at ``cap_s``."""
     if first_s <= 0 or cap_s < first_s:
-        raise ValueError(f"need 0 < first_s <= cap_s seconds, got {first_s}, {cap_s}")
+        raise UsageError(f"need 0 < first_s <= cap_s seconds, got {first_s}, {cap_s}")
     return lambda attempt: min(cap_s, first_s * 2 ** max(0, attempt - 1))
 
 

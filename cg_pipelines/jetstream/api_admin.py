@@ -8,6 +8,7 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.jetstream.api_base import ApiBase
 from cg_pipelines.jetstream.api_wire import StoredMessage, parse_header_block, parse_rfc3339_ns
 from cg_pipelines.jetstream.errors import JetStreamError, NoMessageFoundError
@@ -42,10 +43,10 @@ class ConsumerRequests(ApiBase):
             ConsumerNotFoundError: ``update`` of a missing consumer (10149).
             WorkQueueConsumerNotUniqueError: overlapping filters on a work-queue stream (10100).
             StreamNotFoundError: no such stream (10059).
-            ValueError: unknown ``action``.
+            UsageError: unknown ``action``.
         """
         if action not in ("create", "update", ""):
-            raise ValueError(f"action must be 'create', 'update' or '', got {action!r}")
+            raise UsageError(f"action must be 'create', 'update' or '', got {action!r}")
         name = config.get("name") or config.get("durable_name")
         subject = (
             self._subject("CONSUMER", "CREATE", stream, name)
@@ -222,11 +223,11 @@ class StreamRequests(ApiBase):
             The number of messages purged.
 
         Raises:
-            ValueError: both ``seq`` and ``keep``.
+            UsageError: both ``seq`` and ``keep``.
             StreamNotFoundError: no such stream.
         """
         if seq is not None and keep is not None:
-            raise ValueError("purge takes seq or keep, not both")
+            raise UsageError("purge takes seq or keep, not both")
         body: dict[str, Any] = {}
         if filter is not None:
             body["filter"] = filter

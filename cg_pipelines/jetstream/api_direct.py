@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.jetstream.api_base import DESCRIPTION_HEADER, STATUS_HEADER, ApiBase, json_body
 from cg_pipelines.jetstream.api_wire import DIRECT_GET_HEADERS, StoredMessage, parse_rfc3339_ns
 from cg_pipelines.jetstream.errors import (
@@ -52,12 +53,12 @@ class DirectGetRequests(ApiBase):
             JetStreamUnavailableError: no responders (stream missing or ``allow_direct`` off).
             RequestTimeoutError: no reply (or the batch stalled) for ``self.timeout`` seconds.
             JetStreamError: another error status (e.g. 400 bad request).
-            ValueError: ``batch < 1`` or ``seq < 1``.
+            UsageError: ``batch < 1`` or ``seq < 1``.
         """
         if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
+            raise UsageError(f"batch must be >= 1, got {batch}")
         if seq < 1:
-            raise ValueError(f"seq must be >= 1, got {seq}")
+            raise UsageError(f"seq must be >= 1, got {seq}")
         body: dict[str, Any] = {"seq": seq, "next_by_subj": next_by_subj, "batch": batch}
         if max_bytes is not None:
             body["max_bytes"] = max_bytes

@@ -8,6 +8,7 @@ from typing import Any
 
 import nats.errors
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.jetstream.api_base import (
     DESCRIPTION_HEADER,
     STATUS_HEADER,
@@ -76,12 +77,12 @@ class PullRequests(ApiBase):
             :meth:`PullResult.raise_for_status`).
 
         Raises:
-            ValueError: ``batch < 1`` or ``expires_s <= 0`` without ``no_wait``.
+            UsageError: ``batch < 1`` or ``expires_s <= 0`` without ``no_wait``.
         """
         if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
+            raise UsageError(f"batch must be >= 1, got {batch}")
         if expires_s <= 0 and not no_wait:
-            raise ValueError(f"expires_s must be > 0 seconds, got {expires_s}")
+            raise UsageError(f"expires_s must be > 0 seconds, got {expires_s}")
         body: dict[str, Any] = {"batch": batch}
         if expires_s > 0:
             body["expires"] = seconds_to_ns(expires_s)

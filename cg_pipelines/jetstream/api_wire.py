@@ -16,6 +16,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from cg_pipelines.core.errors import DecodeError, UsageError
 from cg_pipelines.jetstream.errors import (
     JetStreamError,
     JetStreamUnavailableError,
@@ -60,10 +61,10 @@ def seconds_to_ns(seconds: float) -> int:
     """Seconds (``float``) to integer nanoseconds, rounded to the nearest nanosecond.
 
     Raises:
-        ValueError: negative duration.
+        UsageError: negative duration.
     """
     if seconds < 0:
-        raise ValueError(f"duration must be >= 0 seconds, got {seconds!r}")
+        raise UsageError(f"duration must be >= 0 seconds, got {seconds!r}")
     return int(round(seconds * NANOS_PER_SECOND))
 
 
@@ -108,7 +109,7 @@ def consumer_config(
         extra: raw wire fields merged last (they override the ones built here).
 
     Raises:
-        ValueError: a negative duration, an empty filter subject, or ``priority_policy`` given
+        UsageError: a negative duration, an empty filter subject, or ``priority_policy`` given
             without ``priority_groups``.
     """
     cfg: dict[str, Any] = {}
@@ -121,7 +122,7 @@ def consumer_config(
     if filter_subjects is not None:
         subjects = list(filter_subjects)
         if any(not s for s in subjects):
-            raise ValueError(f"empty filter subject in {subjects!r}")
+            raise UsageError(f"empty filter subject in {subjects!r}")
         if subjects:
             cfg["filter_subjects"] = subjects
     cfg["deliver_policy"] = deliver_policy
@@ -142,7 +143,7 @@ def consumer_config(
         cfg["priority_groups"] = list(priority_groups)
     if priority_policy is not None:
         if not priority_groups:
-            raise ValueError("priority_policy needs priority_groups")
+            raise UsageError("priority_policy needs priority_groups")
         cfg["priority_policy"] = priority_policy
     if priority_timeout_s is not None:
         cfg["priority_timeout"] = seconds_to_ns(priority_timeout_s)
@@ -265,7 +266,7 @@ def parse_rfc3339_ns(ts: str) -> int:
     ``"2024-01-01T01:00:00+01:00"`` -> ``1704067200000000000``.
 
     Raises:
-        ValueError: not an RFC 3339 time stamp.
+        DecodeError: not an RFC 3339 time stamp.
     """
     # Split "<date>T<time>[.<frac>]<zone>" into the part fromisoformat handles fast and the
     # fraction (up to 9 digits, which datetime cannot hold).
@@ -277,11 +278,11 @@ def parse_rfc3339_ns(ts: str) -> int:
             t = ts.find("t")
         cut = max(ts.rfind("+"), ts.rfind("-"))
         if t < 0 or cut < t:
-            raise ValueError(f"not an RFC 3339 time stamp: {ts!r}")
+            raise DecodeError(f"not an RFC 3339 time stamp: {ts!r}")
         body, zone = ts[:cut], ts[cut:]
     base, dot, frac = body.partition(".")
     if dot and (not frac.isdigit() or len(frac) > 9):
-        raise ValueError(f"bad fractional seconds in {ts!r}")
+        raise DecodeError(f"bad fractional seconds in {ts!r}")
     seconds = _seconds_since_epoch(base + zone)
     nanos = int(frac.ljust(9, "0")) if frac else 0
     return seconds * NANOS_PER_SECOND + nanos

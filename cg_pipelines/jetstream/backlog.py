@@ -36,6 +36,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.triggers import PartitionBacklog, pending_by_partition, use_subject_counts
 from cg_pipelines.jetstream.api import JetStreamAPI, parse_rfc3339_ns
 from cg_pipelines.jetstream.errors import (
@@ -107,10 +108,10 @@ async def first_pending(
         RequestTimeoutError: not every answer arrived within ``api.timeout`` seconds.
         JetStreamUnavailableError: no responders (stream missing or ``allow_direct`` off).
         JetStreamError: another error status, or a malformed answer.
-        ValueError: ``window < 1``.
+        UsageError: ``window < 1``.
     """
     if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
+        raise UsageError(f"window must be >= 1, got {window}")
     todo = list(dict.fromkeys(partitions))  # each partition once: its reply subject is its own
     if not todo:
         return {}

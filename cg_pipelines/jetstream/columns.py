@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from nats.aio.client import Client
 
+from cg_pipelines.core.errors import DecodeError
 from cg_pipelines.jetstream.api import DIRECT_GET_HEADERS, StoredMessage, parse_rfc3339_ns
 from cg_pipelines.jetstream.errors import JetStreamError
 
@@ -178,16 +179,16 @@ def _slow_server_columns(
 def _server_columns(srv: pa.Array) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
     """Sequence, subject, time, pending from the direct-get header lines, in bulk.
 
-    Raises ValueError (or an Arrow error) when any block is not laid out as expected."""
+    Raises DecodeError (or an Arrow error) when any block is not laid out as expected."""
     lines = pc.split_pattern(srv, "\r\n")
     # Six header lines, the blank line and what follows the final CRLF.
     if not pc.all(pc.equal(pc.list_value_length(lines), 8)).as_py():
-        raise ValueError("direct-get headers not in the expected layout")
+        raise DecodeError("direct-get headers not in the expected layout")
     cols = []
     for i, name in enumerate(_SERVER_LINES):
         line = pc.list_element(lines, i)
         if not pc.all(pc.starts_with(line, name)).as_py():
-            raise ValueError(f"{name!r} not where expected")
+            raise DecodeError(f"{name!r} not where expected")
         cols.append(pc.binary_slice(line, len(name), _BIG))
     _, subject, seq, stamp, pending, _ = cols
     return (

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from nats.aio.client import Client
 
+from cg_pipelines.core.errors import DecodeError
 from cg_pipelines.jetstream.errors import JetStreamError
 
 __all__ = ["FrameCutter", "GenericReply", "Reply", "parse_status"]
@@ -237,11 +238,11 @@ class FrameCutter:
                 # MSG, or HMSG with a reply subject.
                 hdr = op == b"HMSG"
                 if len(parts) not in ((5, 6) if hdr else (4, 5)):
-                    raise ValueError("malformed control line")
+                    raise DecodeError("malformed control line")
                 tlen = int(parts[-1])
                 hlen = int(parts[-2]) if hdr else 0
                 if hlen > tlen:
-                    raise ValueError("malformed control line")
+                    raise DecodeError("malformed control line")
                 h0 = e + 2
                 end = h0 + tlen
                 if end + 2 > n:

@@ -65,7 +65,7 @@ from cg_pipelines.core.config import (
     config_key,
     work_queue_stream_name,
 )
-from cg_pipelines.core.errors import ConfigError, MembershipError
+from cg_pipelines.core.errors import ConfigError, MembershipError, UsageError
 from cg_pipelines.core.subjects import strip_partition
 from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config
 from cg_pipelines.jetstream.errors import (
@@ -102,9 +102,9 @@ class MemberConfig:
 
     def __post_init__(self) -> None:
         if self.ack_wait_s <= 0:
-            raise ValueError(f"ack_wait_s must be > 0 seconds, got {self.ack_wait_s}")
+            raise ConfigError("ack_wait_s", f"must be > 0 seconds, got {self.ack_wait_s}")
         if self.max_ack_pending < 1:
-            raise ValueError(f"max_ack_pending must be >= 1, got {self.max_ack_pending}")
+            raise ConfigError("max_ack_pending", f"must be >= 1, got {self.max_ack_pending}")
 
 
 class GroupMsg:
@@ -414,7 +414,7 @@ class _Member:
 async def _consume(kind: str, js: JetStreamContext, stream: str, group: str, member: str,
                    handler: Handler, config: MemberConfig | None) -> ConsumeHandle:
     if handler is None:
-        raise ValueError("a message handler must be provided")
+        raise UsageError("a message handler must be provided")
     m = _Member(js, kind, stream, group, member, handler, config or MemberConfig())
     try:
         v = await m.store.get(stream, group)  # first: a missing group is named as such

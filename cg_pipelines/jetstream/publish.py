@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 from nats.aio.client import Client
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.jetstream.errors import JetStreamError, RequestTimeoutError
 from cg_pipelines.jetstream.frames import GenericReply
 from cg_pipelines.jetstream.rangeparser import attach, fast_path_available
@@ -95,12 +96,12 @@ async def publish_many(
         PublishError: an ack carried an error or named another stream (what was acknowledged
             before it is stored; nothing after it was sent).
         RequestTimeoutError: a window's acks did not all come within ``timeout_s``.
-        ValueError: ``subjects`` and ``payloads`` differ in length, or ``window < 1``.
+        UsageError: ``subjects`` and ``payloads`` differ in length, or ``window < 1``.
     """
     if len(subjects) != len(payloads):
-        raise ValueError("subjects and payloads must have the same length")
+        raise UsageError("subjects and payloads must have the same length")
     if window < 1:
-        raise ValueError("window must be >= 1")
+        raise UsageError("window must be >= 1")
     total = len(payloads)
     if not fast_path_available(nc):
         js = nc.jetstream(timeout=timeout_s)

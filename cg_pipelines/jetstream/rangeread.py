@@ -80,6 +80,7 @@ import pyarrow.compute as pc
 from nats.aio import client as nats_client  # noqa: F401 - re-exported (tests patch its version)
 from nats.aio.client import Client
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.record import record_schema
 from cg_pipelines.jetstream.api import DEFAULT_PREFIX, JetStreamAPI
 from cg_pipelines.jetstream.columns import (
@@ -288,18 +289,18 @@ async def read_range(
             connection was lost during the read.
         JetStreamError: another error status, or a reply that is no direct-get reply.
         nats.errors.ConnectionClosedError: the connection was closed during the read.
-        ValueError: ``from_seq``, ``max_msgs``, ``max_bytes`` or ``request_batch`` below 1, or
+        UsageError: ``from_seq``, ``max_msgs``, ``max_bytes`` or ``request_batch`` below 1, or
             ``fast=True`` where the bulk parser is not available.
     """
     if from_seq < 1:
-        raise ValueError(f"from_seq must be >= 1, got {from_seq}")
+        raise UsageError(f"from_seq must be >= 1, got {from_seq}")
     if max_msgs < 1 or max_bytes < 1:
-        raise ValueError(f"max_msgs and max_bytes must be >= 1, got {max_msgs}, {max_bytes}")
+        raise UsageError(f"max_msgs and max_bytes must be >= 1, got {max_msgs}, {max_bytes}")
     if request_batch is not None and request_batch < 1:
-        raise ValueError(f"request_batch must be >= 1, got {request_batch}")
+        raise UsageError(f"request_batch must be >= 1, got {request_batch}")
     available = fast_path_available(nc)
     if fast and not available:
-        raise ValueError("the bulk range-read parser needs nats-py 2.16.x and its own parser")
+        raise UsageError("the bulk range-read parser needs nats-py 2.16.x and its own parser")
     use_fast = available if fast is None else fast
     chunk = request_batch or max_msgs
 

@@ -48,6 +48,7 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.core.coverage import CommitCoverage, ReconcileCursor
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.partitioning import SubjectPartitioner
 from cg_pipelines.core.reconcile import (
     ORIGIN_SEQ_HEADER,
@@ -91,13 +92,13 @@ def sink_table_seqs(sink: Any, column: str = "_seq") -> TableSeqs:
     """A :data:`TableSeqs` reading ``column`` from a sink with
     ``read(columns=[...], filter=<pyarrow expression>)`` (e.g.
     :class:`~cg_pipelines.sinks.delta.DeltaSink`; a missing table reads as no rows). The reader
-    raises ``ValueError`` when the table lacks ``column``."""
+    raises ``UsageError`` when the table lacks ``column``."""
     def read(first: int, last: int) -> pa.ChunkedArray:
         flt = (pc.field(column) >= first) & (pc.field(column) <= last)
         try:
             table = sink.read(columns=[column], filter=flt)
         except (KeyError, pa.ArrowInvalid) as e:
-            raise ValueError(f"the table has no usable {column!r} column (each row's origin "
+            raise UsageError(f"the table has no usable {column!r} column (each row's origin "
                              f"sequence): {str(e).splitlines()[0]}") from e
         return table[column] if column in table.column_names else pa.chunked_array(
             [], pa.int64())
@@ -240,10 +241,10 @@ async def reconcile_group(
         JetStreamUnavailableError: the origin (or work queue) does not allow direct get.
         JetStreamError, RequestTimeoutError: other API failures.
         CoverageLogError, OSError: the coverage cannot be read.
-        ValueError: ``max_messages`` or ``max_versions`` < 1.
+        UsageError: ``max_messages`` or ``max_versions`` < 1.
     """
     if max_messages < 1 or max_versions < 1:
-        raise ValueError(f"max_messages and max_versions must be >= 1, got {max_messages} "
+        raise UsageError(f"max_messages and max_versions must be >= 1, got {max_messages} "
                          f"and {max_versions}")
     wq = work_queue_stream_name(stream, group)
     config = (await admin.get_elastic(js, stream, group, timeout=api.timeout)).config

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from cg_pipelines.core.errors import CgError
+from cg_pipelines.core.errors import CgError, UsageError
 
 __all__ = ["PostgresServer", "PostgresServerError", "find_postgres_bin"]
 
@@ -222,10 +222,10 @@ class PostgresServer:
         """Create database ``name`` (letters, digits, ``_``) and return its URL.
 
         Raises:
-            ValueError: an unsafe name. PostgresServerError: psql failed (e.g. it exists).
+            UsageError: an unsafe name. PostgresServerError: psql failed (e.g. it exists).
         """
         if not name.replace("_", "").isalnum():
-            raise ValueError(f"database name {name!r}: use letters, digits and _ only")
+            raise UsageError(f"database name {name!r}: use letters, digits and _ only")
         self.psql(f'CREATE DATABASE "{name}"')
         return self.url(name, driver)
 

@@ -33,6 +33,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from cg_pipelines.core.errors import StateError
+
 __all__ = ["CONNECT_SERVER_CONF", "SparkConnectServer", "SparkStandaloneCluster", "spark_home",
            "stop_pid"]
 
@@ -138,7 +140,7 @@ class SparkStandaloneCluster:
         start_timeout_s: seconds to wait for the master and every worker to be up.
 
     Raises:
-        RuntimeError (from :meth:`start`): a JVM exited or the cluster was not up in time; the
+        StateError (from :meth:`start`): a JVM exited or the cluster was not up in time; the
             message holds the log tail.
     """
 
@@ -202,7 +204,7 @@ class SparkStandaloneCluster:
             dead = [p for p in self._procs if not p.alive()]
             if dead:
                 self.stop()
-                raise RuntimeError(f"Spark {dead[0].name} exited:\n{dead[0].tail()}")
+                raise StateError(f"Spark {dead[0].name} exited:\n{dead[0].tail()}")
             try:
                 if ready(self.state()):
                     return
@@ -211,8 +213,8 @@ class SparkStandaloneCluster:
             if time.monotonic() > deadline:
                 tails = "\n".join(f"--- {p.name}\n{p.tail(8)}" for p in self._procs)
                 self.stop()
-                raise RuntimeError(f"Spark {what} not up after {self.start_timeout_s:g} s\n"
-                                   f"{tails}")
+                raise StateError(f"Spark {what} not up after {self.start_timeout_s:g} s\n"
+                                 f"{tails}")
             time.sleep(0.3)
 
     def stop(self) -> None:
@@ -245,7 +247,7 @@ class SparkConnectServer:
     packages (``grpcio``, ``grpcio-status``, ``googleapis-common-protos``, ``zstandard``).
 
     Raises:
-        RuntimeError (from :meth:`start`): the server exited or did not listen in time.
+        StateError (from :meth:`start`): the server exited or did not listen in time.
     """
 
     def __init__(self, master: str = "local[2]", *, log_dir: Path | None = None,
@@ -295,15 +297,15 @@ class SparkConnectServer:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if not self._proc.alive():
-                raise RuntimeError(f"Spark Connect server exited:\n{self._proc.tail()}")
+                raise StateError(f"Spark Connect server exited:\n{self._proc.tail()}")
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
                     return self
             if time.monotonic() > deadline:
                 tail = self._proc.tail()
                 self.stop()
-                raise RuntimeError(f"Spark Connect server not listening after "
-                                   f"{self.start_timeout_s:g} s:\n{tail}")
+                raise StateError(f"Spark Connect server not listening after "
+                                 f"{self.start_timeout_s:g} s:\n{tail}")
             time.sleep(0.3)
 
     def stop(self) -> None:
@@ -317,13 +319,13 @@ class SparkConnectServer:
         exits, in its own session; stop it later with :func:`stop_pid`). Returns its pid.
 
         Raises:
-            RuntimeError: not started, or started without a ``log_dir`` of its own (its
+            StateError: not started, or started without a ``log_dir`` of its own (its
                 temporary log directory would go with this object).
         """
         if self._proc is None:
-            raise RuntimeError("the Spark Connect server is not running")
+            raise StateError("the Spark Connect server is not running")
         if self._tmp is not None:
-            raise RuntimeError("give SparkConnectServer a log_dir to detach it")
+            raise StateError("give SparkConnectServer a log_dir to detach it")
         pid = self._proc.popen.pid
         self._proc.popen.returncode = 0  # no "still running" warning when the Popen is freed
         self._proc = None

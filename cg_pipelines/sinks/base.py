@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cg_pipelines.core.errors import CgError, ProcessorContractError
+from cg_pipelines.core.errors import CgError, ContractError
 from cg_pipelines.core.write import Append, Merge
 
 __all__ = [
@@ -246,14 +246,14 @@ def with_partition_column(table: pa.Table | None, partition: int) -> pa.Table | 
     (appended, or checked when the transform kept it). ``None`` stays ``None``.
 
     Raises:
-        ProcessorContractError: the table has the column with another partition's number.
+        ContractError: the table has the column with another partition's number.
     """
     if table is None:
         return None
     if PARTITION_COLUMN in table.column_names:
         col = table[PARTITION_COLUMN]
         if table.num_rows and not pc.all(pc.equal(col, partition)).as_py():
-            raise ProcessorContractError(f"the transform's {PARTITION_COLUMN} column holds "
+            raise ContractError(f"the transform's {PARTITION_COLUMN} column holds "
                                          f"other partitions than {partition}")
         return table
     return table.append_column(pa.field(PARTITION_COLUMN, pa.int64(), nullable=False),

@@ -79,6 +79,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from cg_pipelines.core.coverage import COVERAGE_KEY
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.deltaread import TableStats
@@ -162,17 +163,17 @@ class DeltaSink(DeltaMaintenance):
                 on by default; ``Maintenance.off()`` for nothing).
 
         Raises:
-            ValueError: ``checkpoint_interval < 1``; ``write`` is not Append/Merge/None;
+            UsageError: ``checkpoint_interval < 1``; ``write`` is not Append/Merge/None;
                 ``maintenance`` is not a Maintenance.
         """
         if maintenance is not None and not isinstance(maintenance, Maintenance):
-            raise ValueError(f"maintenance must be a Maintenance, got {maintenance!r}")
+            raise UsageError(f"maintenance must be a Maintenance, got {maintenance!r}")
         self._maintenance = maintenance if maintenance is not None else Maintenance()
         self._states = None
         if checkpoint_interval < 1:
-            raise ValueError("checkpoint_interval must be >= 1")
+            raise UsageError("checkpoint_interval must be >= 1")
         if write is not None and not isinstance(write, (Append, Merge)):
-            raise ValueError(f"write must be Append() or Merge(key=...), got {write!r}")
+            raise UsageError(f"write must be Append() or Merge(key=...), got {write!r}")
         self._write: Append | Merge = write if write is not None else Append()
         self._extra_md = {_lineage_key(k): str(v) for k, v in (commit_metadata or {}).items()}
         self._versions: list[int] = []
@@ -277,15 +278,16 @@ class DeltaSink(DeltaMaintenance):
             FenceConflictError: the watermark is not ``expected`` (in the remembered snapshot,
                 and in the latest one), or a concurrent commit with the same app id won after
                 that snapshot; nothing was written.
-            ValueError: ``version <= expected``, or the table does not exist, ``table`` has no
-                columns and no ``schema`` was given; in merge mode, a required column is
-                missing, a key is null, or the output's columns differ from the table's.
+            UsageError: ``version <= expected``, or the table does not exist, ``table`` has no
+                columns and no ``schema`` was given.
+            ContractError: in merge mode, a required column is missing, a key is null, or the
+                output's columns differ from the table's.
             DeltaError / OSError: I/O or schema errors from delta-rs (not retried); a
                 ``CommitFailedError`` that is not a fence conflict (e.g. a concurrent metadata
                 change) is re-raised as is; nothing was written.
         """
         if not 0 <= expected < version:
-            raise ValueError(f"commit of {app_id}: need 0 <= expected < version, "
+            raise UsageError(f"commit of {app_id}: need 0 <= expected < version, "
                              f"got expected={expected} version={version}")
         with self._guard():
             with self._lock:
@@ -307,7 +309,7 @@ class DeltaSink(DeltaMaintenance):
                         and table.num_columns:
                     self._write.check(table)
                 if schema is None:
-                    raise ValueError(f"{self._safe_uri()}: no table yet and no schema to create "
+                    raise UsageError(f"{self._safe_uri()}: no table yet and no schema to create "
                                      "it with: pass schema= or call ensure_table() first")
                 self.ensure_table(schema)
                 dt = self._load()

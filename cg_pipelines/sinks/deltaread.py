@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from cg_pipelines.core.errors import ColumnNotFoundError
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
@@ -141,7 +142,7 @@ class DeltaTableAccess:
             does not exist yet.
 
         Raises:
-            KeyError: ``key`` or ``order_by`` missing from the table.
+            ColumnNotFoundError: ``key`` or ``order_by`` missing from the table.
             DeltaError / OSError / pyarrow errors: read failures.
         """
         cols = list(dict.fromkeys([key, order_by, *columns]))
@@ -182,7 +183,7 @@ class DeltaTableAccess:
                     return None
                 missing = [c for c in (key, order_by) if c not in dt.schema().to_arrow().names]
                 if missing:
-                    raise KeyError(f"columns {missing} not in the table")
+                    raise ColumnNotFoundError(f"columns {missing} not in the table")
                 return states.last_rows(dt, key, keys, cols, order_by, partition)
 
     def _partition_states(self) -> PartitionStates | None:

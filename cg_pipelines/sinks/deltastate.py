@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
+from cg_pipelines.core.errors import InvariantError
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.statesnap import after_rewrite, catch_up_files
 from cg_pipelines.sinks.base import PARTITION_COLUMN
@@ -126,8 +127,8 @@ class PartitionStates:
         wanted = set(files)
         frags = [f for f in ds.get_fragments() if f.path in wanted]
         if len(frags) != len(wanted):
-            raise RuntimeError(f"state read: {len(wanted) - len(frags)} of the partition's "
-                               "live files are not in the table's dataset")
+            raise InvariantError(f"state read: {len(wanted) - len(frags)} of the partition's "
+                                 "live files are not in the table's dataset")
         sub = pads.FileSystemDataset(frags, ds.schema, ds.format, ds.filesystem)
         return sub.to_table(columns=columns)
 

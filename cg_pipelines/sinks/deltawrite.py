@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable
 
+from cg_pipelines.core.errors import ContractError
 from cg_pipelines.core.write import DELETE_COLUMN, Merge, last_rows_by_key
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 
@@ -58,13 +59,13 @@ def conform(table: pa.Table, target: pa.Schema, where: str, keep: Sequence[str] 
     ``where`` names the table in errors.
 
     Raises:
-        ValueError: columns missing from ``table`` or not in the table (named).
+        ContractError: columns missing from ``table`` or not in the table (named).
     """
     names = [n for n in table.column_names if n not in keep]
     extra = [n for n in names if n not in target.names]
     missing = [f.name for f in target if f.name not in names]
     if extra or missing:
-        raise ValueError(
+        raise ContractError(
             f"{where}: the output's columns differ from the table's"
             + (f"; not in the table: {extra}" if extra else "")
             + (f"; missing from the output: {missing}" if missing else ""))

@@ -76,6 +76,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In
 from pyiceberg.table import Table
 
+from cg_pipelines.core.errors import ContractError, UsageError
 from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.deltawrite import conform, current_of
@@ -115,7 +116,7 @@ class IcebergSink(IcebergTableAccess):
 
     Errors: :class:`FenceConflictError` when the watermark moved; pyiceberg errors
     (``CommitFailedException`` after ``commit_retries`` lost races, ``NoSuchTableError``,
-    ``ValidationException``), ``OSError`` for I/O, ``ValueError`` for bad input.
+    ``ValidationException``), ``OSError`` for I/O, ``UsageError`` (a ``ValueError``) for bad input.
     """
 
     table_format: ClassVar[str] = "iceberg"
@@ -146,15 +147,15 @@ class IcebergSink(IcebergTableAccess):
             metadata_versions: ``write.metadata.previous-versions-max`` of a created table.
 
         Raises:
-            ValueError: no namespace in ``identifier``; ``write`` not Append/Merge/None;
+            UsageError: no namespace in ``identifier``; ``write`` not Append/Merge/None;
                 ``commit_retries < 0`` or ``keep_snapshots < 1``.
         """
         if "." not in identifier:
-            raise ValueError(f"identifier must be 'namespace.table', got {identifier!r}")
+            raise UsageError(f"identifier must be 'namespace.table', got {identifier!r}")
         if write is not None and not isinstance(write, (Append, Merge)):
-            raise ValueError(f"write must be Append() or Merge(key=...), got {write!r}")
+            raise UsageError(f"write must be Append() or Merge(key=...), got {write!r}")
         if commit_retries < 0 or keep_snapshots < 1:
-            raise ValueError("need commit_retries >= 0 and keep_snapshots >= 1")
+            raise UsageError("need commit_retries >= 0 and keep_snapshots >= 1")
         self._ident = identifier
         self._catalog_props: dict[str, str] = {}
         if isinstance(catalog, Catalog):
@@ -237,13 +238,13 @@ class IcebergSink(IcebergTableAccess):
 
         Raises:
             FenceConflictError: the watermark is not ``expected``; nothing was written.
-            ValueError: ``not 0 <= expected < version``; no table and no schema; merge
-                input without the required columns or with null keys; columns that differ
-                from the table's.
+            UsageError: ``not 0 <= expected < version``; no table and no schema.
+            ContractError: merge input without the required columns or with null keys, or
+                of other partitions; columns that differ from the table's.
             CommitFailedException: ``commit_retries`` races lost to other partitions.
         """
         if not 0 <= expected < version:
-            raise ValueError(f"commit of {app_id}: need 0 <= expected < version, "
+            raise UsageError(f"commit of {app_id}: need 0 <= expected < version, "
                              f"got expected={expected} version={version}")
         with self._lock:
             tbl = self._tables.get(app_id)
@@ -254,7 +255,7 @@ class IcebergSink(IcebergTableAccess):
                 raise FenceConflictError(app_id, expected, 0)
             schema = table.schema if table is not None and table.num_columns else self._schema
             if schema is None:
-                raise ValueError(f"{self._ident}: no table yet and no schema to create it "
+                raise UsageError(f"{self._ident}: no table yet and no schema to create it "
                                  "with: pass schema= or call ensure_table() first")
             if isinstance(self._write, Merge) and table is not None and table.num_rows:
                 self._write.check(table)
@@ -316,7 +317,7 @@ class IcebergSink(IcebergTableAccess):
         if PARTITION_COLUMN in target.names and PARTITION_COLUMN in cur.column_names:
             parts = pc.unique(cur[PARTITION_COLUMN]).to_pylist()
             if len(parts) != 1:
-                raise ValueError(f"{self._ident}: a merge batch holds partitions {parts}")
+                raise ContractError(f"{self._ident}: a merge batch holds partitions {parts}")
             part = EqualTo(PARTITION_COLUMN, int(parts[0]))
         keys = self._write.keys
         if len(keys) == 1 and 0 < cur.num_rows <= IN_PRUNE_LIMIT:
@@ -428,8 +429,8 @@ class IcebergSink(IcebergTableAccess):
         where = EqualTo(PARTITION_COLUMN, int(partition))
         if rows.num_rows and PARTITION_COLUMN in rows.column_names and not pc.all(
                 pc.equal(rows[PARTITION_COLUMN], partition)).as_py():
-            raise ValueError(f"{self._ident}: replacement rows of partition {partition} hold "
-                             "other partitions")
+            raise ContractError(f"{self._ident}: replacement rows of partition {partition} hold "
+                                "other partitions")
         summary = self._summary(app_id, expected, "replace_partition",
                                 {"partition": partition, **(lineage or {})})
         props = {WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Final
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 
+from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.statesnap import needs_compaction
 from cg_pipelines.core.write import Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN
@@ -94,7 +95,7 @@ class Maintenance:
     with ``DeltaTable.alter.set_table_properties`` while no run commits).
 
     Raises:
-        ValueError: bad numbers.
+        ConfigError: bad numbers.
     """
 
     compact: bool = True
@@ -107,15 +108,15 @@ class Maintenance:
 
     def __post_init__(self) -> None:
         if self.compact_min_files < 2:
-            raise ValueError(f"compact_min_files must be >= 2, got {self.compact_min_files}")
+            raise ConfigError("compact_min_files", f"must be >= 2, got {self.compact_min_files}")
         if self.target_size < 1:
-            raise ValueError(f"target_size must be >= 1 byte, got {self.target_size}")
+            raise ConfigError("target_size", f"must be >= 1 byte, got {self.target_size}")
         if self.vacuum_retention_hours is not None and self.vacuum_retention_hours < 0:
-            raise ValueError("vacuum_retention_hours must be >= 0 (or None: never vacuum)")
+            raise ConfigError("vacuum_retention_hours", "must be >= 0 (or None: never vacuum)")
         if self.vacuum_interval_s < 0:
-            raise ValueError("vacuum_interval_s must be >= 0 seconds")
+            raise ConfigError("vacuum_interval_s", "must be >= 0 seconds")
         if self.log_retention_hours is not None and self.log_retention_hours <= 0:
-            raise ValueError("log_retention_hours must be > 0 (or None: Delta's 30 days)")
+            raise ConfigError("log_retention_hours", "must be > 0 (or None: Delta's 30 days)")
 
     def table_properties(self) -> dict[str, str]:
         """Delta table properties for a table created under this policy (see above)."""

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
+from cg_pipelines.core.errors import UsageError
+
 __all__ = ["MASK", "PUBLIC_OPTIONS", "mask_options", "option_name", "s3_filesystem",
            "s3_options", "safe_uri", "scrubbed", "table_filesystem"]
 
@@ -69,11 +71,11 @@ def s3_options(
         "AWS_SECRET_ACCESS_KEY", "AWS_ALLOW_HTTP"]}``.
 
     Raises:
-        ValueError: an ``http://`` endpoint without ``allow_http`` (delta-rs would fail later
+        UsageError: an ``http://`` endpoint without ``allow_http`` (delta-rs would fail later
             with an opaque "builder error").
     """
     if endpoint_url and endpoint_url.lower().startswith("http://") and not allow_http:
-        raise ValueError("an http:// endpoint needs allow_http=True")
+        raise UsageError("an http:// endpoint needs allow_http=True")
     opts = {"AWS_REGION": region}
     if endpoint_url:
         opts["AWS_ENDPOINT_URL"] = endpoint_url

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from cg_pipelines.core.errors import StateError
 from cg_pipelines.spark.session import QUIET_CDS_OPTIONS, class_archive_options
 
 __all__ = ["QUIET_CDS_OPTIONS", "build_class_archive", "class_archive_options"]
@@ -47,7 +48,7 @@ def build_class_archive(path: str | Path, *, timeout_s: float = 600.0) -> float:
         Seconds taken.
 
     Raises:
-        RuntimeError: the child failed (its output's last lines in the message) or the JVM
+        StateError: the child failed (its output's last lines in the message) or the JVM
             wrote no archive.
         subprocess.TimeoutExpired: past ``timeout_s`` seconds (the child is killed).
     """
@@ -77,8 +78,8 @@ def build_class_archive(path: str | Path, *, timeout_s: float = 600.0) -> float:
     if proc.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
         tail = "\n".join(out.decode(errors="replace").splitlines()[-20:])
         tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"building the Spark class archive failed (exit {proc.returncode}, "
-                           f"archive {'written' if tmp.is_file() else 'not written'}):\n{tail}")
+        raise StateError(f"building the Spark class archive failed (exit {proc.returncode}, "
+                         f"archive {'written' if tmp.is_file() else 'not written'}):\n{tail}")
     os.replace(tmp, target)
     return time.monotonic() - t0
 

@@ -49,7 +49,7 @@ Options (all strings, as Spark passes them):
 =================  ==========================================================================
 
 Errors (raised on the executor, surfacing as a Spark job failure with the Python traceback):
-``ValueError`` for bad options (raised at planning), nats-py connection errors,
+``UsageError`` (a ``ValueError``) for bad options (raised at planning), nats-py connection errors,
 :class:`~cg_pipelines.jetstream.errors.JetStreamUnavailableError` (stream missing or
 ``allow_direct`` off), :class:`~cg_pipelines.jetstream.errors.RequestTimeoutError`.
 """
@@ -69,6 +69,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.record import RECORD_SCHEMA, record_schema
 from cg_pipelines.jetstream.api import JetStreamAPI, StoredMessage
 from cg_pipelines.jetstream.connect import ConnectOptions
@@ -121,10 +122,10 @@ def split_range(first: int, last: int, parts: int) -> list[SeqRange]:
     ``[]``.
 
     Raises:
-        ValueError: ``parts < 1``.
+        UsageError: ``parts < 1``.
     """
     if parts < 1:
-        raise ValueError(f"partitions must be >= 1, got {parts}")
+        raise UsageError(f"partitions must be >= 1, got {parts}")
     width = last - first + 1
     if width <= 0:
         return []
@@ -146,7 +147,7 @@ def _int_option(options: Mapping[str, str], key: str, default: int | None) -> in
     try:
         return int(str(raw).strip())
     except ValueError:
-        raise ValueError(f"option {key!r} must be an integer, got {raw!r}") from None
+        raise UsageError(f"option {key!r} must be an integer, got {raw!r}") from None
 
 
 def _bool_option(options: Mapping[str, str], key: str) -> bool:
@@ -155,7 +156,7 @@ def _bool_option(options: Mapping[str, str], key: str) -> bool:
         return True
     if raw in ("false", "0", "no", ""):
         return False
-    raise ValueError(f"option {key!r} must be true or false, got {raw!r}")
+    raise UsageError(f"option {key!r} must be true or false, got {raw!r}")
 
 
 @dataclass(frozen=True)
@@ -182,30 +183,30 @@ class SourceOptions:
         """Parse Spark's string options (other scalars are accepted and ``str()``-ed).
 
         Raises:
-            ValueError: a required option missing, or a value of the wrong form.
+            UsageError: a required option missing, or a value of the wrong form.
         """
         options = {str(k).lower(): str(v) for k, v in dict(options).items() if v is not None}
         servers = options.get("servers")
         stream = options.get("stream")
         if not servers:
-            raise ValueError("jetstream source: option 'servers' is required")
+            raise UsageError("jetstream source: option 'servers' is required")
         if not stream:
-            raise ValueError("jetstream source: option 'stream' is required")
+            raise UsageError("jetstream source: option 'stream' is required")
         first = _int_option(options, "first_seq", 1)
         last = _int_option(options, "last_seq", None)
         parts = _int_option(options, "partitions", 1)
         batch = _int_option(options, "batch", 1000)
         assert first is not None and parts is not None and batch is not None
         if first < 1:
-            raise ValueError(f"option 'first_seq' must be >= 1, got {first}")
+            raise UsageError(f"option 'first_seq' must be >= 1, got {first}")
         if parts < 1:
-            raise ValueError(f"option 'partitions' must be >= 1, got {parts}")
+            raise UsageError(f"option 'partitions' must be >= 1, got {parts}")
         if batch < 1:
-            raise ValueError(f"option 'batch' must be >= 1, got {batch}")
+            raise UsageError(f"option 'batch' must be >= 1, got {batch}")
         try:
             timeout = float(options.get("timeout", "10"))
         except ValueError:
-            raise ValueError("option 'timeout' must be a number of seconds") from None
+            raise UsageError("option 'timeout' must be a number of seconds") from None
         conn = {k: options.get(k) or None for k in _CONNECT_OPTIONS}
         return cls(
             connect=ConnectOptions(
@@ -372,13 +373,13 @@ class JetStreamReader(DataSourceReader):
     executor.
 
     Raises:
-        ValueError: bad options, or a requested schema other than :data:`SPARK_RECORD_SCHEMA`.
+        UsageError: bad options, or a requested schema other than :data:`SPARK_RECORD_SCHEMA`.
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         want = [(f.name, f.dataType) for f in SPARK_RECORD_SCHEMA.fields]
         if [(f.name, f.dataType) for f in schema.fields] != want:
-            raise ValueError(
+            raise UsageError(
                 f"jetstream source has a fixed schema {SPARK_RECORD_SCHEMA.simpleString()}; "
                 f"got {schema.simpleString()}"
             )

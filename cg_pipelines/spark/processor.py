@@ -48,6 +48,7 @@ from pyspark.sql.types import (
 
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.decode import JsonDecoder
+from cg_pipelines.core.errors import ColumnNotFoundError, InvariantError, StateError, UsageError
 from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.executor_read import RangeProcessed
@@ -272,13 +273,14 @@ class SparkProcessor(ProcessorBase):
         if spec is None:
             return df
         if ctx.state is None:
-            raise RuntimeError("the processor declares KeyedState but the batch context has no "
-                               "state reader: run it through the engine (run_partition)")
+            raise StateError("the processor declares KeyedState but the batch context has no "
+                             "state reader: run it through the engine (run_partition)")
         if spec.key not in df.columns:
-            raise KeyError(f"state key {spec.key!r} not in the batch's columns {df.columns}")
+            raise ColumnNotFoundError(f"state key {spec.key!r} not in the batch's columns "
+                                      f"{df.columns}")
         clash = [n for n in spec.attached_names if n in df.columns]
         if clash:
-            raise ValueError(f"state columns {clash} clash with the batch's own columns: choose "
+            raise UsageError(f"state columns {clash} clash with the batch's own columns: choose "
                              "another KeyedState.prefix")
         state = ctx.state.lookup(keys)
         columns = df.columns
@@ -374,8 +376,8 @@ class _ExecutorDecode:
         is_dead = pc.is_in(records["seq"], value_set=pa.array(list(reasons), pa.int64()))
         good_in, dead_in = records.filter(pc.invert(is_dead)), records.filter(is_dead)
         if good_in.num_rows != good.num_rows or dead_in.num_rows != len(reasons):
-            raise RuntimeError("decode_batch did not give every message as a row or a dead "
-                               "letter exactly once")
+            raise InvariantError("decode_batch did not give every message as a row or a dead "
+                                 "letter exactly once")
         fields = self.decoder.arrow_schema
         m, n = good.num_rows, dead_in.num_rows
         good_cols = [*(good[f.name] for f in fields), good["_seq"], good["_subject"],
@@ -415,7 +417,7 @@ def read_range_with_spark(
     order within each input partition only: use ``orderBy("seq")`` for stream order.
 
     Raises:
-        ValueError: bad options (at planning, i.e. on the first action or schema analysis).
+        UsageError: bad options (at planning, i.e. on the first action or schema analysis).
     """
     register_jetstream_source(spark)
     reader = (

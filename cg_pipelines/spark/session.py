@@ -43,7 +43,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from cg_pipelines.core.errors import CgError
+from cg_pipelines.core.errors import CgError, InvariantError
 
 __all__ = [
     "DEFAULT_CONF",
@@ -375,7 +375,7 @@ def warm_up(spark: SparkSession, rounds: int = 3, rows: int = 40_000) -> list[fl
         Seconds per job.
 
     Raises:
-        RuntimeError: a job returned the wrong number of rows; whatever pyspark raises.
+        InvariantError: a job returned the wrong number of rows; whatever pyspark raises.
     """
     import pyarrow as pa
     from pyspark.sql import Window
@@ -405,7 +405,7 @@ def warm_up(spark: SparkSession, rounds: int = 3, rows: int = 40_000) -> list[fl
             .alias("days"),
         ).toArrow()
         if out.num_rows != n:
-            raise RuntimeError(f"warm-up job returned {out.num_rows} rows of {n}")
+            raise InvariantError(f"warm-up job returned {out.num_rows} rows of {n}")
         took.append(time.perf_counter() - t0)
     return took
 

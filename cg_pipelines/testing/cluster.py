@@ -36,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.local.nats_server import NatsServer, NatsServerError
 
 __all__ = ["NatsCluster", "NatsClusterError", "free_ports"]
@@ -95,7 +96,7 @@ class NatsCluster:
         die_with_parent: bool = False,
     ) -> None:
         if size < 1:
-            raise ValueError(f"size must be >= 1, got {size}")
+            raise UsageError(f"size must be >= 1, got {size}")
         self.base_dir = Path(base_dir)
         self.size = size
         self.name = name

@@ -14,6 +14,7 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
+from cg_pipelines.core.errors import StateError
 from cg_pipelines.sinks.delta import DeltaSink
 
 if TYPE_CHECKING:
@@ -51,10 +52,10 @@ class MotoS3Server:
         """Start the server (port chosen by the OS, so no race for a free port).
 
         Raises:
-            RuntimeError: already started.
+            StateError: already started.
         """
         if self._server is not None:
-            raise RuntimeError("MotoS3Server already started")
+            raise StateError("MotoS3Server already started")
         from moto.server import ThreadedMotoServer
 
         if self._quiet:
@@ -94,10 +95,10 @@ class MotoS3Server:
         """``http://127.0.0.1:<port>``.
 
         Raises:
-            RuntimeError: not started.
+            StateError: not started.
         """
         if self._server is None or self._endpoint is None:
-            raise RuntimeError("MotoS3Server not started")
+            raise StateError("MotoS3Server not started")
         return self._endpoint
 
     def storage_options(self) -> dict[str, str]:
