@@ -67,6 +67,7 @@ from cg_pipelines.core.subjects import subject_error
 __all__ = [
     "ELASTIC_BUCKET",
     "MAX_MEMBERS",
+    "PRIORITY_GROUP",
     "STATIC_BUCKET",
     "ElasticConfig",
     "MemberMapping",
@@ -74,6 +75,7 @@ __all__ = [
     "StaticConfig",
     "check_max_members",
     "config_key",
+    "dlq_stream_name",
     "equivalent",
     "go_json",
     "parse_mapping",
@@ -91,9 +93,22 @@ def config_key(stream: str, group: str) -> str:
     return f"{stream}.{group}"
 
 
+PRIORITY_GROUP = "PCG"
+"""The priority group of every consumer the library pins a client on (static member consumers,
+elastic member consumers, partition-run lease consumers): ``priority_groups=["PCG"]`` with policy
+``pinned_client``, as synadia-io/orbit.go ``pcgroups`` names it."""
+
+
 def work_queue_stream_name(stream: str, group: str) -> str:
     """Name of an elastic group's work-queue stream: ``"<stream>-<group>"``."""
     return f"{stream}-{group}"
+
+
+def dlq_stream_name(stream: str, group: str) -> str:
+    """Name of a group's dead-letter stream: ``"<stream>-<group>-dlq"`` (subjects
+    ``<name>.<partition>`` and ``<name>.halted.<partition>``, see
+    :mod:`cg_pipelines.engine.deadletter`)."""
+    return f"{work_queue_stream_name(stream, group)}-dlq"
 
 
 # ----------------------------------------------------------------------------- the parts

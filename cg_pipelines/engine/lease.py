@@ -37,6 +37,7 @@ from typing import Any
 import nats.errors
 from nats.aio.msg import Msg
 
+from cg_pipelines.core.config import PRIORITY_GROUP
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.model import RunResult
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions
@@ -48,7 +49,6 @@ from cg_pipelines.jetstream.errors import (
 )
 
 __all__ = [
-    "PRIORITY_GROUP",
     "Lease",
     "LeaseHolder",
     "ensure_lease_consumer",
@@ -56,9 +56,6 @@ __all__ = [
     "lease_consumer_name",
     "pinned_id",
 ]
-
-PRIORITY_GROUP = "PCG"
-
 
 def lease_consumer_name(partition: int) -> str:
     """The partition's lease consumer on the work-queue stream: ``partition-<p>``."""

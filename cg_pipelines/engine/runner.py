@@ -50,7 +50,6 @@ from cg_pipelines.engine.executor_read import (
     executor_connect_options,
 )
 from cg_pipelines.engine.lease import (
-    PRIORITY_GROUP,
     Lease,
     LeaseHolder,
     ensure_lease_consumer,
@@ -69,7 +68,6 @@ from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.jetstream.connect import ConnectOptions
 
 __all__ = [
-    "PRIORITY_GROUP",
     "EngineConfigError",
     "EngineOptions",
     "Hook",

@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from cg_pipelines.core.config import PRIORITY_GROUP
 from cg_pipelines.core.subjects import strip_partition
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.drain import Drain
-from cg_pipelines.engine.lease import PRIORITY_GROUP, LeaseHolder
+from cg_pipelines.engine.lease import LeaseHolder
 from cg_pipelines.engine.model import (
     Processor,
     Record,

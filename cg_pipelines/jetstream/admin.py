@@ -30,6 +30,7 @@ from nats.js import JetStreamContext
 from cg_pipelines.core.assignment import as_mappings, assignment, sticky_assignment
 from cg_pipelines.core.config import (
     ELASTIC_BUCKET,
+    PRIORITY_GROUP,
     STATIC_BUCKET,
     ElasticConfig,
     MemberMapping,
@@ -47,8 +48,6 @@ from cg_pipelines.jetstream.errors import (
     StreamNotFoundError,
 )
 from cg_pipelines.jetstream.kv import ConfigStore, Kind, Versioned
-
-PRIORITY_GROUP = "PCG"
 
 
 def static_consumer_name(group: str, member: str) -> str:

@@ -60,6 +60,7 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.core.assignment import generate_partition_filters
 from cg_pipelines.core.config import (
+    PRIORITY_GROUP,
     ElasticConfig,
     StaticConfig,
     config_key,
@@ -79,7 +80,6 @@ from cg_pipelines.jetstream.kv import ConfigStore
 
 log = logging.getLogger(__name__)
 
-PRIORITY_GROUP = "PCG"
 DEFAULT_ACK_WAIT_S = 5.0
 MIN_PRIORITY_TIMEOUT_S = 1.0
 

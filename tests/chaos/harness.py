@@ -46,8 +46,7 @@ import pandas as pd
 from nats.js.api import StreamConfig
 
 from cg_pipelines.core.assignment import assignment, owners
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
-from cg_pipelines.engine.deadletter import dlq_stream_name
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, dlq_stream_name
 from cg_pipelines.engine.retry import Retrier
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI

@@ -16,9 +16,9 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.engine.context import RunContext
-from cg_pipelines.engine.deadletter import dlq_stream_name, ensure_dlq_stream
+from cg_pipelines.engine.deadletter import ensure_dlq_stream
 from cg_pipelines.engine.lease import (
     LeaseHolder,
     ensure_lease_consumer,

@@ -23,11 +23,10 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, dlq_stream_name
 from cg_pipelines.core.decode import Field, JsonDecoder
 from cg_pipelines.core.state import KeyedState, last_per_key
 from cg_pipelines.core.subjects import partition_for
-from cg_pipelines.engine.deadletter import dlq_stream_name
 from cg_pipelines.engine.model import RECORD_SCHEMA, BatchContext, origin_marker
 from cg_pipelines.engine.runner import (
     EngineOptions,
