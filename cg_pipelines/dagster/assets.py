@@ -278,7 +278,7 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
         io_manager_key=spec.io_manager_key,
         metadata={"cg/stream": spec.stream, "cg/group": spec.group,
                   "cg/partitions": spec.partitions, "cg/table": spec.table_name,
-                  "cg/partition_key_prefix": spec.key_prefix_text,
+                  "cg/partition_key_prefix": spec.effective_partition_key_prefix,
                   "cg/write_mode": spec.write.name,
                   **({"cg/merge_key": ", ".join(spec.write.keys)}
                      if isinstance(spec.write, Merge) else {}),

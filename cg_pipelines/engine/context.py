@@ -78,8 +78,8 @@ class RunContext:
         self.settled_through = 0
         self.state = state_cache(self.processor, sink, partition)
         self.cost = self.processor.cost_model or CostModel()
-        self.retry = Retrier(nc, options.retry_max_s, options.retry_backoff_s,
-                             options.retry_max_backoff_s,
+        self.retry = Retrier(nc, options.nats_retry_max_s, options.nats_retry_backoff_s,
+                             options.nats_retry_max_backoff_s,
                              f"partition {partition} of {work_queue_stream_name(stream, group)}",
                              on_retry=self._on_retry)
 

@@ -38,7 +38,7 @@ from tests.support.wait import wait_for
 P = 4
 OPTIONS = EngineOptions(batch_max_msgs=60, max_messages=400, ack_wait_s=2.0,
                         priority_timeout_s=2.0, hold_wait_s=2.0, timeout_s=2.0,
-                        retry_max_s=30.0)
+                        nats_retry_max_s=30.0)
 BAD = [b"{not json", b"", b'{"key": "kbad", "n": "x"}']
 
 

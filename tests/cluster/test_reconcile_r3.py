@@ -41,7 +41,7 @@ from tests.support import devices, keyed
 
 P = 3
 FAST = EngineOptions(batch_max_msgs=50, ack_wait_s=2.0, priority_timeout_s=2.0,
-                     hold_wait_s=3.0, timeout_s=3.0, retry_max_s=30.0)
+                     hold_wait_s=3.0, timeout_s=3.0, nats_retry_max_s=30.0)
 
 
 def _coverage(sink: DeltaSink, stream: str) -> DeltaLogCoverage:

@@ -6,7 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from cg_pipelines.core.config import PRIORITY_GROUP, dlq_stream_name, work_queue_stream_name
+from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.engine.options import EngineOptions
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cg_pipelines"
 
@@ -38,3 +42,21 @@ def test_the_dead_letter_stream_name_is_built_once() -> None:
     assert dlq_stream_name("s", "g").startswith(work_queue_stream_name("s", "g"))
     writers = _writers("-dlq", suffix=True)
     assert len(writers) == 1 and writers[0].startswith("core/config.py:"), writers
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"batch_max_msgs": 0}, "batch_max_msgs"),
+    ({"read_chunk": 0}, "read_chunk"),
+    ({"timeout_s": 0.0}, "timeout_s"),
+    ({"nats_retry_max_s": -1.0}, "nats_retry_max_s"),
+    ({"nats_retry_backoff_s": 4.0}, "nats_retry_backoff_s"),
+    ({"executor_read_min_msgs": 0}, "executor_read_min_msgs"),
+    ({"dlq_max_age_s": 0.0}, "dlq_max_age_s"),
+    ({"dead_letter_policy": "drop"}, "dead_letter_policy"),
+])
+def test_engine_options_out_of_range_raise_config_error_naming_the_field(
+        kwargs: dict[str, object], field: str) -> None:
+    # ConfigError, as ConsumerGroupAsset raises (it is also a ValueError)
+    with pytest.raises(ConfigError) as e:
+        EngineOptions(**kwargs)  # type: ignore[arg-type]
+    assert e.value.field == field and str(e.value).startswith(f"{field}: ")
