@@ -79,6 +79,7 @@ __all__ = [
     "equivalent",
     "go_json",
     "parse_mapping",
+    "static_member_consumer_name",
     "with_mappings",
     "with_members",
     "work_queue_stream_name",
@@ -97,6 +98,13 @@ PRIORITY_GROUP = "PCG"
 """The priority group of every consumer the library pins a client on (static member consumers,
 elastic member consumers, partition-run lease consumers): ``priority_groups=["PCG"]`` with policy
 ``pinned_client``, as synadia-io/orbit.go ``pcgroups`` names it."""
+
+
+def static_member_consumer_name(group: str, member: str) -> str:
+    """Durable consumer name of a static group's member on the origin stream:
+    ``"<group>-<member>"`` (a static group run by partition runs uses
+    :func:`cg_pipelines.engine.static.static_partition_consumer_name` instead)."""
+    return f"{group}-{member}"
 
 
 def work_queue_stream_name(stream: str, group: str) -> str:

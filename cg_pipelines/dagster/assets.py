@@ -471,8 +471,8 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
     md["waited_for_runs"] = ", ".join(waited)
     if mode == "rebuild":
         md.update({"rebuilt": result.status == "rebuilt",
-                   "origin_first_seq": result.first_seq or 0,
-                   "origin_last_seq": result.last_seq or 0,
+                   "origin_first_seq": result.origin_first_seq or 0,
+                   "origin_last_seq": result.origin_last_seq or 0,
                    "messages_read": result.messages_read,
                    "rows_replaced": result.rows_replaced,
                    "rows_written": result.rows_written})

@@ -33,10 +33,10 @@ from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.jetstream.api import consumer_config
 from cg_pipelines.jetstream.errors import ConsumerAlreadyExistsError
 
-__all__ = ["run_static_partition", "static_consumer_name"]
+__all__ = ["run_static_partition", "static_partition_consumer_name"]
 
 
-def static_consumer_name(group: str, partition: int) -> str:
+def static_partition_consumer_name(group: str, partition: int) -> str:
     """A static group partition's pinned consumer on the origin stream:
     ``<group>-partition-<p>``."""
     return f"{group}-partition-{partition}"
@@ -61,7 +61,7 @@ class _StaticDrain:
 
     def __init__(self, ctx: RunContext, filters: Sequence[str]) -> None:
         self.ctx = ctx
-        self.lease = LeaseHolder(ctx, static_consumer_name(ctx.group, ctx.partition))
+        self.lease = LeaseHolder(ctx, static_partition_consumer_name(ctx.group, ctx.partition))
         self.drain = Drain(ctx, self.lease, settle=self.lease.ack_each)
         self.filters = [f"{ctx.partition}.{f}" for f in filters] or [ctx.flt]
 

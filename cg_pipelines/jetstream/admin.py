@@ -35,6 +35,7 @@ from cg_pipelines.core.config import (
     ElasticConfig,
     MemberMapping,
     StaticConfig,
+    static_member_consumer_name,
     with_mappings,
     with_members,
     work_queue_stream_name,
@@ -48,11 +49,6 @@ from cg_pipelines.jetstream.errors import (
     StreamNotFoundError,
 )
 from cg_pipelines.jetstream.kv import ConfigStore, Kind, Versioned
-
-
-def static_consumer_name(group: str, member: str) -> str:
-    """Durable consumer name of a static member on the origin stream: ``<group>-<member>``."""
-    return f"{group}-{member}"
 
 
 def _check_names(**names: str) -> None:
@@ -81,7 +77,7 @@ async def _step_down(js: JetStreamContext, kind: Kind, stream: str, group: str, 
         raise MembershipError(f"{member!r} is not a member of {kind} consumer group "
                               f"{stream}.{group}")
     if kind == "static":
-        on_stream, consumer = stream, static_consumer_name(group, member)
+        on_stream, consumer = stream, static_member_consumer_name(group, member)
     else:
         on_stream, consumer = work_queue_stream_name(stream, group), member
     try:
@@ -140,7 +136,7 @@ async def delete_static(js: JetStreamContext, stream: str, group: str, *, timeou
     except ConfigError:
         members = _stored_member_names((await store.get_raw(stream, group))[0])
     await store.delete(stream, group)
-    names = {static_consumer_name(group, m) for m in members}
+    names = {static_member_consumer_name(group, m) for m in members}
     api = _api(js, timeout)
     deleted = []
     for name in sorted(names & set(await api.list_consumer_names(stream))):
@@ -439,7 +435,7 @@ async def member_status(
     infos = {ci["name"]: ci for ci in await api.list_consumers(on_stream)}
     out = []
     for m in members if members is not None else sorted(_members_of(cfg)):
-        ci = infos.get(static_consumer_name(group, m) if static else m)
+        ci = infos.get(static_member_consumer_name(group, m) if static else m)
         pinned = None
         if ci:
             for pg in ci.get("priority_groups") or []:

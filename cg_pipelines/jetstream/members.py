@@ -64,6 +64,7 @@ from cg_pipelines.core.config import (
     ElasticConfig,
     StaticConfig,
     config_key,
+    static_member_consumer_name,
     work_queue_stream_name,
 )
 from cg_pipelines.core.errors import ConfigError, MembershipError
@@ -181,7 +182,7 @@ class _Member:
         self.store: ConfigStore = ConfigStore(js, "static" if kind == "static" else "elastic")
         if kind == "static":
             self.on_stream = stream
-            self.cname = f"{group}-{member}"
+            self.cname = static_member_consumer_name(group, member)
         else:
             self.on_stream = work_queue_stream_name(stream, group)
             self.cname = member

@@ -162,7 +162,7 @@ async def test_head_middle_tail_gaps_reported_exactly_and_repaired(
     for p in rep.partitions:
         r = await rebuild_partition(cnc, s, "g", p, keyed.processor(), sink, FAST)
         assert r.status == "rebuilt", r
-        assert r.last_seq == len(evs), r  # replayed through the origin's last message
+        assert r.origin_last_seq == len(evs), r  # replayed through the origin's last message
     assert keyed.mismatches(sink.read(), evs) is None  # equals the pandas reference
     after = await _check(cjs, api, s, sink, stored, grace_s=1.0)
     assert after.ok and after.stall is None and not after.gaps, after.text()
