@@ -61,6 +61,14 @@ def test_every_engine_option_set_on_the_resource_reaches_the_engine() -> None:
     assert all(given[n] != getattr(defaults, n) for n in ENGINE_FIELDS)
 
 
+def test_every_resource_field_is_in_the_configuration_reference() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "reference" /
+           "configuration.md").read_text()
+    table = doc[doc.index("### `PartitionRunsResource`"):doc.index("## `EngineOptions`")]
+    missing = [n for n in PartitionRunsResource.model_fields if f"| `{n}` |" not in table]
+    assert not missing, missing
+
+
 def test_an_engine_option_out_of_range_names_the_field() -> None:
     with pytest.raises(ConfigError, match="^nats_retry_backoff_s: need 0 <"):
         PartitionRunsResource(nats_retry_backoff_s=5.0).engine_options()
