@@ -57,6 +57,7 @@ __all__ = [
     "pinned_id",
 ]
 
+
 def lease_consumer_name(partition: int) -> str:
     """The partition's lease consumer on the work-queue stream: ``partition-<p>``."""
     return f"partition-{partition}"
