@@ -20,6 +20,7 @@ from pathlib import Path
 import nats
 from nats.js.api import ConsumerConfig, StreamConfig
 
+from cg_pipelines.core.config import PRIORITY_GROUP
 from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config
 from cg_pipelines.local.nats_server import NatsServer
 
@@ -43,7 +44,7 @@ async def bench_pull(api: JetStreamAPI, js, n: int) -> float:
         filter_subjects=["bp.>"],
         ack_wait_s=30,
         max_ack_pending=1,
-        priority_groups=["PCG"],
+        priority_groups=[PRIORITY_GROUP],
         priority_policy="pinned_client",
         priority_timeout_s=5,
     )

@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cg_pipelines.core.config import (  # noqa: E402
+    PRIORITY_GROUP,
     ElasticConfig,
     PartitioningFilter,
     StaticConfig,
@@ -50,7 +51,6 @@ from cg_pipelines.core.config import (  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config  # noqa: E402
 from cg_pipelines.jetstream.members import (  # noqa: E402
-    PRIORITY_GROUP,
     GroupMsg,
     MemberConfig,
     elastic_consume,

@@ -40,7 +40,7 @@ import pyarrow.fs as pafs
 from nats.js import JetStreamContext
 
 from cg_pipelines.cli.context import Ctx, fail, table
-from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.engine import deadletter as dl
 from cg_pipelines.jetstream import admin
@@ -94,7 +94,7 @@ def _no_work_queue(stream: str, group: str) -> UsageError:
 
 
 def _no_dlq(stream: str, group: str) -> UsageError:
-    return UsageError(f"no dead letters: {dl.dlq_stream_name(stream, group)} does not exist "
+    return UsageError(f"no dead letters: {dlq_stream_name(stream, group)} does not exist "
                       f"(group {group} on stream {stream} never dead-lettered a message)")
 
 
@@ -174,7 +174,7 @@ def dlq_ls(c: Ctx, stream: str, group: str, partition: int | None, start_seq: in
             return []  # nothing was ever dead-lettered: no dead-letter stream yet
 
     rows = _run(c, go)
-    name = dl.dlq_stream_name(stream, group)
+    name = dlq_stream_name(stream, group)
     text = table(["seq", "partition", "source seq", "subject", "reason"],
                  [[d.seq, d.partition, d.source_seq, d.origin_subject or d.subject,
                    (d.reason or "") + (f" [skipped: {d.skip_reason}]" if d.skip_reason else "")]
@@ -205,7 +205,7 @@ def dlq_show(c: Ctx, stream: str, group: str, seq: int, preview_bytes: int) -> N
     """Show dead letter SEQ: subject, reason, headers, payload preview."""
     d = _run(c, lambda js, api: _dlq(c, js, stream, group,
                                      lambda: dl.get_dead_letter(api, stream, group, seq)))
-    lines = [f"dead letter {d.seq} of {dl.dlq_stream_name(stream, group)}",
+    lines = [f"dead letter {d.seq} of {dlq_stream_name(stream, group)}",
              f"  partition:  {d.partition}",
              f"  source:     {d.source_stream} sequence {d.source_seq}",
              f"  subject:    {d.origin_subject}",
@@ -244,7 +244,7 @@ def dlq_replay(c: Ctx, stream: str, group: str, seqs: tuple[int, ...], replay_al
     async def go(js: JetStreamContext, api: JetStreamAPI) -> list[dl.Replayed]:
         await _partitions(c, js, stream, group, [] if partition is None else [partition])
         try:
-            await api.stream_info(dl.dlq_stream_name(stream, group))
+            await api.stream_info(dlq_stream_name(stream, group))
         except StreamNotFoundError:
             raise _no_dlq(stream, group) from None
         todo = list(seqs)
@@ -285,11 +285,11 @@ def dlq_purge(c: Ctx, stream: str, group: str, partition: int | None, seq: int |
         what = (f"dead letter {seq}" if seq is not None else
                 f"partition {partition}'s dead letters" if partition is not None
                 else "every dead letter")
-        fail(f"this removes {what} of {dl.dlq_stream_name(stream, group)} for good; pass "
+        fail(f"this removes {what} of {dlq_stream_name(stream, group)} for good; pass "
              "--force", 2)
     n = _run(c, lambda js, api: _dlq(c, js, stream, group, lambda: dl.purge_dead_letters(
         api, stream, group, partition=partition, seq=seq), partition))
-    c.out({"purged": n}, f"purged {n} dead letter(s) from {dl.dlq_stream_name(stream, group)}")
+    c.out({"purged": n}, f"purged {n} dead letter(s) from {dlq_stream_name(stream, group)}")
 
 
 # ----------------------------------------------------------------------------------------- halt
@@ -356,9 +356,9 @@ def halt_skip(c: Ctx, stream: str, group: str, partition: int, seq: int | None,
 
     s = _run(c, go)
     c.out({"partition": s.partition, "seq": s.seq, "subject": s.subject, "dlq_seq": s.dlq_seq,
-           "dlq": dl.dlq_stream_name(stream, group)},
+           "dlq": dlq_stream_name(stream, group)},
           f"moved work-queue sequence {s.seq} ({s.subject}) of partition {s.partition} to "
-          f"{dl.dlq_stream_name(stream, group)}"
+          f"{dlq_stream_name(stream, group)}"
           + (f" as sequence {s.dlq_seq}" if s.dlq_seq is not None else " (already there)")
           + "; the partition's next run goes on after it")
 

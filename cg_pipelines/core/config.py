@@ -67,6 +67,7 @@ from cg_pipelines.core.subjects import subject_error
 __all__ = [
     "ELASTIC_BUCKET",
     "MAX_MEMBERS",
+    "PRIORITY_GROUP",
     "STATIC_BUCKET",
     "ElasticConfig",
     "MemberMapping",
@@ -74,9 +75,11 @@ __all__ = [
     "StaticConfig",
     "check_max_members",
     "config_key",
+    "dlq_stream_name",
     "equivalent",
     "go_json",
     "parse_mapping",
+    "static_member_consumer_name",
     "with_mappings",
     "with_members",
     "work_queue_stream_name",
@@ -91,9 +94,29 @@ def config_key(stream: str, group: str) -> str:
     return f"{stream}.{group}"
 
 
+PRIORITY_GROUP = "PCG"
+"""The priority group of every consumer the library pins a client on (static member consumers,
+elastic member consumers, partition-run lease consumers): ``priority_groups=["PCG"]`` with policy
+``pinned_client``, as synadia-io/orbit.go ``pcgroups`` names it."""
+
+
+def static_member_consumer_name(group: str, member: str) -> str:
+    """Durable consumer name of a static group's member on the origin stream:
+    ``"<group>-<member>"`` (a static group run by partition runs uses
+    :func:`cg_pipelines.engine.static.static_partition_consumer_name` instead)."""
+    return f"{group}-{member}"
+
+
 def work_queue_stream_name(stream: str, group: str) -> str:
     """Name of an elastic group's work-queue stream: ``"<stream>-<group>"``."""
     return f"{stream}-{group}"
+
+
+def dlq_stream_name(stream: str, group: str) -> str:
+    """Name of a group's dead-letter stream: ``"<stream>-<group>-dlq"`` (subjects
+    ``<name>.<partition>`` and ``<name>.halted.<partition>``, see
+    :mod:`cg_pipelines.engine.deadletter`)."""
+    return f"{work_queue_stream_name(stream, group)}-dlq"
 
 
 # ----------------------------------------------------------------------------- the parts

@@ -37,7 +37,7 @@ class KeyedState:
         key: the key column (in the decoded batch and in the output), e.g. ``"customer"``.
         columns: output columns that make up a key's state, e.g. ``("total", "orders")``.
         order_by: output column ordering a key's rows; the state is the row with the greatest
-            value (default ``"_seq"``, the stream sequence, which outputs should keep).
+            value (default ``"_seq"``, the origin stream sequence, which outputs should keep).
         prefix: the state columns appear in the batch as ``prefix + column``.
         schema: optional Arrow types of ``columns`` (and ``key``), used while the table does
             not exist yet so the attached columns are typed (else they are null-typed until the

@@ -279,7 +279,7 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
         io_manager_key=spec.io_manager_key,
         metadata={"cg/stream": spec.stream, "cg/group": spec.group,
                   "cg/partitions": spec.partitions, "cg/table": spec.table_name,
-                  "cg/partition_key_prefix": spec.key_prefix_text,
+                  "cg/partition_key_prefix": spec.effective_partition_key_prefix,
                   "cg/write_mode": spec.write.name,
                   **({"cg/merge_key": ", ".join(spec.write.keys)}
                      if isinstance(spec.write, Merge) else {}),
@@ -472,8 +472,8 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
     md["waited_for_runs"] = ", ".join(waited)
     if mode == "rebuild":
         md.update({"rebuilt": result.status == "rebuilt",
-                   "origin_first_seq": result.first_seq or 0,
-                   "origin_last_seq": result.last_seq or 0,
+                   "origin_first_seq": result.origin_first_seq or 0,
+                   "origin_last_seq": result.origin_last_seq or 0,
                    "messages_read": result.messages_read,
                    "rows_replaced": result.rows_replaced,
                    "rows_written": result.rows_written})

@@ -99,10 +99,16 @@ def _check_resources(groups: Sequence[ConsumerGroupAsset], resources: Mapping[st
 
 def _check_partition_keys(groups: Sequence[ConsumerGroupAsset]) -> None:
     """Partition keys must tell groups apart: the ``dagster/partition`` run tag is what keeps
-    two runs of one partition from running at once."""
+    two runs of one partition from running at once. Every key of every group is compared
+    (prefixes ``"a"`` and ``"a1"`` collide in the middle: ``a10`` is both ``a``'s partition 10
+    and ``a1``'s partition 0); a set of all keys, O(total partitions).
+
+    Raises:
+        ConfigError: two groups share a partition key (the message names both and the key).
+    """
     seen: dict[str, str] = {}
     for g in groups:
-        for key in (g.partition_key(0), g.partition_key(g.partitions - 1)):
+        for key in g.partition_keys():
             if key in seen and seen[key] != g.name:
                 raise ConfigError("partition_key_prefix", f"{g.name} and {seen[key]} share "
                                   f"partition key {key!r}: give them different "

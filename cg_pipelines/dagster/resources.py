@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -406,28 +407,66 @@ class DeltaWarehouseResource(ConfigurableResource):
                          maintenance=maintenance or self.maintenance())
 
 
+_ENGINE = EngineOptions()  # the engine's defaults, which the resource's engine fields share
+
+
 class PartitionRunsResource(ConfigurableResource):
-    """Which members this deployment serves, and how its partition runs behave.
+    """Which members this deployment serves, how its partition runs behave, and how the
+    backlog sensor schedules and retries them.
 
     A group's partitions are owned by members (the group's KV config); this deployment runs
     only the partitions owned by ``members`` (empty: every member of the config). Durations are
     seconds.
+
+    **Engine options**: every field of :class:`~cg_pipelines.engine.options.EngineOptions` is a
+    field of this resource, with the same name, meaning and default (except
+    ``adaptive_max_msgs``: 200,000 here, off in the engine), and reaches each run unchanged
+    (:meth:`engine_options`). The other fields (``members``, ``run_timeout_s``,
+    ``min_pending``, ``max_age_s``, ``retry_*``) are the deployment's and the sensor's:
+    ``retry_backoff_s`` (15 s) spaces the sensor's retries of a failed *run*, while
+    ``nats_retry_backoff_s`` (0.1 s) spaces a run's retries of a failed *NATS request*.
     """
 
     members: list[str] = Field(default_factory=list, description="Member names served here; "
                                "empty = every member in the group's config.")
-    batch_max_msgs: int = Field(20_000, description="Messages of the first batch of a run "
-                                "(one commit each batch).")
+    # ------------------------------------------------------------ engine options (EngineOptions)
+    batch_max_msgs: int = Field(_ENGINE.batch_max_msgs, description="Messages of the first "
+                                "batch of a run (one commit each batch).")
     adaptive_max_msgs: int | None = Field(
         200_000, description="Batches grow up to this many messages while the transform's "
         "fixed cost per batch is over a fifth of its time (None: fixed batch_max_msgs).")
-    batch_max_bytes: int = Field(64 * 1024 * 1024, description="Payload bytes per batch.")
-    ack_wait_s: float = Field(30.0, description="Lease ack wait, seconds.")
-    priority_timeout_s: float = Field(30.0, description="Pin timeout, seconds.")
-    hold_wait_s: float = Field(5.0, description="Seconds to wait when another instance holds "
-                               "the partition.")
-    max_messages: int | None = Field(None, description="Stop a run after this many messages.")
-    dead_letter_policy: Literal["dlq", "halt"] = Field("dlq")
+    batch_max_bytes: int = Field(_ENGINE.batch_max_bytes, description="Payload bytes per batch.")
+    read_chunk: int = Field(_ENGINE.read_chunk, description="Messages per pull when a rebuild "
+                            "replays the origin stream.")
+    ack_wait_s: float = Field(_ENGINE.ack_wait_s, description="Lease ack wait, seconds.")
+    priority_timeout_s: float = Field(_ENGINE.priority_timeout_s,
+                                      description="Pin timeout, seconds.")
+    hold_wait_s: float = Field(_ENGINE.hold_wait_s, description="Seconds to wait when another "
+                               "instance holds the partition.")
+    max_messages: int | None = Field(_ENGINE.max_messages, description="Stop a run after about "
+                                     "this many messages (None: drain the backlog).")
+    max_seconds: float | None = Field(_ENGINE.max_seconds, description="Seconds after which a "
+                                      "run starts no new batch (None: no limit).")
+    dead_letter_policy: Literal["dlq", "halt"] = Field(
+        _ENGINE.dead_letter_policy, description="dlq: a message the decoder rejects goes to "
+        "the dead-letter stream and the run goes on; halt: the run commits what precedes it "
+        "and stops there.")
+    timeout_s: float = Field(_ENGINE.timeout_s, description="Seconds allowed for each NATS "
+                             "request of a run.")
+    nats_retry_max_s: float = Field(_ENGINE.nats_retry_max_s, description="Seconds a run "
+                                    "retries a NATS step while NATS is unreachable, then fails.")
+    nats_retry_backoff_s: float = Field(_ENGINE.nats_retry_backoff_s, description="First pause "
+                                        "between a run's NATS retries (seconds; doubling) ...")
+    nats_retry_max_backoff_s: float = Field(_ENGINE.nats_retry_max_backoff_s,
+                                            description="... up to this many seconds.")
+    executor_read_min_msgs: int | None = Field(
+        _ENGINE.executor_read_min_msgs, description="Messages: a partition whose backlog is at "
+        "least this many is read, decoded and transformed as one batch on the Spark executors "
+        "(the jetstream data source), then committed once on the driver; needs a Spark "
+        "processor. None: off (bench/spark_read.py measures the crossover for your cluster).")
+    dlq_max_age_s: float | None = Field(_ENGINE.dlq_max_age_s, description="Seconds the "
+                                        "dead-letter stream keeps a dead letter (None: for ever).")
+    # ------------------------------------------------------------ the deployment and the sensor
     run_timeout_s: float = Field(3600.0, description="Upper bound of one partition run.")
     min_pending: int = Field(1, description="Backlog sensor: run a partition at this many "
                              "pending messages ...")
@@ -438,20 +477,15 @@ class PartitionRunsResource(ConfigurableResource):
         "many times in a row (same code) is reported by a failing check and not retried until "
         "a run succeeds or new code is loaded.")
     retry_backoff_s: float = Field(15.0, description="Seconds to wait before retrying a "
-                                   "failed partition; doubles per consecutive failure ...")
+                                   "failed partition run; doubles per consecutive failure ...")
     retry_max_backoff_s: float = Field(300.0, description="... up to this many seconds.")
-    executor_read_min_msgs: int | None = Field(
-        None, description="Messages: a partition whose backlog is at least this many is read, "
-        "decoded and transformed as one batch on the Spark executors (the jetstream data "
-        "source), then committed once on the driver; needs a Spark processor. None: off "
-        "(bench/spark_read.py measures the crossover for your cluster).")
 
     def served(self) -> list[str] | None:
         """Served member names, or ``None`` for every member."""
         return list(self.members) or None
 
     def retry_policy(self) -> RetryPolicy:
-        """The retry settings as a :class:`~cg_pipelines.core.triggers.RetryPolicy`.
+        """The sensor's retry settings as a :class:`~cg_pipelines.core.triggers.RetryPolicy`.
 
         Raises:
             ConfigError: invalid settings (the reason is in the message).
@@ -460,11 +494,11 @@ class PartitionRunsResource(ConfigurableResource):
                            self.retry_max_backoff_s)
 
     def engine_options(self) -> EngineOptions:
-        """These settings as the engine's :class:`~cg_pipelines.engine.options.EngineOptions`."""
-        return EngineOptions(
-            batch_max_msgs=self.batch_max_msgs, adaptive_max_msgs=self.adaptive_max_msgs,
-            batch_max_bytes=self.batch_max_bytes,
-            ack_wait_s=self.ack_wait_s, priority_timeout_s=self.priority_timeout_s,
-            hold_wait_s=self.hold_wait_s, max_messages=self.max_messages,
-            dead_letter_policy=self.dead_letter_policy,
-            executor_read_min_msgs=self.executor_read_min_msgs)
+        """The engine fields as the engine's :class:`~cg_pipelines.engine.options.EngineOptions`
+        (every field of it, by name).
+
+        Raises:
+            ConfigError: a field out of the engine's range (the message names it).
+        """
+        return EngineOptions(**{f.name: getattr(self, f.name)
+                                for f in dataclasses.fields(EngineOptions)})

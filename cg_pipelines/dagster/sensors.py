@@ -48,6 +48,7 @@ from dagster import (
 )
 
 from cg_pipelines.core.assignment import assignment
+from cg_pipelines.core.config import dlq_stream_name
 from cg_pipelines.core.triggers import (
     PartitionBacklog,
     RetryPolicy,
@@ -81,7 +82,6 @@ from cg_pipelines.dagster.resources import (
     PartitionRunsResource,
 )
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
-from cg_pipelines.engine.deadletter import dlq_stream_name
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import (

@@ -162,13 +162,13 @@ class ConsumerGroupAsset:
         return self.table or self.name
 
     @property
-    def key_prefix_text(self) -> str:
+    def effective_partition_key_prefix(self) -> str:
         """The partition key prefix in effect (``"<group>-"`` unless given)."""
         return f"{self.group}-" if self.partition_key_prefix is None else self.partition_key_prefix
 
     def partition_key(self, partition: int) -> str:
         """Dagster partition key of group partition ``partition``."""
-        return f"{self.key_prefix_text}{partition}"
+        return f"{self.effective_partition_key_prefix}{partition}"
 
     def partition_keys(self) -> list[str]:
         """All partition keys, in partition order."""
@@ -180,7 +180,7 @@ class ConsumerGroupAsset:
         Raises:
             ConfigError: not one of this asset's keys.
         """
-        prefix = self.key_prefix_text
+        prefix = self.effective_partition_key_prefix
         tail = key[len(prefix):] if key.startswith(prefix) else ""
         if not tail.isdigit() or int(tail) >= self.partitions or str(int(tail)) != tail:
             raise ConfigError("partition_key", f"{key!r} is not a partition key of "

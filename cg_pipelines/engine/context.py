@@ -32,8 +32,8 @@ class RunContext:
     """One partition run's identity, tools, result and progress.
 
     Attributes:
-        wq: the stream the run reads and leases on (an elastic group's work queue
-            ``<stream>-<group>``; a static group's own stream).
+        read_stream: the stream the run reads and leases on (an elastic group's work queue
+            ``<stream>-<group>``; a static group's origin stream, ``stream`` itself).
         flt: the partition's subjects there (``<p>.>``).
         app_id: the partition's watermark key in the sink.
         processor: the processor, every hook declared (:func:`~cg_pipelines.engine.processor.
@@ -59,7 +59,7 @@ class RunContext:
         self.nc, self.js = nc, nc.jetstream(timeout=options.timeout_s)
         self.connect = connect or connect_options_of(nc)
         self.stream, self.group, self.partition = stream, group, partition
-        self.wq = read_stream or work_queue_stream_name(stream, group)
+        self.read_stream = read_stream or work_queue_stream_name(stream, group)
         self.flt = f"{partition}.>"
         self.app_id = app_id_for(stream, group, partition)
         self.processor = with_defaults(processor)
@@ -73,8 +73,8 @@ class RunContext:
         self.settled_through = 0
         self.state = state_cache(self.processor, sink, partition)
         self.cost = self.processor.cost_model or CostModel()
-        self.retry = Retrier(nc, options.retry_max_s, options.retry_backoff_s,
-                             options.retry_max_backoff_s,
+        self.retry = Retrier(nc, options.nats_retry_max_s, options.nats_retry_backoff_s,
+                             options.nats_retry_max_backoff_s,
                              f"partition {partition} of {work_queue_stream_name(stream, group)}",
                              on_retry=self._on_retry)
 
@@ -104,7 +104,7 @@ class RunContext:
         an operator knows nothing was lost), with ``error`` as its cause."""
         res = self.res
         return PartitionRunError(
-            error, stream=self.stream, group=self.group, read_stream=self.wq,
+            error, stream=self.stream, group=self.group, read_stream=self.read_stream,
             partition=self.partition, inflight=self.inflight,
             committed_through=res.watermark if self.watermark_read else None,
             acknowledged_through=self.settled_through, commits=res.commits)

@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 from nats.js import JetStreamContext
 
-from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.core.errors import ContractError, DecodeError, UsageError
 from cg_pipelines.core.reconcile import ORIGIN_SEQ_HEADER, REPLAY_OF_HEADER
 from cg_pipelines.engine.processor import DeadLetter
@@ -51,11 +51,6 @@ def source_seq(headers: dict[str, str] | None) -> int | None:
     (``<origin stream> <origin seq> ...``), or None."""
     parts = (headers or {}).get("Nats-Stream-Source", "").split(" ")
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-
-
-def dlq_stream_name(stream: str, group: str) -> str:
-    """``<stream>-<group>-dlq``."""
-    return f"{stream}-{group}-dlq"
 
 
 async def ensure_dlq_stream(

@@ -140,7 +140,7 @@ class Drain:
         """Drain the partition: steps 1-7 of the module docstring, batch after batch, until
         the backlog present at the start is done, a limit is hit, or the lease says stop."""
         c = self.ctx
-        start = await c.retry.call("stream info", lambda: c.api.stream_info(c.wq))
+        start = await c.retry.call("stream info", lambda: c.api.stream_info(c.read_stream))
         start_last = int(start["state"].get("last_seq") or 0)
         lease = await self.lease.take()
         # Dense partition: when it holds 90 % of the work queue's messages or more, reading the
@@ -252,8 +252,8 @@ class Drain:
                 self._shown = await credentials_shown(c.nc, c.opt.timeout_s)
             if not self._shown:
                 return None
-        return {**conn, "stream": self.ctx.wq, "subject": self.ctx.flt, "first_seq": str(from_seq),
-                "last_seq": str(start_last), "strip_partition": "true",
+        return {**conn, "stream": self.ctx.read_stream, "subject": self.ctx.flt,
+                "first_seq": str(from_seq), "last_seq": str(start_last), "strip_partition": "true",
                 "timeout": str(o.timeout_s)}
 
     async def _executor_batch(self, lease: Lease, watermark: int,
@@ -302,7 +302,7 @@ class Drain:
         5 s."""
         c = self.ctx
         return await c.retry.call("confirm the empty range with the stream leader", lambda:
-                                  confirm_empty_range(c.api, c.wq, c.flt, first, last))
+                                  confirm_empty_range(c.api, c.read_stream, c.flt, first, last))
 
     async def _read(self, from_seq: int, start_last: int, timing: str = "read") -> pa.Table:
         """The partition's stored messages from ``from_seq`` on, in order, up to the batch
@@ -315,7 +315,8 @@ class Drain:
         size = next_batch_size(self.ctx.cost, opt.batch_max_msgs,
                                opt.adaptive_max_msgs or opt.batch_max_msgs)
         got = await self.ctx.retry.call("read", lambda: read_range(
-            self.ctx.nc, self.ctx.wq, from_seq, filter_subject=flt, prefix=f"{self.ctx.partition}.",
+            self.ctx.nc, self.ctx.read_stream, from_seq, filter_subject=flt,
+            prefix=f"{self.ctx.partition}.",
             max_msgs=size, max_bytes=opt.batch_max_bytes, last_seq=start_last,
             timeout_s=opt.timeout_s, drop_nats_headers=True))
         self.ctx.timed(timing, t)
@@ -330,7 +331,7 @@ class Drain:
         if processed.table is not None:  # one line naming a missing or mistyped column
             check_output(processed.table.schema, self.ctx.processor.state,
                          where=f"transform output of partition {self.ctx.partition} of "
-                               f"{self.ctx.wq} (sequences {first}..{last})")
+                               f"{self.ctx.read_stream} (sequences {first}..{last})")
         processed.table = with_partition_column(processed.table, self.ctx.partition)
         self.ctx.timed("process", t)
         seqs = set(records["seq"].to_pylist())
@@ -372,7 +373,7 @@ class Drain:
         c = self.ctx
         c.res.dead_lettered += await c.retry.call("publish dead letters", lambda:
             publish_dead_letters(
-                c.js, origin_stream=c.stream, read_stream=c.wq, group=c.group,
+                c.js, origin_stream=c.stream, read_stream=c.read_stream, group=c.group,
                 partition=c.partition, batch=prep.records, dead=dead,
                 timeout=c.opt.timeout_s))
         self.ctx.timed("dead_letter", t)
@@ -437,7 +438,7 @@ class Drain:
         # The halt note, for `cg halt skip` (best effort: the halt stands without it).
         with contextlib.suppress(Exception):
             await asyncio.wait_for(record_halt(
-                c.js, c.api, origin_stream=c.stream, read_stream=c.wq, group=c.group,
+                c.js, c.api, origin_stream=c.stream, read_stream=c.read_stream, group=c.group,
                 partition=c.partition, seq=seq, reason=reason, timeout=c.opt.timeout_s),
                 2 * c.opt.timeout_s)
 
@@ -528,7 +529,7 @@ class Drain:
     async def _purge(self, below: int) -> None:
         """Purge the partition's messages below sequence ``below`` (idempotent; retried)."""
         c = self.ctx
-        await c.retry.call("purge", lambda: c.api.purge(c.wq, filter=c.flt, seq=below))
+        await c.retry.call("purge", lambda: c.api.purge(c.read_stream, filter=c.flt, seq=below))
 
     async def _ensure_dlq(self) -> bool:
         """Step 4's stream: create the group's DLQ stream (idempotent; retried)."""

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import nats.errors
 from nats.aio.msg import Msg
 
+from cg_pipelines.core.config import PRIORITY_GROUP
 from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions
 from cg_pipelines.engine.result import RunResult
@@ -48,7 +49,6 @@ from cg_pipelines.jetstream.errors import (
 )
 
 __all__ = [
-    "PRIORITY_GROUP",
     "Lease",
     "LeaseHolder",
     "Repin",
@@ -57,8 +57,6 @@ __all__ = [
     "lease_consumer_name",
     "pinned_id",
 ]
-
-PRIORITY_GROUP = "PCG"
 
 
 def lease_consumer_name(partition: int) -> str:
@@ -146,13 +144,13 @@ class Lease:
 
 
 class LeaseHolder:
-    """Holds a partition's pinned consumer ``cname`` on ``ctx.wq`` for one run (see the module
-    docstring). Sets the run's status when the lease decides how it ends (``held``,
+    """Holds a partition's pinned consumer ``cname`` on ``ctx.read_stream`` for one run (see
+    the module docstring). Sets the run's status when the lease decides how it ends (``held``,
     ``empty``, ``drained``, ``handed_over``)."""
 
     def __init__(self, ctx: RunContext, cname: str) -> None:
         self.ctx, self.cname = ctx, cname
-        self.pinned = False  # a lease (so the pin) was held at some point
+        self.was_pinned = False  # a lease (so the pin) was held at some point
         self.current: Lease | None = None  # the newest lease taken (nak'ed on failure)
 
     @property
@@ -188,7 +186,7 @@ class LeaseHolder:
         """Create the elastic lease consumer (idempotent; retried while NATS is unreachable)."""
         ctx = self.ctx
         await ctx.retry.call("create the lease consumer", lambda: ensure_lease_consumer(
-            ctx.api, ctx.wq, ctx.partition, ctx.opt))
+            ctx.api, ctx.read_stream, ctx.partition, ctx.opt))
 
     async def give_back(self) -> None:
         """After a failure: nak the messages of the lease still held (so they are delivered
@@ -200,18 +198,19 @@ class LeaseHolder:
             for msg in lease.msgs:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(msg.nak(), timeout)
-        if self.pinned:
+        if self.was_pinned:
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(self.ctx.api.unpin(self.ctx.wq, self.cname), timeout)
+                await asyncio.wait_for(self.ctx.api.unpin(self.ctx.read_stream, self.cname),
+                                       timeout)
 
     async def unpin(self) -> None:
         """A run that held the pin and ended on its own gives the pin up, so the next run of
         the partition (another deployment after a membership change, say) is pinned at once
         instead of after ``priority_timeout_s``. Best effort: the pin times out anyway."""
-        if not self.pinned or self._res.status in ("handed_over", "held"):
+        if not self.was_pinned or self._res.status in ("handed_over", "held"):
             return
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.ctx.api.unpin(self.ctx.wq, self.cname),
+            await asyncio.wait_for(self.ctx.api.unpin(self.ctx.read_stream, self.cname),
                                    self.ctx.opt.timeout_s)
 
     # ------------------------------------------------------------------ pulls
@@ -224,11 +223,11 @@ class LeaseHolder:
         ctx = self.ctx
 
         async def once() -> PullResult:
-            got = await ctx.api.pull(ctx.wq, self.cname, **kw)
+            got = await ctx.api.pull(ctx.read_stream, self.cname, **kw)
             if got.unavailable:
                 got.raise_for_status()
             if not got.messages and got.status is None:
-                raise RequestTimeoutError(f"pull {ctx.wq} > {self.cname}",
+                raise RequestTimeoutError(f"pull {ctx.read_stream} > {self.cname}",
                                           float(kw.get("expires_s") or 0) + ctx.opt.timeout_s)
             return got
         return await ctx.retry.call(step, once)
@@ -237,7 +236,7 @@ class LeaseHolder:
         """The consumer's info (retried)."""
         ctx = self.ctx
         return await ctx.retry.call("consumer info", lambda: ctx.api.consumer_info(
-            ctx.wq, self.cname))
+            ctx.read_stream, self.cname))
 
     async def has_backlog(self) -> bool:
         """Whether the partition has messages (pending or delivered); records the backlog in
@@ -281,7 +280,7 @@ class LeaseHolder:
         """Hold the delivered ``msg`` (or messages) as the run's lease and start keeping it."""
         msgs = msg if isinstance(msg, list) else [msg]
         lease = Lease(msgs, msgs[0].metadata.sequence.stream, pin_id)
-        self.pinned = True
+        self.was_pinned = True
         self.current = lease
         lease.keeper = asyncio.create_task(self.keep(lease))
         self.ctx.step("leased", first_seq=lease.seq, last_seq=lease.seq)
@@ -376,7 +375,8 @@ class LeaseHolder:
             if now >= next_pin and len(lease.msgs) == 1:
                 next_pin = now + pin_every
                 try:
-                    got = await ctx.api.pull(ctx.wq, self.cname, batch=1, pin_id=lease.pin_id,
+                    got = await ctx.api.pull(ctx.read_stream, self.cname, batch=1,
+                                             pin_id=lease.pin_id,
                                              expires_s=min(1.0, pin_every / 2))
                 except Exception:  # noqa: BLE001 - NATS lost: the fence covers a lost lease
                     continue
@@ -415,7 +415,7 @@ class LeaseHolder:
             except nats.errors.MsgAlreadyAckdError:
                 return
             except TimeoutError:
-                info = await ctx.api.consumer_info(ctx.wq, self.cname)
+                info = await ctx.api.consumer_info(ctx.read_stream, self.cname)
                 floor = int((info.get("ack_floor") or {}).get("stream_seq") or 0)
                 if floor >= lease.seq or not info.get("num_ack_pending"):
                     return

@@ -49,11 +49,12 @@ class EngineOptions:
         dead_letter_policy: ``"dlq"`` (dead-letter and go on) or ``"halt"`` (commit what is
             before the bad message, stop there).
         timeout_s: seconds allowed for each NATS request.
-        retry_max_s: seconds a NATS step is retried while NATS is unreachable (connection lost,
-            server restarting, JetStream unavailable) before the run fails with
+        nats_retry_max_s: seconds a NATS step is retried while NATS is unreachable (connection
+            lost, server restarting, JetStream unavailable) before the run fails with
             :class:`~cg_pipelines.engine.retry.NatsUnavailableError`.
-        retry_backoff_s, retry_max_backoff_s: first and largest pause between retries
-            (seconds; doubling).
+        nats_retry_backoff_s, nats_retry_max_backoff_s: first and largest pause between NATS
+            retries (seconds; doubling). Not the Dagster sensor's retry of a failed run
+            (``PartitionRunsResource.retry_backoff_s``, 15 s).
         executor_read_min_msgs: messages. When set, and the processor implements
             :class:`~cg_pipelines.engine.executor_read.RangeProcessor` (``process_range``, e.g.
             :class:`~cg_pipelines.spark.SparkProcessor`), a partition whose remaining backlog
@@ -75,6 +76,9 @@ class EngineOptions:
             crossover; on 2 local cores the driver read wins at every size).
         dlq_max_age_s: seconds the group's dead-letter stream keeps a dead letter (its
             ``max_age``; default 30 days; ``None``: for ever). An existing stream is updated.
+
+    Raises:
+        ConfigError: a field out of range (the message names it: ``"<field>: <rule>"``).
     """
 
     batch_max_msgs: int = 20_000
@@ -88,25 +92,35 @@ class EngineOptions:
     max_seconds: float | None = None
     dead_letter_policy: Literal["dlq", "halt"] = "dlq"
     timeout_s: float = 5.0
-    retry_max_s: float = 30.0
-    retry_backoff_s: float = 0.1
-    retry_max_backoff_s: float = 3.0
+    nats_retry_max_s: float = 30.0
+    nats_retry_backoff_s: float = 0.1
+    nats_retry_max_backoff_s: float = 3.0
     executor_read_min_msgs: int | None = None
     dlq_max_age_s: float | None = 30 * 24 * 3600.0
 
     def __post_init__(self) -> None:
-        if self.batch_max_msgs < 1 or self.batch_max_bytes < 1 or self.read_chunk < 1:
-            raise ConfigError("batch_max_msgs, batch_max_bytes, read_chunk", "each must be >= 1")
-        if self.ack_wait_s <= 0 or self.priority_timeout_s <= 0 or self.hold_wait_s <= 0:
-            raise ConfigError("ack_wait_s, priority_timeout_s, hold_wait_s", "each must be > 0 s")
-        if self.timeout_s <= 0 or self.retry_max_s < 0:
-            raise ConfigError("timeout_s, retry_max_s", "need timeout_s > 0 and retry_max_s >= 0")
-        if not 0 < self.retry_backoff_s <= self.retry_max_backoff_s:
-            raise ConfigError("retry_backoff_s", "need 0 < retry_backoff_s <= retry_max_backoff_s")
+        """Raises :class:`~cg_pipelines.core.errors.ConfigError` (a ``ValueError``) naming the
+        first field out of range."""
+        for name in ("batch_max_msgs", "batch_max_bytes", "read_chunk"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)!r}")
+        for name in ("ack_wait_s", "priority_timeout_s", "hold_wait_s", "timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.nats_retry_max_s < 0:
+            raise ConfigError("nats_retry_max_s", f"must be >= 0 seconds, got "
+                              f"{self.nats_retry_max_s!r}")
+        if not 0 < self.nats_retry_backoff_s <= self.nats_retry_max_backoff_s:
+            raise ConfigError("nats_retry_backoff_s", f"need 0 < nats_retry_backoff_s <= "
+                              f"nats_retry_max_backoff_s seconds, got "
+                              f"{self.nats_retry_backoff_s!r} and "
+                              f"{self.nats_retry_max_backoff_s!r}")
         if self.executor_read_min_msgs is not None and self.executor_read_min_msgs < 1:
-            raise ConfigError("executor_read_min_msgs", "must be >= 1 messages (or None: off)")
+            raise ConfigError("executor_read_min_msgs", f"must be >= 1 messages (or None: off), "
+                              f"got {self.executor_read_min_msgs!r}")
         if self.dlq_max_age_s is not None and self.dlq_max_age_s <= 0:
-            raise ConfigError("dlq_max_age_s", "must be > 0 seconds (or None: keep for ever)")
+            raise ConfigError("dlq_max_age_s", f"must be > 0 seconds (or None: keep for ever), "
+                              f"got {self.dlq_max_age_s!r}")
         if self.dead_letter_policy not in ("dlq", "halt"):
             raise ConfigError("dead_letter_policy", f"must be 'dlq' or 'halt', not "
-                                                    f"{self.dead_letter_policy!r}")
+                              f"{self.dead_letter_policy!r}")

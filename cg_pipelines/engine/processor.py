@@ -50,10 +50,13 @@ class Record:
     """One message of a partition, as user code sees it.
 
     ``subject`` has the partition token stripped (the origin stream's subject); ``seq`` is the
-    work-queue (or, for static groups, origin) stream sequence; ``time_ns`` the store time in
-    nanoseconds since the epoch; ``headers`` the user headers
-    (:func:`~cg_pipelines.core.record.user_headers`); ``origin_seq`` the origin stream's
-    sequence of a sourced message (None when the stream read is the origin).
+    sequence in the stream read: the **work-queue** stream's (for static groups, the origin
+    stream's); ``time_ns`` the store time in nanoseconds since the epoch; ``headers`` the user
+    headers (:func:`~cg_pipelines.core.record.user_headers`); ``origin_seq`` the **origin**
+    stream's sequence of a sourced message (None when the stream read is the origin). The
+    decoded batch's and the output's column ``_seq``
+    (:data:`~cg_pipelines.core.contract.SEQ_COLUMN`) is the origin sequence: ``origin_seq``,
+    else ``seq``.
     """
 
     seq: int

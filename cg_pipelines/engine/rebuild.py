@@ -119,7 +119,7 @@ class _Rebuild:
         wait_s = self.ctx.opt.max_seconds or 3600.0
 
         async def waiting() -> None:
-            got = await self.ctx.api.pull(self.ctx.wq, self.lease.cname, batch=1,
+            got = await self.ctx.api.pull(self.ctx.read_stream, self.lease.cname, batch=1,
                                           expires_s=wait_s)
             if got.messages:  # a message arrived during the rebuild: hold it too
                 self._guard_lease = self.lease.hold(got.messages[0], got.pin_id)
@@ -204,7 +204,7 @@ class _Rebuild:
         # repaired too, and what is still queued is left to the drain (no duplicate).
         origin_last = max(origin_last, await self._replay_through(
             int(state.get("last_seq") or 0), watermark, origin_last))
-        res.first_seq, res.last_seq = first, origin_last
+        res.origin_first_seq, res.origin_last_seq = first, origin_last
         schema = await asyncio.to_thread(self._table_schema)
         part = SubjectPartitioner(config)
         spec = self.ctx.processor.state
@@ -265,7 +265,7 @@ class _Rebuild:
         res.detail = (f"origin sequences {first}..{origin_last}: {res.messages_read} messages "
                       f"read, {res.processed} of partition {self.ctx.partition}, "
                       f"{res.rows_replaced} rows replaced by {res.rows_written}")
-        self.ctx.step("rebuilt", first_seq=first, last_seq=origin_last)
+        self.ctx.step("rebuilt", origin_first_seq=first, origin_last_seq=origin_last)
 
     async def _replay_through(self, origin_last: int, watermark: int, committed: int) -> int:
         """The origin sequence to replay through: the origin's last one (``origin_last``, read
@@ -274,7 +274,7 @@ class _Rebuild:
         unknown), and before the partition's first queued message. Only the leased partition
         is read; nothing is consumed."""
         c = self.ctx
-        info = await c.retry.call("stream info", lambda: c.api.stream_info(c.wq))
+        info = await c.retry.call("stream info", lambda: c.api.stream_info(c.read_stream))
         st = info.get("state") or {}
         sources = info.get("sources") or []
         # a live source: no lag, in contact within 30 s (a stalled one shows lag 0, active -1)
@@ -298,7 +298,7 @@ class _Rebuild:
         ``flt`` (at most ``last``), or None."""
         c = self.ctx
         got = await c.retry.call("read the work queue", lambda: read_range(
-            c.nc, c.wq, seq, filter_subject=flt, max_msgs=1, last_seq=last,
+            c.nc, c.read_stream, seq, filter_subject=flt, max_msgs=1, last_seq=last,
             timeout_s=c.opt.timeout_s))
         col = got.table(origin=True)["origin_seq"]
         return None if not len(col) or col[0].as_py() is None else int(col[0].as_py())
@@ -490,10 +490,10 @@ async def rebuild_partition(
 
     Returns:
         A :class:`~cg_pipelines.engine.result.RunResult` with ``status`` ``"rebuilt"``
-        (``first_seq``/``last_seq``: the origin range; ``processed``: the partition's messages;
-        ``messages_read``; ``rows_replaced``; ``rows_written``), ``"held"`` (another instance
-        holds the partition), ``"empty"`` (nothing committed yet) or ``"fenced"`` (another
-        holder committed meanwhile: nothing written).
+        (``origin_first_seq``/``origin_last_seq``: the origin range; ``processed``: the
+        partition's messages; ``messages_read``; ``rows_replaced``; ``rows_written``),
+        ``"held"`` (another instance holds the partition), ``"empty"`` (nothing committed yet)
+        or ``"fenced"`` (another holder committed meanwhile: nothing written).
 
     Raises:
         ConfigError: ``partition`` is negative.

@@ -29,7 +29,9 @@ class RunResult:
     (the ``halt`` policy stopped at a bad message; see ``halted_at``), ``handed_over`` (the
     server names another instance as the partition's pinned holder), ``rebuilt`` (a rebuild
     replaced the partition's rows: ``messages_read`` origin messages read, ``rows_replaced``
-    by ``rows_written``; ``first_seq``/``last_seq`` are then origin sequences).
+    by ``rows_written``, from origin sequence ``origin_first_seq`` through ``origin_last_seq``).
+    ``first_seq``/``last_seq``: the first and last **work-queue** sequence the run handled
+    (``None``: none, as in a rebuild, which reads the origin stream only).
     ``nats_retries`` counts NATS steps retried while NATS was unreachable; ``repins`` counts
     times the run's pin was gone with no other holder (a restarted server forgets pins) and
     the run pinned itself again. ``maintenance``: the figures of the sink's ``maintain``
@@ -55,6 +57,8 @@ class RunResult:
     messages_read: int = 0
     rows_replaced: int = 0
     rows_written: int = 0
+    origin_first_seq: int | None = None
+    origin_last_seq: int | None = None
     detail: str = ""
     timings: dict[str, float] = field(default_factory=dict)
     maintenance: dict[str, int | float | str] = field(default_factory=dict)

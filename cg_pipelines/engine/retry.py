@@ -2,7 +2,7 @@
 
 A partition run that loses NATS (server restart, network cut, leader change) must neither give
 up at the first timeout nor hang: each NATS step of the engine is retried with exponential
-backoff for at most ``retry_max_s`` seconds after its first failure, and then the run fails
+backoff for at most ``nats_retry_max_s`` seconds after its first failure, and then the run fails
 with :class:`NatsUnavailableError`, whose message says what to check. Only steps that are safe
 to repeat are retried (reads, idempotent creates, purges, de-duplicated DLQ publishes, acks
 whose effect is verified); see :mod:`cg_pipelines.engine.runner`.

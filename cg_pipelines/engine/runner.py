@@ -90,7 +90,7 @@ async def run_partition(
     Raises:
         ConfigError: ``partition`` is negative.
         EngineConfigError: the lease consumer cannot be created as required.
-        NatsUnavailableError: NATS stayed unreachable for ``options.retry_max_s`` seconds
+        NatsUnavailableError: NATS stayed unreachable for ``options.nats_retry_max_s`` seconds
             (each NATS step is retried with backoff until then); nothing acknowledged that was
             not committed, and the next run resumes from the watermark.
         JetStreamError: other NATS API failures (same guarantee).

@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from cg_pipelines.core.config import PRIORITY_GROUP
 from cg_pipelines.core.record import user_headers
 from cg_pipelines.core.subjects import strip_partition
 from cg_pipelines.engine.context import RunContext, open_run
 from cg_pipelines.engine.drain import Drain
-from cg_pipelines.engine.lease import PRIORITY_GROUP, LeaseHolder
+from cg_pipelines.engine.lease import LeaseHolder
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.engine.processor import Processor, Record, records_to_arrow
 from cg_pipelines.engine.result import RunResult
@@ -28,10 +29,10 @@ from cg_pipelines.jetstream.api import consumer_config
 from cg_pipelines.jetstream.errors import ConsumerAlreadyExistsError
 from cg_pipelines.sinks.base import Sink
 
-__all__ = ["run_static_partition", "static_consumer_name"]
+__all__ = ["run_static_partition", "static_partition_consumer_name"]
 
 
-def static_consumer_name(group: str, partition: int) -> str:
+def static_partition_consumer_name(group: str, partition: int) -> str:
     """A static group partition's pinned consumer on the origin stream:
     ``<group>-partition-<p>``."""
     return f"{group}-partition-{partition}"
@@ -56,7 +57,7 @@ class _StaticDrain:
 
     def __init__(self, ctx: RunContext, filters: Sequence[str]) -> None:
         self.ctx = ctx
-        self.lease = LeaseHolder(ctx, static_consumer_name(ctx.group, ctx.partition))
+        self.lease = LeaseHolder(ctx, static_partition_consumer_name(ctx.group, ctx.partition))
         self.drain = Drain(ctx, self.lease, settle=self.lease.ack_each)
         self.filters = [f"{ctx.partition}.{f}" for f in filters] or [ctx.flt]
 

@@ -30,10 +30,12 @@ from nats.js import JetStreamContext
 from cg_pipelines.core.assignment import as_mappings, assignment, sticky_assignment
 from cg_pipelines.core.config import (
     ELASTIC_BUCKET,
+    PRIORITY_GROUP,
     STATIC_BUCKET,
     ElasticConfig,
     MemberMapping,
     StaticConfig,
+    static_member_consumer_name,
     with_mappings,
     with_members,
     work_queue_stream_name,
@@ -47,13 +49,6 @@ from cg_pipelines.jetstream.errors import (
     StreamNotFoundError,
 )
 from cg_pipelines.jetstream.kv import ConfigStore, Kind, Versioned
-
-PRIORITY_GROUP = "PCG"
-
-
-def static_consumer_name(group: str, member: str) -> str:
-    """Durable consumer name of a static member on the origin stream: ``<group>-<member>``."""
-    return f"{group}-{member}"
 
 
 def _check_names(**names: str) -> None:
@@ -82,7 +77,7 @@ async def _step_down(js: JetStreamContext, kind: Kind, stream: str, group: str, 
         raise MembershipError(f"{member!r} is not a member of {kind} consumer group "
                               f"{stream}.{group}")
     if kind == "static":
-        on_stream, consumer = stream, static_consumer_name(group, member)
+        on_stream, consumer = stream, static_member_consumer_name(group, member)
     else:
         on_stream, consumer = work_queue_stream_name(stream, group), member
     try:
@@ -141,7 +136,7 @@ async def delete_static(js: JetStreamContext, stream: str, group: str, *, timeou
     except ConfigError:
         members = _stored_member_names((await store.get_raw(stream, group))[0])
     await store.delete(stream, group)
-    names = {static_consumer_name(group, m) for m in members}
+    names = {static_member_consumer_name(group, m) for m in members}
     api = _api(js, timeout)
     deleted = []
     for name in sorted(names & set(await api.list_consumer_names(stream))):
@@ -440,7 +435,7 @@ async def member_status(
     infos = {ci["name"]: ci for ci in await api.list_consumers(on_stream)}
     out = []
     for m in members if members is not None else sorted(_members_of(cfg)):
-        ci = infos.get(static_consumer_name(group, m) if static else m)
+        ci = infos.get(static_member_consumer_name(group, m) if static else m)
         pinned = None
         if ci:
             for pg in ci.get("priority_groups") or []:

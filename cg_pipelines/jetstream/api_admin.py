@@ -8,6 +8,7 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
+from cg_pipelines.core.config import PRIORITY_GROUP
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.jetstream.api_base import ApiBase
 from cg_pipelines.jetstream.api_wire import StoredMessage, parse_header_block, parse_rfc3339_ns
@@ -73,7 +74,7 @@ class ConsumerRequests(ApiBase):
     async def consumer_info(self, stream: str, name: str) -> dict[str, Any]:
         """Consumer info dict.
 
-        With a priority group it has ``"priority_groups": [{"group": "PCG",
+        With a priority group it has ``"priority_groups": [{"group": <PRIORITY_GROUP>,
         "pinned_client_id": "<id>", "pinned_ts": "<RFC 3339>"}]``; ``pinned_client_id`` is absent
         and ``pinned_ts`` is ``"0001-01-01T00:00:00Z"`` while nobody is pinned.
 
@@ -121,7 +122,7 @@ class ConsumerRequests(ApiBase):
         )
         return infos
 
-    async def unpin(self, stream: str, consumer: str, group: str = "PCG") -> None:
+    async def unpin(self, stream: str, consumer: str, group: str = PRIORITY_GROUP) -> None:
         """Unpin the current pinned client of ``group``: ``$JS.API.CONSUMER.UNPIN.<s>.<c>``.
 
         The next pull request without (or with a stale) pin id gets the pin; the old holder's

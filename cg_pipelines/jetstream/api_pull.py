@@ -8,6 +8,7 @@ from typing import Any
 
 import nats.errors
 
+from cg_pipelines.core.config import PRIORITY_GROUP
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.jetstream.api_base import (
     DESCRIPTION_HEADER,
@@ -34,7 +35,7 @@ class PullRequests(ApiBase):
         *,
         batch: int = 1,
         expires_s: float = 5.0,
-        group: str | None = "PCG",
+        group: str | None = PRIORITY_GROUP,
         pin_id: str | None = None,
         max_bytes: int | None = None,
         no_wait: bool = False,

@@ -98,11 +98,11 @@ def consumer_config(
     Example (an elastic member consumer)::
 
         consumer_config("m1", filter_subjects=["0.>", "3.>"], ack_wait_s=5,
-                        inactive_threshold_s=5, priority_groups=["PCG"],
+                        inactive_threshold_s=5, priority_groups=[PRIORITY_GROUP],
                         priority_policy="pinned_client", priority_timeout_s=5)
         == {"name": "m1", "filter_subjects": ["0.>", "3.>"], "deliver_policy": "all",
             "ack_policy": "explicit", "ack_wait": 5000000000,
-            "inactive_threshold": 5000000000, "priority_groups": ["PCG"],
+            "inactive_threshold": 5000000000, "priority_groups": [PRIORITY_GROUP],
             "priority_policy": "pinned_client", "priority_timeout": 5000000000}
 
     Args:

@@ -181,7 +181,7 @@ class ConnectOptions:
         reconnect_attempts: once connected, how many times to try each server again after the
             connection is lost, ``reconnect_wait_s`` seconds apart; ``-1`` (default): without
             end, so a server restart never closes the client — callers bound their own waits
-            (the engine retries each NATS step for ``EngineOptions.retry_max_s``, then fails
+            (the engine retries each NATS step for ``EngineOptions.nats_retry_max_s``, then fails
             the run).
         reconnect_wait_s: seconds between those reconnect attempts.
     """

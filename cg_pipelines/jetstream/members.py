@@ -60,9 +60,11 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.core.assignment import generate_partition_filters
 from cg_pipelines.core.config import (
+    PRIORITY_GROUP,
     ElasticConfig,
     StaticConfig,
     config_key,
+    static_member_consumer_name,
     work_queue_stream_name,
 )
 from cg_pipelines.core.errors import ConfigError, MembershipError, UsageError
@@ -79,7 +81,6 @@ from cg_pipelines.jetstream.kv import ConfigStore
 
 log = logging.getLogger(__name__)
 
-PRIORITY_GROUP = "PCG"
 DEFAULT_ACK_WAIT_S = 5.0
 MIN_PRIORITY_TIMEOUT_S = 1.0
 
@@ -181,7 +182,7 @@ class _Member:
         self.store: ConfigStore = ConfigStore(js, "static" if kind == "static" else "elastic")
         if kind == "static":
             self.on_stream = stream
-            self.cname = f"{group}-{member}"
+            self.cname = static_member_consumer_name(group, member)
         else:
             self.on_stream = work_queue_stream_name(stream, group)
             self.cname = member

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from nats.js import JetStreamContext
 
-from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.core.coverage import CommitCoverage, ReconcileCursor
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.partitioning import SubjectPartitioner
@@ -169,16 +169,16 @@ async def _queued(api: JetStreamAPI, wq: str, state: dict[str, Any], upto: int,
     return np.concatenate(out) if out else np.array([], np.int64)
 
 
-async def _dead(api: JetStreamAPI, wq: str) -> list[int]:
-    """Origin sequences of the group's dead letters."""
+async def _dead(api: JetStreamAPI, dlq: str) -> list[int]:
+    """Origin sequences of the dead letters in dead-letter stream ``dlq``."""
     try:
-        info = await api.stream_info(f"{wq}-dlq")
+        info = await api.stream_info(dlq)
     except StreamNotFoundError:
         return []
     st = info.get("state") or {}
     dead: list[int] = []
     if int(st.get("messages") or 0):
-        for t in await _scan(api, f"{wq}-dlq", int(st.get("first_seq") or 1),
+        for t in await _scan(api, dlq, int(st.get("first_seq") or 1),
                              int(st.get("last_seq") or 0), api.timeout):
             dead += _header_ints(t["headers"], ORIGIN_SEQ_HEADER)
     return dead
@@ -289,7 +289,7 @@ async def reconcile_group(
         cursor.version = upto
     caught_up = bool(done)
     # 4. dead letters (and an old table's rows)
-    dead = np.asarray(await _dead(api, wq), np.int64)
+    dead = np.asarray(await _dead(api, dlq_stream_name(stream, group)), np.int64)
     in_table = np.array([], np.int64)
     if table_seqs is not None and hi >= lo:
         got = await asyncio.to_thread(table_seqs, lo, hi)

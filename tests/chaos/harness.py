@@ -46,8 +46,7 @@ import pandas as pd
 from nats.js.api import StreamConfig
 
 from cg_pipelines.core.assignment import assignment, owners
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
-from cg_pipelines.engine.deadletter import dlq_stream_name
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, dlq_stream_name
 from cg_pipelines.engine.retry import Retrier
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
@@ -400,7 +399,7 @@ class _Chaos:
                 "options": {"batch_max_msgs": cfg.batch, "ack_wait_s": cfg.ack_wait_s,
                             "priority_timeout_s": cfg.ack_wait_s,
                             "hold_wait_s": 2.5 * cfg.ack_wait_s, "timeout_s": 2.0,
-                            "retry_max_s": 30.0}}
+                            "nats_retry_max_s": 30.0}}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, str(WORKER), json.dumps(spec),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

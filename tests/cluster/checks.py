@@ -10,8 +10,12 @@ import pyarrow as pa
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, work_queue_stream_name
-from cg_pipelines.engine.deadletter import dlq_stream_name
+from cg_pipelines.core.config import (
+    ElasticConfig,
+    PartitioningFilter,
+    dlq_stream_name,
+    work_queue_stream_name,
+)
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from tests.support import keyed

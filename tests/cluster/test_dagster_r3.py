@@ -17,8 +17,7 @@ from dagster import DagsterInstance, ExecuteInProcessResult
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from cg_pipelines.core.config import work_queue_stream_name
-from cg_pipelines.engine.deadletter import dlq_stream_name
+from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.testing.cluster import NatsCluster

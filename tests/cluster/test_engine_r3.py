@@ -16,9 +16,9 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.engine.context import RunContext
-from cg_pipelines.engine.deadletter import dlq_stream_name, ensure_dlq_stream
+from cg_pipelines.engine.deadletter import ensure_dlq_stream
 from cg_pipelines.engine.lease import (
     LeaseHolder,
     ensure_lease_consumer,
@@ -39,7 +39,7 @@ from tests.support.wait import wait_for
 P = 4
 OPTIONS = EngineOptions(batch_max_msgs=60, max_messages=400, ack_wait_s=2.0,
                         priority_timeout_s=2.0, hold_wait_s=2.0, timeout_s=2.0,
-                        retry_max_s=30.0)
+                        nats_retry_max_s=30.0)
 BAD = [b"{not json", b"", b'{"key": "kbad", "n": "x"}']
 
 

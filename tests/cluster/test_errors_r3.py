@@ -38,7 +38,7 @@ async def test_offline_stream_names_servers_stream_and_status(
     with pytest.raises(NatsUnavailableError) as ei:
         await run_partition(cnc, stream, "g", 0, keyed.processor(),
                             DeltaSink(str(tmp_path / "t")),
-                            EngineOptions(timeout_s=1.0, retry_max_s=2.0, ack_wait_s=2.0,
+                            EngineOptions(timeout_s=1.0, nats_retry_max_s=2.0, ack_wait_s=2.0,
                                           priority_timeout_s=2.0, hold_wait_s=2.0))
     msg = str(ei.value)
     assert "\n" not in msg, msg

@@ -42,7 +42,7 @@ from tests.support import devices, keyed
 
 P = 3
 FAST = EngineOptions(batch_max_msgs=50, ack_wait_s=2.0, priority_timeout_s=2.0,
-                     hold_wait_s=3.0, timeout_s=3.0, retry_max_s=30.0)
+                     hold_wait_s=3.0, timeout_s=3.0, nats_retry_max_s=30.0)
 
 
 def _coverage(sink: DeltaSink, stream: str) -> DeltaLogCoverage:
@@ -163,7 +163,7 @@ async def test_head_middle_tail_gaps_reported_exactly_and_repaired(
     for p in rep.partitions:
         r = await rebuild_partition(cnc, s, "g", p, keyed.processor(), sink, FAST)
         assert r.status == "rebuilt", r
-        assert r.last_seq == len(evs), r  # replayed through the origin's last message
+        assert r.origin_last_seq == len(evs), r  # replayed through the origin's last message
     assert keyed.mismatches(sink.read(), evs) is None  # equals the pandas reference
     after = await _check(cjs, api, s, sink, stored, grace_s=1.0)
     assert after.ok and after.stall is None and not after.gaps, after.text()

@@ -26,7 +26,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from sqlalchemy.exc import IntegrityError
 
-from cg_pipelines.core.config import work_queue_stream_name
+from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.core.triggers import (
     PartitionBacklog,
     RetryPolicy,
@@ -42,7 +42,7 @@ from cg_pipelines.dagster.history import (
     partition_runs,
     record_partition_checks,
 )
-from cg_pipelines.engine.deadletter import dead_letter_headers, dlq_stream_name, ensure_dlq_stream
+from cg_pipelines.engine.deadletter import dead_letter_headers, ensure_dlq_stream
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.sinks.base import FenceConflictError

@@ -19,9 +19,13 @@ from pathlib import Path
 import pytest
 from nats.js.api import StreamConfig
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, StaticConfig
+from cg_pipelines.core.config import (
+    ElasticConfig,
+    PartitioningFilter,
+    StaticConfig,
+    dlq_stream_name,
+)
 from cg_pipelines.core.subjects import partition_for
-from cg_pipelines.engine.deadletter import dlq_stream_name
 from cg_pipelines.engine.lease import lease_consumer_name
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions
 from cg_pipelines.engine.runner import run_partition

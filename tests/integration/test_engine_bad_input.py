@@ -32,8 +32,12 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, work_queue_stream_name
-from cg_pipelines.engine.deadletter import dlq_stream_name
+from cg_pipelines.core.config import (
+    ElasticConfig,
+    PartitioningFilter,
+    dlq_stream_name,
+    work_queue_stream_name,
+)
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream import admin

@@ -99,7 +99,7 @@ async def test_server_restart_mid_run_is_retried(server, tmp_path, report) -> No
 
 
 async def test_server_gone_fails_clearly_then_rerun_completes(server, tmp_path) -> None:
-    """NATS killed at the second read and not back within ``retry_max_s``: the run commits what
+    """NATS killed at the second read and not back within ``nats_retry_max_s``: the run commits what
     it processed (local sink) but cannot purge or ack it, and fails with
     :class:`NatsUnavailableError` saying what to check, in bounded time. Nothing past the
     committed watermark left the work queue; after a restart the rerun skips the committed,
@@ -120,7 +120,7 @@ async def test_server_gone_fails_clearly_then_rerun_completes(server, tmp_path) 
     try:
         with pytest.raises(NatsUnavailableError) as ei:
             await run_partition(nc, "s", "g", 0, keyed.processor(), sink,
-                                EngineOptions(**OPTS, retry_max_s=3.0), hook=hook)
+                                EngineOptions(**OPTS, nats_retry_max_s=3.0), hook=hook)
     finally:
         await close_quietly(nc)  # closing while disconnected raises in nats-py
     elapsed = time.monotonic() - t0
@@ -128,7 +128,7 @@ async def test_server_gone_fails_clearly_then_rerun_completes(server, tmp_path) 
     assert "partition 0 of s-g" in msg and f"127.0.0.1:{server.port}" in msg, msg
     assert "Check that nats-server is running" in msg and "rerun the partition" in msg, msg
     assert ei.value.attempts > 1
-    assert elapsed < 20, elapsed  # bounded: retry_max_s + one request timeout + backoff
+    assert elapsed < 20, elapsed  # bounded: nats_retry_max_s + one request timeout + backoff
 
     # The batches processed before the kill committed (the sink is local; the second one's
     # commit overlaps the first one's settle), but their purge and ack did not all happen.

@@ -55,7 +55,7 @@ async def test_rebuild_repairs_one_partition_and_touches_no_other(
     assert r.status == "rebuilt", r
     mine = sum(1 for t in legs.published["tailnum"] if legs.partition_of(t) == 2)
     assert (r.processed, r.rows_written, r.rows_replaced) == (mine, mine, rows_corrupt)
-    assert r.messages_read == 3000 and (r.first_seq, r.last_seq) == (1, origin)
+    assert r.messages_read == 3000 and (r.origin_first_seq, r.origin_last_seq) == (1, origin)
     assert legs.mismatches() == (0, "ok")
     # only partition 2's files changed; the watermark and origin marker stayed
     after = legs.files_by_partition()
@@ -187,7 +187,7 @@ async def test_trimmed_history_is_refused_unless_partial_is_accepted(
         await _rebuild(legs, 0)
     assert DeltaTable(legs.sink.uri).version() == version
     r = await _rebuild(legs, 0, allow_partial=True)
-    assert r.status == "rebuilt" and r.first_seq == 200 and r.messages_read == 1301, r
+    assert r.status == "rebuilt" and r.origin_first_seq == 200 and r.messages_read == 1301, r
 
 
 async def test_nothing_committed_is_nothing_to_rebuild(legs: Legs,

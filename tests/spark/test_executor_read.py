@@ -23,12 +23,11 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, dlq_stream_name
 from cg_pipelines.core.decode import JsonDecoder, JsonField
 from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.core.state import KeyedState, last_per_key
 from cg_pipelines.core.subjects import partition_for
-from cg_pipelines.engine.deadletter import dlq_stream_name
 from cg_pipelines.engine.executor_read import RangeProcessor, executor_connect_options
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.processor import BatchContext
