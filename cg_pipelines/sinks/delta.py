@@ -81,13 +81,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from cg_pipelines.core.coverage import COVERAGE_KEY
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.engine.model import PARTITION_COLUMN, FenceConflictError
-from cg_pipelines.sinks.deltaread import SNAPSHOT_RELOAD_VERSIONS, TableStats
-from cg_pipelines.sinks.deltawrite import (
-    counting,
-    current_of,
-    delta_schema,
-    merge_into,
-)
+from cg_pipelines.sinks.deltaread import TableStats
+from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
 from cg_pipelines.sinks.maintenance import DeltaMaintenance, Maintenance
 from cg_pipelines.sinks.storage import mask_options, s3_options
 from cg_pipelines.version import __version__
@@ -302,9 +297,8 @@ class DeltaSink(DeltaMaintenance):
                 remembered = app_id in self._snapshots
                 dt = self._snapshots.get(app_id)
                 base = self._bases.get(app_id, -1)
-            if not remembered or (dt is not None
-                                  and dt.version() - base >= SNAPSHOT_RELOAD_VERSIONS):
-                dt, base = self._fresh()  # stale: see SNAPSHOT_RELOAD_VERSIONS; safe as below
+            if not remembered or self._stale(dt, base):
+                dt, base = self._fresh()  # see SNAPSHOT_RELOAD_VERSIONS; safe as below
             elif _txn(dt, app_id) != expected:
                 # The remembered snapshot may just be older than the caller's ``expected`` (it
                 # read the watermark elsewhere): decide on the latest snapshot. Safe because an

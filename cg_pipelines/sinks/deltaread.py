@@ -213,10 +213,16 @@ class DeltaTableAccess:
         latest version: ``(snapshot, base)``. ``update_incremental()``, or a fresh load when
         there is none yet or it is :data:`SNAPSHOT_RELOAD_VERSIONS` versions past ``base``.
         A base of -1 means "no table at the last load"."""
-        if dt is not None and dt.version() - base < SNAPSHOT_RELOAD_VERSIONS:
+        if dt is not None and not self._stale(dt, base):
             dt.update_incremental()
             return dt, base
         return self._fresh()
+
+    @staticmethod
+    def _stale(dt: DeltaTable | None, base: int) -> bool:
+        """Whether held snapshot ``dt`` is :data:`SNAPSHOT_RELOAD_VERSIONS` versions past
+        ``base``, the version of its last fresh load."""
+        return dt is not None and dt.version() - base >= SNAPSHOT_RELOAD_VERSIONS
 
     def _fresh(self) -> tuple[DeltaTable | None, int]:
         """A fresh snapshot of the latest version and its version (None and -1: no table)."""
