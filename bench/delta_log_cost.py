@@ -6,7 +6,8 @@ at each level (medians of ``--repeats``):
 
 * ``load``: a fresh snapshot load (``DeltaTable(uri)``: what a new process, the backlog
   sensor's tick, or ``watermarks()`` pays);
-* ``incr``: ``update_incremental()`` of a snapshot held since the previous commit;
+* ``incr``: ``update_incremental()`` of a snapshot held since the previous commit (loaded at
+  this level, so it applies at most a few dozen versions, as the sink's held snapshots do);
 * ``path default``: ``write_deltalake(uri, ...)``, one small append by path with delta-rs'
   default post-commit hooks (a fresh load, then a checkpoint every 10th version followed by
   the expired-log cleanup, which lists the whole log);
@@ -78,7 +79,7 @@ def measure(uri: str, options: dict[str, str] | None, versions: list[int], repea
     """Print one line per level; return ``(log files, sink commit ms)`` per level."""
     write_deltalake(uri, ROW, configuration={"delta.checkpointInterval": "10"},
                     storage_options=options)
-    held = DeltaTable(uri, storage_options=options)
+    held: DeltaTable
     long = DeltaSink(uri, storage_options=options)
     seq = [0]
     fill = [0]
@@ -103,7 +104,7 @@ def measure(uri: str, options: dict[str, str] | None, versions: list[int], repea
         while version < target:  # through the long-lived sink, as a worker's runs do
             long_commit()
             version += 1
-        held.update_incremental()
+        held = DeltaTable(uri, storage_options=options)  # loaded at this level
         load = median_ms(lambda: DeltaTable(uri, storage_options=options), repeats)
         incr = median_ms(held.update_incremental, repeats)
         by_path = median_ms(lambda: write_deltalake(uri, ROW, mode="append",
