@@ -27,9 +27,12 @@ Per call, for the one consumer-group partition:
    tombstones already left the checkpoints, which the default mode leaks; it never enters
    ``_``-directories such as ``_delta_log`` and ``_cg_state``), then
    ``cleanup_metadata()`` deletes log entries and checkpoints older than the table's
-   ``delta.logRetentionDuration`` (Delta's default: 30 days) that the latest checkpoint makes
-   unnecessary. Time travel (and ``DeltaTable.history()`` lineage) is kept for the vacuum
-   retention (data) and the log retention (commit infos) respectively. VACUUM's two commits
+   ``delta.logRetentionDuration`` (7 days on tables the sink creates, see
+   :attr:`Maintenance.log_retention_hours`) that the latest checkpoint makes unnecessary. This
+   is the only log cleanup: the sink's commits skip delta-rs' post-commit one (it lists the
+   whole log, :data:`~cg_pipelines.sinks.deltawrite.COMMIT_HOOKS`). Time travel (and
+   ``DeltaTable.history()`` lineage) is kept for the vacuum retention (data) and the log
+   retention (commit infos) respectively. VACUUM's two commits
    carry ``cg.operation = "vacuum"``.
 
 Maintenance never changes a row or a watermark. Failures are returned as figures
