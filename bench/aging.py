@@ -15,7 +15,7 @@ Compressed-time ageing, append + ``KeyedState`` and merge + ``KeyedState``:
    default 168 as the library's; a log retention of ``--log-retention-s`` seconds, default
    the library's, 7 days). With the defaults nothing expires while the bench runs: the aged
    table holds every log entry and every data file it ever wrote, which is what a table
-   holds at the end of its first week (a week is ``--versions`` / 4 runs per partition).
+   holds after its first week at ``--versions`` commits a week (10,000: about one a minute).
    ``--retention-hours 0 --log-retention-s 5 --vacuum-interval 30`` is compressed time:
    the log and the files on disk then stay at what a table holds in steady state
    (retention x commit rate, see docs/growth.md). No NATS round trips, so 10,000 versions
