@@ -10,12 +10,16 @@ Compressed-time ageing, append + ``KeyedState`` and merge + ``KeyedState``:
    shape as the timed cycles (per partition, one commit of ``--messages / 4`` rows over that
    partition's keys), written straight through ``DeltaSink.commit`` under app ids of their own
    (``aging/<p>``) and followed, as the engine does after a run, by ``DeltaSink.maintain(p)``
-   (compaction, state snapshots; VACUUM at most every ``--vacuum-interval`` seconds with a
-   retention of ``--retention-hours``, default 0, and a log retention of
-   ``--log-retention-s`` seconds, default 5, about 100 log entries at the ageing rate:
-   compressed time has no days to wait; the library's defaults are 7 and 30 days, and a
-   commit's cost grows with the log's entries, see docs/growth.md). No NATS round trips, so
-   10,000 versions take minutes, not days; the timed part below is the real engine.
+   (compaction, state snapshots; VACUUM and log cleanup at most every ``--vacuum-interval``
+   seconds, default 3,600 as the library's; a VACUUM retention of ``--retention-hours``,
+   default 168 as the library's; a log retention of ``--log-retention-s`` seconds, default
+   the library's, 7 days). With the defaults nothing expires while the bench runs: the aged
+   table holds every log entry and every data file it ever wrote, which is what a table
+   holds after its first week at ``--versions`` commits a week (10,000: about one a minute).
+   ``--retention-hours 0 --log-retention-s 5 --vacuum-interval 30`` is compressed time:
+   the log and the files on disk then stay at what a table holds in steady state
+   (retention x commit rate, see docs/growth.md). No NATS round trips, so 10,000 versions
+   take minutes, not days; the timed part below is the real engine.
 3. **Timed cycles**, ``--cycles`` of them (default 3), interleaved: publish ``--messages``
    messages over ``--keys`` keys to the origin, then drain the 4 partitions of the aged group
    and of the control group (order alternating per cycle). A cycle's time is the sum of the 4
@@ -24,16 +28,19 @@ Compressed-time ageing, append + ``KeyedState`` and merge + ``KeyedState``:
 
 The control table is fresh (created just before the timed cycles, one warm-up cycle).
 
-Prints a table (mode, versions, live files, files on disk, log size, checkpoints, state-read
-seconds, seconds to load the aged table's snapshot and read a watermark as the backlog sensor
+Prints a table (mode, versions, live files (all partitions, and the most of one partition),
+files on disk, log entries, log size, checkpoints, state-read seconds, seconds to load the
+aged table's snapshot and read a watermark as the backlog sensor
 does each tick, cycle seconds aged/control, ratio) and one line::
 
-    aging: append x<ratio> at <n> versions, merge x<ratio> at <n> versions, files <live>/<on disk>
+    aging: append x<ratio> at <n> versions, merge x<ratio> at <n> versions, files <live>/<on disk>,
+    <n> live/partition
 
 (``files``: live data files / data files on disk of the aged append table, all partitions.)
 
 Run: ``.venv/bin/python bench/aging.py [--versions 10000] [--messages 200] [--keys 2000]
-[--cycles 3] [--modes append,merge]``; ``--smoke``: 40 versions, 1 cycle (seconds).
+[--cycles 3] [--modes append,merge] [--retention-hours 168] [--log-retention-s S]
+[--vacuum-interval 3600]``; ``--smoke``: 40 versions, 1 cycle (seconds).
 """
 
 from __future__ import annotations
@@ -58,21 +65,23 @@ from nats.js.api import StreamConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter  # noqa: E402
-from cg_pipelines.core.decode import Field, JsonDecoder  # noqa: E402
+from cg_pipelines.core.decode import JsonDecoder, JsonField  # noqa: E402
 from cg_pipelines.core.partitioning import SubjectPartitioner  # noqa: E402
 from cg_pipelines.core.state import KeyedState  # noqa: E402
 from cg_pipelines.core.write import Append, Merge  # noqa: E402
 from cg_pipelines.engine import ArrowProcessor, EngineOptions, run_partition  # noqa: E402
-from cg_pipelines.engine.model import BatchContext  # noqa: E402
+from cg_pipelines.engine.processor import BatchContext  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
 from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
+from cg_pipelines.sinks.base import PARTITION_COLUMN  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
 from cg_pipelines.sinks.maintenance import Maintenance  # noqa: E402
 
 PARTS = 4
-DECODER = JsonDecoder([Field("k", "string", nullable=False), Field("v", "int", nullable=False)])
+DECODER = JsonDecoder([JsonField("k", "string", nullable=False),
+                       JsonField("v", "int", nullable=False)])
 STATE = KeyedState(key="k", columns=("total",),
                    schema=pa.schema([("k", pa.string()), ("total", pa.int64())]))
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64()), ("total", pa.int64()),
@@ -114,7 +123,10 @@ def table_figures(path: str, sink: DeltaSink) -> dict[str, int]:
         t = time.perf_counter()
         DeltaSink(path).watermarks(["aging/0"])
         loads.append(time.perf_counter() - t)
-    return {"versions": sink.stats().version, "live": len(sink.file_uris()),
+    parts = [u.split(f"{PARTITION_COLUMN}=")[1].split("/")[0] for u in sink.file_uris()]
+    return {"versions": sink.stats().version, "live": len(parts),
+            "live_part": max((parts.count(p) for p in set(parts)), default=0),
+            "log_entries": len(entries),
             "on_disk": on_disk, "log_bytes": sum(e.stat().st_size for e in entries),
             "checkpoints": sum(1 for e in entries if ".checkpoint." in e.name),
             "load_s": statistics.median(loads)}
@@ -123,7 +135,8 @@ def table_figures(path: str, sink: DeltaSink) -> dict[str, int]:
 def maintenance(args: argparse.Namespace) -> Maintenance:
     return Maintenance(vacuum_retention_hours=args.retention_hours,
                        vacuum_interval_s=args.vacuum_interval,
-                       log_retention_hours=args.log_retention_s / 3600)
+                       log_retention_hours=None if args.log_retention_s is None
+                       else args.log_retention_s / 3600)
 
 
 def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part: int,
@@ -252,16 +265,19 @@ async def main(args: argparse.Namespace) -> None:
             await nc.close()
     print(f"{args.messages} messages over {args.keys:,} keys a cycle, {PARTS} partitions, "
           f"medians of {args.cycles} interleaved cycles; maintenance: {maintenance(args)}")
-    print(f"{'mode':<7}{'versions':>9}{'live':>6}{'on disk':>9}{'log KiB':>9}{'ckpts':>7}"
+    print(f"{'mode':<7}{'versions':>9}{'live':>6}{'/part':>6}{'on disk':>9}{'log n':>7}"
+          f"{'log KiB':>9}{'ckpts':>7}"
           f"{'state s':>9}{'load s':>8}{'aged s':>8}{'ctrl s':>8}{'ratio':>7}")
     for mode, r in results.items():
-        print(f"{mode:<7}{r['versions']:>9,}{r['live']:>6}{r['on_disk']:>9,}"
-              f"{r['log_bytes'] / 1024:>9,.0f}{r['checkpoints']:>7}{r['state_s']:>9.3f}"
+        print(f"{mode:<7}{r['versions']:>9,}{r['live']:>6}{r['live_part']:>6}{r['on_disk']:>9,}"
+              f"{r['log_entries']:>7,}{r['log_bytes'] / 1024:>9,.0f}{r['checkpoints']:>7}"
+              f"{r['state_s']:>9.3f}"
               f"{r['load_s']:>8.3f}"
               f"{r['aged_s']:>8.3f}{r['control_s']:>8.3f}{r['ratio']:>7.2f}")
     parts = [f"{m} x{r['ratio']:.2f} at {r['versions']:,} versions" for m, r in results.items()]
     files = results.get("append") or next(iter(results.values()))
-    print(f"aging: {', '.join(parts)}, files {files['live']}/{files['on_disk']}")
+    print(f"aging: {', '.join(parts)}, files {files['live']}/{files['on_disk']}, "
+          f"{max(r['live_part'] for r in results.values())} live/partition")
 
 
 if __name__ == "__main__":
@@ -271,9 +287,9 @@ if __name__ == "__main__":
     ap.add_argument("--keys", type=int, default=2_000)
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--modes", default="append,merge")
-    ap.add_argument("--retention-hours", type=int, default=0)
-    ap.add_argument("--vacuum-interval", type=float, default=30.0)
-    ap.add_argument("--log-retention-s", type=float, default=5.0)
+    ap.add_argument("--retention-hours", type=int, default=168)
+    ap.add_argument("--vacuum-interval", type=float, default=3600.0)
+    ap.add_argument("--log-retention-s", type=float, default=None)
     ap.add_argument("--smoke", action="store_true", help="40 versions, 1 cycle")
     a = ap.parse_args()
     if a.smoke:

@@ -12,12 +12,13 @@ commit) carry no coverage and are skipped. A drain commit without ``cg.coverage`
 batch, whose records stay on the Spark executors, or a commit of a library before coverage) is
 trusted to cover its partition through its ``cg.last_origin_seq``: not verified.
 
-**Log retention rule**: Delta log cleanup (``delta.logRetentionDuration``, 30 days by default)
-deletes commit files older than that once a checkpoint follows them. The cursor never needs a
-version it already read; a check must therefore run at least once per retention period so it
-reads every version before cleanup removes it. When a version after the cursor is gone,
-:class:`CoverageLogError` says so (the coverage of those commits is lost; restart the cursor at
-the current origin position with ``cg reconcile --restart``).
+**Log retention rule**: Delta log cleanup (``delta.logRetentionDuration``: 7 days on tables the
+sink creates, Delta's 30 days on others) deletes commit files older than that once a checkpoint
+follows them. The cursor never needs a version it already read; a check must therefore run at
+least once per retention period so it reads every version before cleanup removes it. When a
+version after the cursor is gone, :class:`CoverageLogError` says so (the coverage of those
+commits is lost; restart the cursor at the current origin position with
+``cg reconcile --restart``).
 
 The cursor (:class:`~cg_pipelines.core.coverage.ReconcileCursor`) is stored as
 ``_cg_reconcile/<stream>.<group>.json`` under the table root: it lives with the table it
@@ -105,7 +106,7 @@ class DeltaLogCoverage:
                 if self._last_checkpoint() >= v:
                     raise CoverageLogError(
                         f"Delta version {v} is no longer in the table's log (log cleanup keeps "
-                        "delta.logRetentionDuration, 30 days by default), so the coverage of "
+                        "delta.logRetentionDuration, 7 days by default), so the coverage of "
                         "the commits after the reconcile cursor is lost: run the check more "
                         "often than that, and restart its cursor (cg reconcile --restart)")
                 return out, last, True

@@ -187,7 +187,10 @@ class DeltaSink(DeltaMaintenance):
         self._read_lock = threading.Lock()
         # app id -> the snapshot its next commit is fenced against (None: no table then).
         self._snapshots: dict[str, DeltaTable | None] = {}
+        # app id -> the version its snapshot was last loaded afresh at (see _caught_up).
+        self._bases: dict[str, int] = {}
         self._reader: DeltaTable | None = None
+        self._reader_base = -1
         self._read_fs: pafs.FileSystem | None = None
         self._names: list[str] = []
 
@@ -226,8 +229,10 @@ class DeltaSink(DeltaMaintenance):
         """The last committed version (sequence) of ``app_id``, 0 if none or no table yet.
 
         Loads the latest snapshot (``update_incremental`` of the one this sink holds for
-        ``app_id``, else a fresh load) and remembers it: the next :meth:`commit` for ``app_id``
-        is fenced against it. Creates nothing.
+        ``app_id``, else, or when that one is
+        :data:`~cg_pipelines.sinks.deltaread.SNAPSHOT_RELOAD_VERSIONS` versions past its last
+        fresh load, a fresh load) and remembers it: the next :meth:`commit` for ``app_id`` is
+        fenced against it. Creates nothing.
 
         Raises:
             DeltaError / OSError: the table cannot be read (not retried).
@@ -235,12 +240,11 @@ class DeltaSink(DeltaMaintenance):
         with self._guard():
             with self._lock:
                 dt = self._snapshots.get(app_id)
-            if dt is None:
-                dt = self._load()
-            else:
-                dt.update_incremental()
+                base = self._bases.get(app_id, -1)
+            dt, base = self._caught_up(dt, base)
             with self._lock:
                 self._snapshots[app_id] = dt
+                self._bases[app_id] = base
             return _txn(dt, app_id)
 
     def watermarks(self, app_ids: Iterable[str]) -> dict[str, int]:
@@ -293,14 +297,15 @@ class DeltaSink(DeltaMaintenance):
             with self._lock:
                 remembered = app_id in self._snapshots
                 dt = self._snapshots.get(app_id)
-            if not remembered:
-                dt = self._load()
+                base = self._bases.get(app_id, -1)
+            if not remembered or self._stale(dt, base):
+                dt, base = self._fresh()  # see SNAPSHOT_RELOAD_VERSIONS; safe as below
             elif _txn(dt, app_id) != expected:
                 # The remembered snapshot may just be older than the caller's ``expected`` (it
                 # read the watermark elsewhere): decide on the latest snapshot. Safe because an
                 # app id's versions only grow (``expected < version`` is enforced), so a
                 # watermark that moved away from ``expected`` never comes back to it.
-                dt = self._load()
+                dt, base = self._fresh()
             if dt is None:
                 if expected != 0:
                     raise FenceConflictError(app_id, expected, 0)
@@ -312,13 +317,14 @@ class DeltaSink(DeltaMaintenance):
                     raise UsageError(f"{self._safe_uri()}: no table yet and no schema to create "
                                      "it with: pass schema= or call ensure_table() first")
                 self.ensure_table(schema)
-                dt = self._load()
+                dt, base = self._fresh()
                 if dt is None:  # ensure_table returned, so someone deleted it since
                     raise TableNotFoundError(f"{self._safe_uri()}: table vanished after creation")
             found = _txn(dt, app_id)
             if found != expected:
                 with self._lock:
                     self._snapshots[app_id] = dt
+                    self._bases[app_id] = base
                 raise FenceConflictError(app_id, expected, found)
             empty = table is None or table.num_rows == 0
             merge = isinstance(self._write, Merge) and not empty
@@ -327,25 +333,28 @@ class DeltaSink(DeltaMaintenance):
                 *(Transaction(k, v) for k, v in (markers or {}).items())],
                 custom_metadata=self._lineage(app_id, version, "merge" if merge else (
                     "empty" if empty else "append"), lineage))
+            hooks = self._maintenance.commit_hooks()
             for attempt in range(CONFLICT_RETRIES + 1):
                 try:
                     if empty:
                         self._empty_commit(dt, props)
                     elif merge:
                         assert table is not None and isinstance(self._write, Merge)
-                        merge_into(dt, table, self._write, props, self._safe_uri())
+                        merge_into(dt, table, self._write, props, self._safe_uri(), hooks)
                         if _txn(dt, app_id) != version:
                             # delta-rs commits no version for a merge that changes no row: record
                             # the watermark alone, fenced against the same snapshot.
                             self._empty_commit(dt, props)
                     else:
-                        write_deltalake(dt, table, mode="append", commit_properties=props)
+                        write_deltalake(dt, table, mode="append", commit_properties=props,
+                                        post_commithook_properties=hooks)
                     break
                 except CommitFailedError as e:
-                    fresh = self._load()
+                    fresh, base = self._fresh()
                     found = _txn(fresh, app_id)
                     with self._lock:
                         self._snapshots[app_id] = fresh
+                        self._bases[app_id] = base
                     if "concurrent transaction failed" in str(e).lower() or found != expected:
                         raise FenceConflictError(
                             app_id, expected, None if found == expected else found
@@ -366,13 +375,15 @@ class DeltaSink(DeltaMaintenance):
                 written = dt.version()
             with self._lock:
                 self._snapshots[app_id] = dt
+                self._bases[app_id] = base
                 if written is not None:
                     self._versions.append(written)
 
     def _empty_commit(self, dt: DeltaTable, props: CommitProperties) -> None:
         """A commit with no data actions (only the transactions and the commit info)."""
+        hooks = self._maintenance.commit_hooks()
         dt.create_write_transaction(actions=[], mode="append", schema=dt.schema(),
-                                    commit_properties=props)
+                                    commit_properties=props, post_commithook_properties=hooks)
 
     def _lineage(self, app_id: str, watermark: int, operation: str,
                  lineage: Mapping[str, object] | None) -> dict[str, str]:
@@ -513,17 +524,20 @@ class DeltaSink(DeltaMaintenance):
             try:
                 write_deltalake(dt, source, mode="overwrite",
                                 predicate=f"{PARTITION_COLUMN} = {int(partition)}",
-                                commit_properties=props)
+                                commit_properties=props,
+                                post_commithook_properties=self._maintenance.commit_hooks())
             except CommitFailedError as e:
-                fresh = self._load()
+                fresh, base = self._fresh()
                 now = _txn(fresh, app_id)
                 with self._lock:
                     self._snapshots[app_id] = fresh
+                    self._bases[app_id] = base
                 if now != expected:
                     raise FenceConflictError(app_id, expected, now) from e
                 raise
             with self._lock:
                 self._snapshots.pop(app_id, None)
+                self._bases.pop(app_id, None)
                 self._versions.append(dt.version())
             self.last_rows_written = counted["rows"]
             return before

@@ -15,13 +15,25 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
 
 from cg_pipelines.core.errors import ContractError
 from cg_pipelines.core.write import DELETE_COLUMN, Merge, last_rows_by_key
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 
-__all__ = ["conform", "counting", "current_of", "delta_schema", "delta_type", "merge_into"]
+__all__ = ["COMMIT_HOOKS", "conform", "counting", "current_of", "delta_schema", "delta_type",
+           "merge_into"]
+
+COMMIT_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+"""delta-rs' post-commit hooks for every commit of the sink (data, empty, replace, compaction,
+VACUUM): a checkpoint every ``delta.checkpointInterval`` versions, but no expired-log cleanup.
+delta-rs' default runs that cleanup after each checkpoint and it lists the whole
+``_delta_log``, so a commit's cost grew with the log's entries (delta-rs 1.6.6,
+``bench/delta_log_cost.py``, an append with the default hooks: local disk 5.9 ms at 62 log
+files, 83 ms at 3,340; moto S3 84 ms at 50, 520 ms at 1,127; docs/growth.md). The cleanup
+is :meth:`DeltaMaintenance.maintain
+<cg_pipelines.sinks.maintenance.DeltaMaintenance.maintain>`'s job, once per
+``vacuum_interval_s``."""
 
 
 def delta_type(t: pa.DataType) -> pa.DataType:
@@ -76,9 +88,10 @@ def conform(table: pa.Table, target: pa.Schema, where: str, keep: Sequence[str] 
 
 
 def merge_into(dt: DeltaTable, table: pa.Table, mode: Merge, props: CommitProperties,
-               where: str) -> None:
-    """MERGE ``table`` into snapshot ``dt`` by ``mode``'s key (see the module docstring);
-    ``where`` names the table in errors."""
+               where: str, hooks: PostCommitHookProperties | None = COMMIT_HOOKS) -> None:
+    """MERGE ``table`` into snapshot ``dt`` by ``mode``'s key (see the module docstring),
+    with post-commit ``hooks`` (``None``: delta-rs' defaults); ``where`` names the table in
+    errors."""
     target = pa.schema(dt.schema().to_arrow())
     src = conform(mode.current(table), target, where, keep=[DELETE_COLUMN])
     on = [f"t.`{k}` = s.`{k}`" for k in mode.keys]
@@ -88,7 +101,7 @@ def merge_into(dt: DeltaTable, table: pa.Table, mode: Merge, props: CommitProper
                   f"t.`{PARTITION_COLUMN}` = s.`{PARTITION_COLUMN}`")
     flag = f"s.`{DELETE_COLUMN}`"
     (dt.merge(src, " AND ".join(on), source_alias="s", target_alias="t",
-              commit_properties=props)
+              commit_properties=props, post_commithook_properties=hooks)
        .when_matched_delete(predicate=flag)
        .when_matched_update_all(predicate=f"NOT {flag}", except_cols=[DELETE_COLUMN])
        .when_not_matched_insert_all(predicate=f"NOT {flag}", except_cols=[DELETE_COLUMN])

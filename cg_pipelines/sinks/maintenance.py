@@ -27,9 +27,12 @@ Per call, for the one consumer-group partition:
    tombstones already left the checkpoints, which the default mode leaks; it never enters
    ``_``-directories such as ``_delta_log`` and ``_cg_state``), then
    ``cleanup_metadata()`` deletes log entries and checkpoints older than the table's
-   ``delta.logRetentionDuration`` (Delta's default: 30 days) that the latest checkpoint makes
-   unnecessary. Time travel (and ``DeltaTable.history()`` lineage) is kept for the vacuum
-   retention (data) and the log retention (commit infos) respectively. VACUUM's two commits
+   ``delta.logRetentionDuration`` (7 days on tables the sink creates, see
+   :attr:`Maintenance.log_retention_hours`) that the latest checkpoint makes unnecessary. This
+   is the only log cleanup: the sink's commits skip delta-rs' post-commit one (it lists the
+   whole log, :data:`~cg_pipelines.sinks.deltawrite.COMMIT_HOOKS`). Time travel (and
+   ``DeltaTable.history()`` lineage) is kept for the vacuum retention (data) and the log
+   retention (commit infos) respectively. VACUUM's two commits
    carry ``cg.operation = "vacuum"``.
 
 Maintenance never changes a row or a watermark. Failures are returned as figures
@@ -43,7 +46,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from deltalake import CommitProperties, DeltaTable
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError
 
 from cg_pipelines.core.errors import ConfigError
@@ -52,6 +55,7 @@ from cg_pipelines.core.write import Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.deltaread import DeltaTableAccess
 from cg_pipelines.sinks.deltastate import partition_files
+from cg_pipelines.sinks.deltawrite import COMMIT_HOOKS
 from cg_pipelines.sinks.statesnapshot import STATE_DIR
 
 if TYPE_CHECKING:
@@ -82,12 +86,22 @@ class Maintenance:
         vacuum_interval_s: seconds between two VACUUM + log cleanups of the table (default
             3,600: the cost is one listing of the table's files).
         snapshots: write the partitions' state snapshots (default on).
-        log_retention_hours: ``delta.logRetentionDuration`` of a table the sink creates:
-            log entries (commit infos, the ``cg.*`` lineage of ``DeltaTable.history()``) and
-            checkpoints older than this are deleted by the log cleanup. ``None`` (default):
-            Delta's default, 30 days. A commit's cost grows with the entries in
-            ``_delta_log`` (delta-rs 1.6.6, local disk: 6 ms at 20 entries, 111 ms at 1,500),
-            so a table with many commits a day needs a shorter retention (docs/growth.md).
+        log_cleanup: delete expired log entries (``cleanup_metadata()``) in :meth:`maintain
+            <DeltaMaintenance.maintain>`, at most every ``vacuum_interval_s`` (default on),
+            and never in a commit (:data:`~cg_pipelines.sinks.deltawrite.COMMIT_HOOKS`).
+            Off: commits run delta-rs' default hooks, which clean up after each checkpoint
+            and list the whole log to do so.
+        log_retention_hours: ``delta.logRetentionDuration`` of a table the sink creates
+            (default ``None``: the larger of 168 = 7 days and ``vacuum_retention_hours``;
+            Delta's own default is 30 days, pass 720 for it): log entries (commit
+            infos, the ``cg.*`` lineage of ``DeltaTable.history()``, the coverage reconcile
+            reads) and checkpoints older than this are deleted by the log cleanup, so a
+            table's ``_delta_log`` holds about (commits per hour) x this many entries. Must be
+            >= ``vacuum_retention_hours``: time travel to a version needs its log entries as
+            well as its data files, so a shorter log retention would keep data files no
+            version can reach any more; with the two equal, time travel reaches back exactly
+            the vacuum retention. A reconcile (``docs/reconcile.md``) must run at least once
+            per log retention.
 
     A table the sink creates also gets ``delta.deletedFileRetentionDuration`` =
     ``vacuum_retention_hours`` (Delta's default is 7 days): how long removed files stay listed
@@ -104,6 +118,7 @@ class Maintenance:
     vacuum_retention_hours: int | None = 168
     vacuum_interval_s: float = 3600.0
     snapshots: bool = True
+    log_cleanup: bool = True
     log_retention_hours: float | None = None
 
     def __post_init__(self) -> None:
@@ -116,7 +131,15 @@ class Maintenance:
         if self.vacuum_interval_s < 0:
             raise ConfigError("vacuum_interval_s", "must be >= 0 seconds")
         if self.log_retention_hours is not None and self.log_retention_hours <= 0:
-            raise ConfigError("log_retention_hours", "must be > 0 (or None: Delta's 30 days)")
+            raise ConfigError("log_retention_hours",
+                              "must be > 0 (or None: the larger of 168 h and the vacuum retention)")
+        if self.log_retention_hours is not None and self.vacuum_retention_hours is not None \
+                and self.log_retention_hours < self.vacuum_retention_hours:
+            raise ConfigError(
+                "log_retention_hours",
+                f"must be >= vacuum_retention_hours ({self.vacuum_retention_hours}), got "
+                f"{self.log_retention_hours}: time travel within the vacuum retention needs the "
+                "log entries of those versions")
 
     def table_properties(self) -> dict[str, str]:
         """Delta table properties for a table created under this policy (see above)."""
@@ -124,15 +147,29 @@ class Maintenance:
         if self.vacuum_retention_hours is not None:
             props["delta.deletedFileRetentionDuration"] = \
                 f"interval {int(self.vacuum_retention_hours) * 3600} seconds"
-        if self.log_retention_hours is not None:
-            props["delta.logRetentionDuration"] = \
-                f"interval {max(1, round(self.log_retention_hours * 3600))} seconds"
+        props["delta.logRetentionDuration"] = \
+            f"interval {max(1, round(self.log_retention() * 3600))} seconds"
         return props
+
+    def log_retention(self) -> float:
+        """Hours: ``log_retention_hours``, else the larger of 168 and
+        ``vacuum_retention_hours``."""
+        if self.log_retention_hours is not None:
+            return self.log_retention_hours
+        return float(max(168, self.vacuum_retention_hours or 0))
+
+    def commit_hooks(self) -> PostCommitHookProperties | None:
+        """delta-rs post-commit hooks of the sink's commits: :data:`~cg_pipelines.sinks.
+        deltawrite.COMMIT_HOOKS` (no expired-log cleanup) with ``log_cleanup``, else
+        ``None`` (delta-rs' defaults)."""
+        return COMMIT_HOOKS if self.log_cleanup else None
 
     @classmethod
     def off(cls) -> Maintenance:
-        """No compaction, no vacuum, no snapshot writes."""
-        return cls(compact=False, vacuum_retention_hours=None, snapshots=False)
+        """No compaction, no vacuum, no snapshot writes, no log cleanup of its own (commits
+        then clean up the log as delta-rs does by default)."""
+        return cls(compact=False, vacuum_retention_hours=None, snapshots=False,
+                   log_cleanup=False)
 
 
 def rewritten_files(entry: str, partition: int) -> tuple[list[str], list[str]] | None:
@@ -219,7 +256,8 @@ class DeltaMaintenance(DeltaTableAccess):
             out["files_live"] = len(live)
         if states is not None:
             out["snapshots_written"] = states.persist(partition)
-        if pol.vacuum_retention_hours is not None and self._vacuum_due(pol):
+        if (pol.vacuum_retention_hours is not None or pol.log_cleanup) \
+                and self._vacuum_due(pol):
             self._vacuum(app_id, pol, out)
 
     def _compact(self, partition: int, app_id: str, pol: Maintenance,
@@ -234,7 +272,8 @@ class DeltaMaintenance(DeltaTableAccess):
             try:
                 metrics = dt.optimize.compact(
                     partition_filters=[(PARTITION_COLUMN, "=", str(int(partition)))],
-                    target_size=pol.target_size, commit_properties=props)
+                    target_size=pol.target_size, commit_properties=props,
+                    post_commithook_properties=pol.commit_hooks())
             except CommitFailedError:
                 fresh = self._load()
                 if fresh is None or (fresh.transaction_version(app_id) or 0) != watermark:
@@ -280,7 +319,7 @@ class DeltaMaintenance(DeltaTableAccess):
 
     def _vacuum(self, app_id: str, pol: Maintenance, out: dict[str, int | float | str]) -> None:
         dt = self._load()
-        if dt is None or pol.vacuum_retention_hours is None:
+        if dt is None:
             return
         fs = self._filesystem()
         self._vacuumed_at = time.time()
@@ -288,14 +327,21 @@ class DeltaMaintenance(DeltaTableAccess):
             fs.create_dir(STATE_DIR, recursive=True)
             with fs.open_output_stream(_VACUUM_MARKER) as f:
                 f.write(json.dumps({"at": time.time()}).encode())
-        props = CommitProperties(custom_metadata=self._lineage(
-            app_id, dt.transaction_version(app_id) or 0, "vacuum", None))
-        # full=True: also files whose tombstones already left the checkpoints (after
-        # delta.deletedFileRetentionDuration), which the default "lite" mode never deletes
-        # (checked on 1.6.6); files still tombstoned are kept for the retention as in lite mode.
-        gone = dt.vacuum(retention_hours=pol.vacuum_retention_hours, dry_run=False,
-                         enforce_retention_duration=pol.vacuum_retention_hours >= 168,
-                         commit_properties=props, full=True)
-        dt.cleanup_metadata()
-        out["vacuum"] = "done"
-        out["files_vacuumed"] = len(gone)
+        if pol.vacuum_retention_hours is not None:
+            props = CommitProperties(custom_metadata=self._lineage(
+                app_id, dt.transaction_version(app_id) or 0, "vacuum", None))
+            # full=True: also files whose tombstones already left the checkpoints (after
+            # delta.deletedFileRetentionDuration), which the default "lite" mode never deletes
+            # (checked on 1.6.6); files still tombstoned are kept for the retention as in lite
+            # mode.
+            gone = dt.vacuum(retention_hours=pol.vacuum_retention_hours, dry_run=False,
+                             enforce_retention_duration=pol.vacuum_retention_hours >= 168,
+                             commit_properties=props,
+                             post_commithook_properties=pol.commit_hooks(), full=True)
+            out["vacuum"] = "done"
+            out["files_vacuumed"] = len(gone)
+        if pol.log_cleanup:
+            # Lists _delta_log once; deletes the entries older than the table's
+            # delta.logRetentionDuration that the latest checkpoint makes unnecessary.
+            dt.cleanup_metadata()
+            out["log_cleanup"] = "done"
