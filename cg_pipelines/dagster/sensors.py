@@ -60,13 +60,7 @@ from cg_pipelines.core.triggers import (
     served_partitions,
     summary_lines,
 )
-from cg_pipelines.dagster.assets import (
-    MODE_TAG,
-    TICK_ERRORS,
-    asset_key_of,
-    check_partitions,
-    load_group_config,
-)
+from cg_pipelines.dagster.assets import MODE_TAG, asset_key_of
 from cg_pipelines.dagster.history import (
     CODE_TAG,
     check_states,
@@ -80,7 +74,12 @@ from cg_pipelines.dagster.resources import (
     NatsResource,
     PartitionRunsResource,
 )
-from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.spec import (
+    TICK_ERRORS,
+    ConsumerGroupAsset,
+    check_partitions,
+    load_group_config,
+)
 from cg_pipelines.engine.deadletter import dlq_stream_name
 from cg_pipelines.engine.runner import app_id_for
 from cg_pipelines.jetstream import admin
@@ -159,7 +158,7 @@ def read_group(spec: ConsumerGroupAsset, nats_res: NatsResource,
 
     Raises:
         GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError: as reading
-        fails (all in :data:`~cg_pipelines.dagster.assets.TICK_ERRORS`).
+        fails (all in :data:`~cg_pipelines.dagster.spec.TICK_ERRORS`).
     """
     served_members = runs.served()
 
