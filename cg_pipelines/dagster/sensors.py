@@ -22,10 +22,9 @@ Signals, their meaning and volume: ``docs/signals.md``.
 """
 
 
-import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from dagster import (
     AssetCheckEvaluation,
@@ -49,11 +48,14 @@ from dagster import (
 
 from cg_pipelines.core.assignment import assignment
 from cg_pipelines.core.triggers import (
+    BacklogCursor,
+    CursorError,
+    MembershipCursor,
     PartitionBacklog,
     RetryPolicy,
     RetryWait,
-    decode_membership_cursor,
-    encode_membership_cursor,
+    decode_cursor,
+    encode_cursor,
     gained_partitions,
     lag_observations_due,
     plan_backlog_runs,
@@ -92,6 +94,8 @@ from cg_pipelines.jetstream.backlog import (
 )
 
 __all__ = ["BacklogTick", "backlog_tick", "build_drain_schedule", "build_sensors"]
+
+CursorT = TypeVar("CursorT", MembershipCursor, BacklogCursor)
 
 Job = Any
 """What ``define_asset_job`` returns (its class is not part of Dagster's public API) or a
@@ -228,12 +232,15 @@ def runs_evaluations(spec: ConsumerGroupAsset, partitions: list[int],
     return out
 
 
-def _decode_cursor(cursor: str | None) -> dict[str, Any]:
+def _read_cursor(text: str | None, kind: type[CursorT], log: Any) -> tuple[CursorT, str]:
+    """The sensor's cursor, or, when it is corrupt (:class:`CursorError`), an empty one and a
+    warning (logged, and returned for the tick's reason; ``""`` when the cursor was fine)."""
     try:
-        obj = json.loads(cursor) if cursor else {}
-    except ValueError:
-        obj = {}
-    return obj if isinstance(obj, dict) else {}
+        return decode_cursor(text, kind), ""
+    except CursorError as e:
+        warning = f"{e}; starting over from an empty cursor"
+        log.warning(warning)
+        return kind(), warning
 
 
 def _lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
@@ -337,20 +344,22 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     (default the clock). Never raises for NATS or config trouble: the skip reason says it.
     """
     now = time.time() if now is None else now
-    state = _decode_cursor(cursor) if observe else {}
-    dlq_seen = {int(k): int(v) for k, v in (state.get("dead_letters") or {}).items()}
+    state, warning = _read_cursor(cursor, BacklogCursor, log) if observe else (
+        BacklogCursor(), "")
+    if warning:
+        cursor = encode_cursor(state)
     try:
         reading = read_group(spec, nats_res, runs,
-                             dead_letters_seen=dlq_seen if observe else None)
+                             dead_letters_seen=state.dead_letters if observe else None)
     except TICK_ERRORS as e:
-        return BacklogTick(skip_reason=f"consumer group {spec.stream}.{spec.group}: {e}",
-                           cursor=cursor)
+        return BacklogTick(skip_reason=_with_warning(
+            f"consumer group {spec.stream}.{spec.group}: {e}", warning), cursor=cursor)
     policy = runs.retry_policy()
     code = spec.current_code_version()
     keys = {b.partition: spec.partition_key(b.partition) for b in reading.backlog
             if b.pending > 0}
     history = {}
-    errors: dict[str, str] = dict(state.get("errors") or {})
+    errors = dict(state.errors)
     if instance is not None:
         for run_id in fail_lost_runs(instance, keys.values()):
             log.warning(f"run {run_id}: its run worker process is gone; marked failed")
@@ -369,11 +378,11 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
             r.partition), tags=tags) for r in plan.requests],
         cursor=cursor)
     if not out.run_requests:
-        out.skip_reason = "; ".join(summary_lines(reasons, 5)) or "no partition with backlog"
+        out.skip_reason = _with_warning(
+            "; ".join(summary_lines(reasons, 5)) or "no partition with backlog", warning)
     if not observe:
         return out
-    due, seen = lag_observations_due(reading.backlog, state.get("observed") or {}, now,
-                                     spec.lag_refresh_s)
+    due, seen = lag_observations_due(reading.backlog, state.observed, now, spec.lag_refresh_s)
     events: list[AssetObservation | AssetCheckEvaluation] = [
         *_lag_observations(spec, due, warehouse, log),
         *_dead_letter_observations(spec, reading.dead_changed)]
@@ -382,7 +391,7 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                                                   instance if record_checks else None)
     except Exception as e:  # noqa: BLE001 - the runs and the lag still matter; next tick
         log.warning(f"partitioned checks not recorded: {type(e).__name__}: {e}")
-    reconciled_at = float(state.get("reconciled_at") or 0.0)
+    reconciled_at = state.reconciled_at
     if (spec.reconcile_interval_s is not None and warehouse is not None
             and now - reconciled_at >= spec.reconcile_interval_s):
         try:
@@ -392,12 +401,14 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
         except Exception as e:  # noqa: BLE001 - reported, retried at the next tick
             log.warning(f"origin_reconciled not evaluated: {type(e).__name__}: {e}")
     out.asset_events = events
-    out.cursor = json.dumps({
-        "observed": seen, "reconciled_at": reconciled_at,
-        "dead_letters": {str(p): n for p, n in reading.dead_counts.items()},
-        "errors": errors},  # pruned by partition_runs to the partitions' newest failures
-        separators=(",", ":"))
+    # errors: pruned by partition_runs to the partitions' newest failures
+    out.cursor = encode_cursor(BacklogCursor(seen, reconciled_at, dict(reading.dead_counts),
+                                             errors))
     return out
+
+
+def _with_warning(reason: str, warning: str) -> str:
+    return f"{warning}. {reason}" if warning else reason
 
 
 def _instance_of(context: SensorEvaluationContext | ScheduleEvaluationContext
@@ -423,15 +434,17 @@ def build_sensors(spec: ConsumerGroupAsset, job: Job) -> list[SensorDefinition]:
     def membership_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
         nats_res: NatsResource = getattr(context.resources, spec.nats_resource_key)
         runs: PartitionRunsResource = getattr(context.resources, spec.runs_resource_key)
+        last, warning = _read_cursor(context.cursor, MembershipCursor, context.log)
         try:
             v = load_group_config(nats_res, spec)
-            rev, old = decode_membership_cursor(context.cursor)
         except TICK_ERRORS as e:
-            return SkipReason(f"consumer group {spec.stream}.{spec.group}: {e}")
-        if v.revision == rev:
-            return SkipReason(f"no membership change (revision {rev})")
+            return SensorResult(skip_reason=_with_warning(
+                f"consumer group {spec.stream}.{spec.group}: {e}", warning),
+                cursor=encode_cursor(last) if warning else context.cursor)
+        if v.revision == last.revision:
+            return SkipReason(f"no membership change (revision {last.revision})")
         new = assignment(v.config)
-        gained = gained_partitions(old, new, runs.served())
+        gained = gained_partitions(last.assignment, new, runs.served())
         events = []
         for line in summary_lines([f"partition {p}: {was or 'unowned'} -> {now} (revision "
                                    f"{v.revision})" for p, (was, now) in gained.items()],
@@ -446,10 +459,11 @@ def build_sensors(spec: ConsumerGroupAsset, job: Job) -> list[SensorDefinition]:
             run_requests=[_request(spec, p, f"{spec.group}:member:{v.revision}:{p}")
                           for p in sorted(gained)],
             asset_events=events,
-            cursor=encode_membership_cursor(v.revision, new),
-            skip_reason=None if gained else
-            f"membership changed (revision {v.revision}); no partition gained by the members "
-            f"served here",
+            cursor=encode_cursor(MembershipCursor(v.revision, {m: list(ps) for m, ps in
+                                                               new.items()})),
+            skip_reason=None if gained else _with_warning(
+                f"membership changed (revision {v.revision}); no partition gained by the "
+                f"members served here", warning),
         )
 
     @sensor(name=f"{spec.name}_backlog", job=job,

@@ -23,7 +23,11 @@ from cg_pipelines.core.config import (
     config_key,
     work_queue_stream_name,
 )
-from cg_pipelines.core.triggers import decode_membership_cursor
+from cg_pipelines.core.triggers import (
+    BacklogCursor,
+    MembershipCursor,
+    decode_cursor,
+)
 from cg_pipelines.dagster import build_definitions
 from cg_pipelines.dagster.history import check_states
 from cg_pipelines.jetstream import admin
@@ -74,7 +78,7 @@ async def test_membership_sensor_runs_gained_partitions(
         # no gain: nothing to run, yet the cursor moves (Dagster reports the tick as skipped)
         assert (data.skip_message is None) == bool(gained)
         assert data.cursor is not None
-        assert decode_membership_cursor(data.cursor) == (rev, cfg_assign)
+        assert decode_cursor(data.cursor, MembershipCursor) == MembershipCursor(rev, cfg_assign)
         _check_requests(list(data.run_requests or []), stream, gained,
                         [f"{GROUP}:member:{rev}:{p}" for p in gained])
 
@@ -113,15 +117,52 @@ async def test_membership_sensor_runs_gained_partitions(
     assert len(keys) == len(set(keys))
 
 
-async def test_membership_sensor_corrupt_cursor_skips(
+@pytest.mark.parametrize("corrupt", ["{bad", "[1, 2]", '{"rev": "x", "assignment": {}}'])
+async def test_membership_sensor_recovers_from_a_corrupt_cursor(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance, corrupt: str) -> None:
+    """A corrupt cursor is reset with a warning (in the tick's reason), never a skip forever:
+    the tick then acts as a first tick (every partition gained is run) and writes a good
+    cursor, so the next tick sees no change."""
+    stream = unique_name
+    v = await h.create_group(js, stream, members=("m1",))
+    # Served m2 only: m1 owns everything, nothing gained; the tick's reason carries the warning.
+    other = make_defs(stream, nats_server.url, warehouse, members=["m2"])
+    d0 = await asyncio.to_thread(h.tick, other, MEMBERSHIP_SENSOR, instance, cursor=corrupt)
+    assert not d0.run_requests
+    assert d0.skip_message is not None and "corrupt membership cursor" in d0.skip_message
+    assert "starting over from an empty cursor" in d0.skip_message
+    assert decode_cursor(d0.cursor, MembershipCursor) == MembershipCursor(
+        v.revision, {"m1": [0, 1, 2, 3]})
+    # Every member served: every partition is run, as at a first tick.
+    defs = make_defs(stream, nats_server.url, warehouse)
+    d1 = await asyncio.to_thread(h.tick, defs, MEMBERSHIP_SENSOR, instance, cursor=corrupt)
+    _check_requests(list(d1.run_requests or []), stream, [0, 1, 2, 3],
+                    [f"{GROUP}:member:{v.revision}:{p}" for p in range(4)])
+    assert decode_cursor(d1.cursor, MembershipCursor).revision == v.revision
+    d2 = await asyncio.to_thread(h.tick, defs, MEMBERSHIP_SENSOR, instance, cursor=d1.cursor)
+    assert not d2.run_requests
+    assert d2.skip_message == f"no membership change (revision {v.revision})"
+
+
+async def test_backlog_sensor_recovers_from_a_corrupt_cursor(
         js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
         instance: DagsterInstance) -> None:
+    """The backlog sensor's corrupt cursor is reset with a warning in the tick's reason (it
+    was reset silently before) and replaced by a good one."""
     stream = unique_name
     await h.create_group(js, stream)
     defs = make_defs(stream, nats_server.url, warehouse)
-    data = await asyncio.to_thread(h.tick, defs, MEMBERSHIP_SENSOR, instance, cursor="{bad")
-    assert not data.run_requests
-    assert data.skip_message is not None and "corrupt membership cursor" in data.skip_message
+    d = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance,
+                                cursor='{"dead_letters": {"x": 1}}')
+    assert not d.run_requests
+    assert d.skip_message is not None and d.skip_message.startswith(
+        "corrupt backlog cursor '{\"dead_letters\": {\"x\": 1}}': ValueError: ")
+    assert "starting over from an empty cursor" in d.skip_message
+    assert d.skip_message.endswith("no partition with backlog"), d.skip_message
+    assert isinstance(decode_cursor(d.cursor, BacklogCursor), BacklogCursor)
+    d2 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance, cursor=d.cursor)
+    assert d2.skip_message == "no partition with backlog"
 
 
 # ---------------------------------------------------------------------------------- backlog
