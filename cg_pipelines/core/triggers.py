@@ -193,19 +193,23 @@ class BacklogCursor:
         dead_letters: ``{partition: dead letters}`` as last observed.
         errors: ``{run_id: error}`` of the partitions' newest failed runs (a cache, bounded by
             the partitions).
+        requested: ``{partition: (run key, Unix seconds)}``: the run key last requested for
+            each partition with a backlog, and when (:func:`drop_repeated_requests`).
 
     JSON: ``{"observed": ..., "reconciled_at": ..., "dead_letters": {"<p>": n}, "errors":
-    ...}``; missing fields read as empty."""
+    ..., "requested": {"<p>": [key, at]}}``; missing fields read as empty."""
 
     observed: dict[str, list[float | int | None]] = field(default_factory=dict)
     reconciled_at: float = 0.0
     dead_letters: dict[int, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    requested: dict[int, tuple[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {"observed": self.observed, "reconciled_at": self.reconciled_at,
                 "dead_letters": {str(p): n for p, n in self.dead_letters.items()},
-                "errors": self.errors}
+                "errors": self.errors,
+                "requested": {str(p): [k, at] for p, (k, at) in self.requested.items()}}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, object]) -> BacklogCursor:
@@ -216,7 +220,15 @@ class BacklogCursor:
              for p, v in _object(obj.get("observed") or {}).items()},
             _number(obj.get("reconciled_at") or 0.0),
             {_int(p): _int(n) for p, n in _object(obj.get("dead_letters") or {}).items()},
-            {str(r): str(e) for r, e in _object(obj.get("errors") or {}).items()})
+            {str(r): str(e) for r, e in _object(obj.get("errors") or {}).items()},
+            {_int(p): _key_at(v) for p, v in _object(obj.get("requested") or {}).items()})
+
+
+def _key_at(x: object) -> tuple[str, float]:
+    key, at = _list(x)
+    if not isinstance(key, str):
+        raise TypeError(f"expected a run key string, got {type(key).__name__}")
+    return key, float(_number(at))
 
 
 def _object(x: object) -> dict[str, object]:
@@ -422,6 +434,51 @@ def plan_backlog_runs(
             req.partition, retry_run_key(group, req.partition, first_seq, h, code),
             reason))
     return plan
+
+
+REPEAT_REQUEST_S = 300.0
+"""Seconds: a run key requested for a partition is not requested again for this long
+(:func:`drop_repeated_requests`)."""
+
+
+def drop_repeated_requests(
+    requests: Sequence[BacklogRequest],
+    requested: Mapping[int, tuple[str, float]],
+    pending: Iterable[int],
+    now: float,
+    repeat_s: float = REPEAT_REQUEST_S,
+) -> tuple[list[BacklogRequest], int, dict[int, tuple[str, float]]]:
+    """The requests worth sending, and the state to keep for the next tick.
+
+    Dagster runs a run key once, ever (a sensor's repeated request for it is skipped after
+    a run-records query), so a request whose run key was requested for the partition less
+    than ``repeat_s`` seconds ago is dropped: while a partition's backlog waits for its run
+    (queued behind the per-partition limit, or a run that ended ``held``) a tick neither
+    builds nor sends its request again. After ``repeat_s`` it is sent again, in case the
+    earlier request was lost (the tick that made it failed after its cursor was saved).
+
+    Args:
+        requests: the tick's planned requests (:attr:`TickPlan.requests`).
+        requested: ``{partition: (run key, Unix seconds)}`` from the previous tick.
+        pending: the partitions with a backlog now (the state keeps only them).
+        now: Unix seconds.
+        repeat_s: seconds.
+
+    Returns:
+        ``(to send, how many were dropped, new state)``.
+    """
+    now_pending = set(pending)
+    keep = {p: v for p, v in requested.items() if p in now_pending}
+    out: list[BacklogRequest] = []
+    dropped = 0
+    for r in requests:
+        prev = keep.get(r.partition)
+        if prev is not None and prev[0] == r.run_key and 0 <= now - prev[1] < repeat_s:
+            dropped += 1
+            continue
+        out.append(r)
+        keep[r.partition] = (r.run_key, now)
+    return out, dropped, keep
 
 
 def lag_breaches(backlog: Sequence[PartitionBacklog], objective_s: float

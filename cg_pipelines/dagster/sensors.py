@@ -48,6 +48,7 @@ from dagster import (
 
 from cg_pipelines.core.assignment import assignment
 from cg_pipelines.core.triggers import (
+    REPEAT_REQUEST_S,
     BacklogCursor,
     CursorError,
     MembershipCursor,
@@ -55,6 +56,7 @@ from cg_pipelines.core.triggers import (
     RetryPolicy,
     RetryWait,
     decode_cursor,
+    drop_repeated_requests,
     encode_cursor,
     gained_partitions,
     lag_observations_due,
@@ -369,13 +371,20 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                              code=code, min_pending=runs.min_pending, max_age_s=runs.max_age_s,
                              partitions=reading.served)
     reasons = plan.reason_lines(policy)
-    for line in summary_lines([f"partition {r.partition}: {r.reason}" for r in plan.requests]
+    send, requested = plan.requests, dict(state.requested)
+    if observe:
+        send, dropped, requested = drop_repeated_requests(plan.requests, state.requested,
+                                                          keys, now)
+        if dropped:
+            reasons.append(f"{dropped} partition(s) already requested under the same run key "
+                           f"less than {REPEAT_REQUEST_S:g} s ago")
+    for line in summary_lines([f"partition {r.partition}: {r.reason}" for r in send]
                               + reasons, _LOG_LINES):
         log.info(line)
     tags = {CODE_TAG: code, "dagster/max_runtime": str(int(runs.run_timeout_s + 120))}
     out = BacklogTick(
         run_requests=[RunRequest(run_key=r.run_key, partition_key=spec.partition_key(
-            r.partition), tags=tags) for r in plan.requests],
+            r.partition), tags=tags) for r in send],
         cursor=cursor)
     if not out.run_requests:
         out.skip_reason = _with_warning(
@@ -403,7 +412,7 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     out.asset_events = events
     # errors: pruned by partition_runs to the partitions' newest failures
     out.cursor = encode_cursor(BacklogCursor(seen, reconciled_at, dict(reading.dead_counts),
-                                             errors))
+                                             errors, requested))
     return out
 
 

@@ -422,6 +422,13 @@ async def test_backlog_sensor_records_lag_checks_and_reconciles(
     # Same backlog, within the refresh interval: no event, no check recorded again.
     d2 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance, cursor=d1.cursor)
     assert d2.asset_events == []
+    # ... and no request repeated: the same run keys were requested a moment ago.
+    assert h.partitions_of(list(d1.run_requests or [])) == ["g-1", "g-3"]
+    assert not d2.run_requests
+    assert d2.skip_message is not None and "2 partition(s) already requested under the " \
+        "same run key less than 300 s ago" in d2.skip_message, d2.skip_message
+    d2b = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)  # no cursor
+    assert h.partitions_of(list(d2b.run_requests or [])) == ["g-1", "g-3"]
 
     # Partition 1 drained (a run): its lag check passes, both of its checks are current
     # again; partition 3, stuck, gets its age refreshed (older than at the first tick).

@@ -8,10 +8,12 @@ from cg_pipelines.core.triggers import (
     MAX_LISTED_SUBJECTS,
     SUBJECTS_PER_PARTITION,
     BacklogCursor,
+    BacklogRequest,
     CursorError,
     MembershipCursor,
     backlog_requests,
     decode_cursor,
+    drop_repeated_requests,
     encode_cursor,
     gained_partitions,
     pending_by_partition,
@@ -78,7 +80,8 @@ def test_served_partitions_and_cursor_round_trip() -> None:
     assert encode_cursor(m) == '{"rev":7,"assignment":{"m1":[0,3],"m2":[1,2]}}'
     assert decode_cursor(encode_cursor(m), MembershipCursor) == m
     assert decode_cursor(None, MembershipCursor) == MembershipCursor()
-    b = BacklogCursor({"0": [3, 17, 1.5e9], "1": [0, None, 0.0]}, 12.5, {2: 4}, {"r1": "boom"})
+    b = BacklogCursor({"0": [3, 17, 1.5e9], "1": [0, None, 0.0]}, 12.5, {2: 4}, {"r1": "boom"},
+                      {0: ("g:0:17", 1.5e9)})
     assert decode_cursor(encode_cursor(b), BacklogCursor) == b
     assert decode_cursor("", BacklogCursor) == BacklogCursor()
     assert decode_cursor("{}", BacklogCursor) == BacklogCursor()  # missing fields: empty
@@ -95,6 +98,8 @@ def test_served_partitions_and_cursor_round_trip() -> None:
     (BacklogCursor, '{"observed": {"0": "abc"}}', "expected a JSON array, got str"),
     (BacklogCursor, '{"reconciled_at": "soon"}', "expected a number, got str"),
     (BacklogCursor, '{"errors": ["x"]}', "expected a JSON object, got list"),
+    (BacklogCursor, '{"requested": {"0": [1, 2]}}', "expected a run key string, got int"),
+    (BacklogCursor, '{"requested": {"0": ["k"]}}', "ValueError: not enough values"),
 ])
 def test_corrupt_cursors_raise_cursor_error(kind: type, text: str, problem: str) -> None:
     with pytest.raises(CursorError) as ei:
@@ -159,3 +164,32 @@ def test_summary_lines(lines: list[str], limit: int, expected: list[str]) -> Non
 def test_summary_lines_rejects_negative_limit() -> None:
     with pytest.raises(ValueError):
         summary_lines(["a"], -1)
+
+
+R = BacklogRequest
+
+
+@pytest.mark.parametrize(("requested", "pending", "now", "sent", "dropped", "state"), [
+    # nothing requested before: all sent, stamped now
+    ({}, [0, 1], 100.0, [0, 1], 0, {0: ("g:0:5", 100.0), 1: ("g:1:9", 100.0)}),
+    # same key 10 s ago: dropped, its stamp kept; partition 1 sent
+    ({0: ("g:0:5", 90.0)}, [0, 1], 100.0, [1], 1, {0: ("g:0:5", 90.0), 1: ("g:1:9", 100.0)}),
+    # same key, 300 s ago: sent again (an earlier request may have been lost)
+    ({0: ("g:0:5", -200.0)}, [0, 1], 100.0, [0, 1], 0,
+     {0: ("g:0:5", 100.0), 1: ("g:1:9", 100.0)}),
+    # another key (new backlog or a retry): sent
+    ({0: ("g:0:4", 99.0)}, [0, 1], 100.0, [0, 1], 0,
+     {0: ("g:0:5", 100.0), 1: ("g:1:9", 100.0)}),
+    # a partition without a backlog any more is forgotten
+    ({7: ("g:7:1", 99.0)}, [0, 1], 100.0, [0, 1], 0,
+     {0: ("g:0:5", 100.0), 1: ("g:1:9", 100.0)}),
+    # a stamp from the future (clock moved back): sent
+    ({0: ("g:0:5", 200.0)}, [0, 1], 100.0, [0, 1], 0,
+     {0: ("g:0:5", 100.0), 1: ("g:1:9", 100.0)}),
+])
+def test_drop_repeated_requests(requested, pending, now, sent, dropped, state) -> None:
+    reqs = [R(0, "g:0:5", "r"), R(1, "g:1:9", "r")]
+    out, n, keep = drop_repeated_requests(reqs, requested, pending, now, 300.0)
+    assert [r.partition for r in out] == sent
+    assert n == dropped
+    assert keep == state
