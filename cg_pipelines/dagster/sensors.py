@@ -23,6 +23,7 @@ Signals, their meaning and volume: ``docs/signals.md``.
 
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -47,6 +48,7 @@ from dagster import (
 )
 
 from cg_pipelines.core.assignment import assignment
+from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.triggers import (
     REPEAT_REQUEST_S,
     BacklogCursor,
@@ -95,7 +97,8 @@ from cg_pipelines.jetstream.backlog import (
     partition_backlog,
 )
 
-__all__ = ["BacklogTick", "backlog_tick", "build_drain_schedule", "build_sensors"]
+__all__ = ["BacklogTick", "backlog_tick", "build_drain_schedule", "build_sensors",
+           "evaluate_check"]
 
 CursorT = TypeVar("CursorT", MembershipCursor, BacklogCursor)
 
@@ -156,9 +159,11 @@ class GroupReading:
 
 def read_group(spec: ConsumerGroupAsset, nats_res: NatsResource,
                runs: PartitionRunsResource, *,
-               dead_letters_seen: dict[int, int] | None = None) -> GroupReading:
+               dead_letters_seen: dict[int, int] | None = None,
+               only: Iterable[int] | None = None) -> GroupReading:
     """One bounded NATS session: the group's config (partition count checked), then the
-    backlog of the partitions this deployment serves (and only those); with
+    backlog of the partitions this deployment serves (and only those; with ``only``, of
+    those of ``only`` it serves); with
     ``dead_letters_seen`` (``{partition: count}`` last observed), also the dead-letter counts
     (one request) and the latest dead letter of each served partition whose count changed.
 
@@ -173,6 +178,9 @@ def read_group(spec: ConsumerGroupAsset, nats_res: NatsResource,
                                     timeout=nats_res.call_timeout_s)
         check_partitions(v.config, spec)
         served = served_partitions(assignment(v.config), served_members)
+        if only is not None:
+            wanted = set(only)
+            served = [p for p in served if p in wanted]
         async with JetStreamAPI(nc, timeout=nats_res.call_timeout_s) as api:
             backlog = await partition_backlog(api, spec.stream, spec.group, served)
             if dead_letters_seen is None:
@@ -324,12 +332,53 @@ def _partition_checks(spec: ConsumerGroupAsset, reading: GroupReading, exhausted
     return out
 
 
+def evaluate_check(spec: ConsumerGroupAsset, name: str, partition_key: str,
+                   nats_res: NatsResource, runs: PartitionRunsResource,
+                   instance: DagsterInstance, now: float | None = None
+                   ) -> AssetCheckEvaluation | None:
+    """Check ``name`` (:data:`LAG_CHECK` or :data:`RUNS_CHECK`) of one partition, computed as
+    the backlog sensor computes it and nothing else (for a check executed by hand): the
+    group's config and that partition's backlog (one NATS session); for :data:`RUNS_CHECK`
+    also its run history (:func:`~cg_pipelines.dagster.history.partition_runs`). Nothing is
+    written, no run is marked failed, no other partition is read. ``now``: Unix seconds.
+
+    Returns:
+        The evaluation, or ``None`` when this deployment does not serve the partition (or
+        :data:`LAG_CHECK` without a lag objective).
+
+    Raises:
+        ConfigError: ``partition_key`` is not one of the asset's, or ``name`` is not one of
+            :data:`BACKLOG_CHECK_NAMES`.
+        GroupNotFoundError, JetStreamError, TimeoutError, OSError: reading the group fails
+            (:data:`~cg_pipelines.dagster.spec.TICK_ERRORS`).
+    """
+    if name not in BACKLOG_CHECK_NAMES:
+        raise ConfigError("check", f"{name!r} is not one of {', '.join(BACKLOG_CHECK_NAMES)}")
+    p = spec.partition_of(partition_key)
+    reading = read_group(spec, nats_res, runs, only=[p])
+    if p not in reading.served:
+        return None
+    if name == LAG_CHECK:
+        found = lag_evaluations(spec, reading.backlog)
+        return found[0] if found else None
+    policy = runs.retry_policy()
+    code = spec.current_code_version()
+    pending = {b.partition: partition_key for b in reading.backlog if b.pending > 0}
+    history = partition_runs(instance, pending, code, policy,
+                             exclude_tag=(MODE_TAG, "rebuild")) if pending else {}
+    plan = plan_backlog_runs(spec.group, reading.backlog, history, policy,
+                             time.time() if now is None else now, code=code,
+                             min_pending=runs.min_pending, max_age_s=runs.max_age_s,
+                             partitions=[p])
+    return runs_evaluations(spec, [p], plan.exhausted, policy)[0]
+
+
 def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                  runs: PartitionRunsResource, log: Any, *,
                  instance: DagsterInstance | None = None,
                  warehouse: DeltaWarehouseResource | None = None,
                  cursor: str | None = None, observe: bool = False,
-                 now: float | None = None, record_checks: bool = True) -> BacklogTick:
+                 now: float | None = None) -> BacklogTick:
     """One backlog tick: read the group (:func:`read_group`), mark failed the runs whose
     worker process is gone, plan the runs with retries
     (:func:`~cg_pipelines.core.triggers.plan_backlog_runs`, run history from ``instance``:
@@ -341,9 +390,10 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     count changed, and the partitioned ``lag_within_objective`` and
     ``partition_runs_succeeding`` checks of each served partition whose outcome changed,
     written to ``instance`` (:func:`~cg_pipelines.dagster.history.record_partition_checks`;
-    all of them are returned in ``check_evaluations`` instead without an instance or with
-    ``record_checks=False``). ``now``: Unix seconds
-    (default the clock). Never raises for NATS or config trouble: the skip reason says it.
+    all of them are returned in ``check_evaluations`` instead without an instance; a check
+    executed by hand is :func:`evaluate_check`, not a tick). Repeated run requests are
+    dropped (:func:`~cg_pipelines.core.triggers.drop_repeated_requests`). ``now``: Unix
+    seconds (default the clock). Never raises for NATS or config trouble: the skip reason says it.
     """
     now = time.time() if now is None else now
     state, warning = _read_cursor(cursor, BacklogCursor, log) if observe else (
@@ -397,7 +447,7 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
         *_dead_letter_observations(spec, reading.dead_changed)]
     try:
         out.check_evaluations = _partition_checks(spec, reading, plan.exhausted, policy,
-                                                  instance if record_checks else None)
+                                                  instance)
     except Exception as e:  # noqa: BLE001 - the runs and the lag still matter; next tick
         log.warning(f"partitioned checks not recorded: {type(e).__name__}: {e}")
     reconciled_at = state.reconciled_at

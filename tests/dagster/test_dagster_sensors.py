@@ -8,12 +8,22 @@ Sensors call ``asyncio.run`` inside (``NatsResource.run``): they run in a worker
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
-from dagster import AssetKey, DagsterInstance, RunRequest, SkipReason
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetKey,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    RunRequest,
+    SkipReason,
+)
 from nats.js import JetStreamContext
 
 from cg_pipelines.core.assignment import assignment
@@ -29,7 +39,7 @@ from cg_pipelines.core.triggers import (
     decode_cursor,
 )
 from cg_pipelines.dagster import build_definitions
-from cg_pipelines.dagster.history import check_states
+from cg_pipelines.dagster.history import WORKER_TAG, check_states
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.errors import StreamNotFoundError
@@ -448,3 +458,47 @@ async def test_backlog_sensor_records_lag_checks_and_reconciles(
     assert now[("lag_within_objective", "g-3")] == (False, True)
     assert not any(getattr(e, "check_name", "") == "origin_reconciled"
                    for e in d3.asset_events)  # not again within the hour
+
+
+# ------------------------------------------------------------------------ checks by hand
+
+
+async def test_check_executed_by_hand_computes_only_the_check(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance) -> None:
+    """Executing ``lag_within_objective`` / ``partition_runs_succeeding`` for one partition
+    (the Checks tab's "Execute") evaluates that check of that partition, and nothing of a
+    tick: a run of another partition whose worker process is gone stays as it is (a tick
+    would mark it failed)."""
+    stream = unique_name
+    await h.create_group(js, stream)
+    spec = replace(make_spec(stream), lag_objective_s=0.1)
+    defs = build_definitions([spec], resources=make_resources(nats_server.url, warehouse))
+    evs = h.events_on({1})
+    await h.publish(js, stream, evs, len(evs))
+    await asyncio.sleep(0.3)  # older than the 0.1 s lag objective
+    lost = DagsterRun(job_name=JOB, run_id="lost-run", status=DagsterRunStatus.STARTED,
+                      tags={"dagster/partition": pkey(1),
+                            WORKER_TAG: f"{socket.gethostname()} 999999999 1"})
+    instance.add_run(lost)
+    job = defs.resolve_implicit_global_asset_job_def()
+
+    def execute(name: str, key: str) -> AssetCheckEvaluation:
+        check = AssetCheckKey(AssetKey(ASSET), name)
+        result = job.get_subset(asset_selection=set(), asset_check_selection={check}) \
+            .execute_in_process(partition_key=key, instance=instance)
+        assert result.success
+        (ev,) = result.get_asset_check_evaluations()
+        return ev
+
+    lag1 = await asyncio.to_thread(execute, "lag_within_objective", pkey(1))
+    assert not lag1.passed and "more than the 0.1 s objective" in (lag1.description or "")
+    assert (await asyncio.to_thread(execute, "lag_within_objective", pkey(0))).passed
+    runs1 = await asyncio.to_thread(execute, "partition_runs_succeeding", pkey(1))
+    assert runs1.passed and runs1.partition == pkey(1)
+    run = instance.get_run_by_id("lost-run")
+    assert run is not None and run.status == DagsterRunStatus.STARTED  # left to the sensor
+    # the sensor's tick does handle it
+    await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    run = instance.get_run_by_id("lost-run")
+    assert run is not None and run.status == DagsterRunStatus.FAILURE
