@@ -41,7 +41,10 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
-from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable
+from dagster._core.storage.event_log.schema import (
+    AssetCheckExecutionsTable,
+    SqlEventLogStorageTable,
+)
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._serdes import serialize_value
@@ -340,11 +343,12 @@ def store_check_evaluations(instance: DagsterInstance, entries: Sequence[EventLo
 
     What ``instance.report_dagster_event`` does for one such event, done for all of them
     together (Dagster 1.13's SQL event log storages: SQLite, its per-run sharded variant,
-    PostgreSQL): the event row (in the run's shard too, for the sharded SQLite storage), then
-    the check's execution row of its (asset, check, run id, partition) updated, or inserted
-    when there is none. Each ``report_dagster_event`` costs ~0.1 s (several connections and
-    commits), so 100 of them were most of a 4096-partition tick; together they cost one
-    commit. Another event log storage gets the events one by one
+    PostgreSQL): the event rows (in the run's shard too, for the sharded SQLite storage), then
+    the check's execution row of each (asset, check, run id, partition) replaced (deleted and
+    inserted where Dagster updates it in place or inserts it: still one row, now the newest),
+    in a handful of statements whatever their number. Each ``report_dagster_event`` costs
+    ~0.1 s (several connections and commits), so 100 of them were most of a 4096-partition
+    tick. Another event log storage gets the events one by one
     (``instance.handle_new_event``).
 
     Raises:
@@ -362,42 +366,58 @@ def store_check_evaluations(instance: DagsterInstance, entries: Sequence[EventLo
         for e in entries:
             instance.handle_new_event(e)
         return
+    rows = [_event_row(e) for e in entries]
     if isinstance(storage, SqliteEventLogStorage):  # sharded: the run's shard holds it too
-        by_run: dict[str, list[EventLogEntry]] = {}
-        for e in entries:
-            by_run.setdefault(e.run_id, []).append(e)
-        for run_id, es in by_run.items():
+        by_run: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            by_run.setdefault(row["run_id"], []).append(row)
+        for run_id, run_rows in by_run.items():
             with storage.run_connection(run_id) as conn:
-                for e in es:
-                    conn.execute(storage.prepare_insert_event(e))
+                conn.execute(SqlEventLogStorageTable.insert(), run_rows)
+    table = AssetCheckExecutionsTable
     with storage.index_transaction() as conn:
-        for e in entries:
-            event_id = conn.execute(storage.prepare_insert_event(e)).inserted_primary_key[0]
-            _upsert_check_execution(conn, e, int(event_id))
+        # All the events in one statement, their ids returned in the order given.
+        ids = [int(r[0]) for r in conn.execute(SqlEventLogStorageTable.insert().returning(
+            SqlEventLogStorageTable.c.id, sort_by_parameter_order=True), rows)]
+        executions = [_execution_row(e, i) for e, i in zip(entries, ids, strict=True)]
+        # The rows they replace: one delete per (asset, check, run id), then one insert.
+        doomed: dict[tuple[str, str, str], list[str | None]] = {}
+        for x in executions:
+            doomed.setdefault((x["asset_key"], x["check_name"], x["run_id"]), []).append(
+                x["partition"])
+        for (asset, check, run_id), parts in doomed.items():
+            named = [q for q in parts if q is not None]
+            conn.execute(table.delete().where(
+                table.c.asset_key == asset, table.c.check_name == check,
+                table.c.run_id == run_id,
+                sqlalchemy.or_(table.c.partition.in_(named), table.c.partition.is_(None))
+                if None in parts else table.c.partition.in_(named)))
+        conn.execute(table.insert(), executions)
 
 
-def _upsert_check_execution(conn: Any, entry: EventLogEntry, event_id: int) -> None:
-    """The check execution row of the entry's (asset, check, run id, partition), updated or
-    inserted (as ``SqlEventLogStorage._update_asset_check_evaluation`` does, on ``conn``)."""
+def _event_row(entry: EventLogEntry) -> dict[str, Any]:
+    """The ``event_logs`` row of an event (the columns ``SqlEventLogStorage`` writes)."""
+    event = entry.get_dagster_event()
+    return {"run_id": entry.run_id, "event": serialize_value(entry),
+            "dagster_event_type": event.event_type_value,
+            "timestamp": datetime.fromtimestamp(entry.timestamp, UTC).replace(tzinfo=None),
+            "step_key": event.step_key,
+            "asset_key": event.asset_key.to_string() if event.asset_key else None,
+            "partition": event.partition or None}
+
+
+def _execution_row(entry: EventLogEntry, event_id: int) -> dict[str, Any]:
+    """The ``asset_check_executions`` row of a check evaluation stored as event ``event_id``
+    (the values ``SqlEventLogStorage._update_asset_check_evaluation`` writes)."""
     ev = entry.get_dagster_event().event_specific_data
     assert isinstance(ev, AssetCheckEvaluation)
     target = ev.target_materialization_data
-    values = dict(
-        execution_status=(AssetCheckExecutionRecordStatus.SUCCEEDED if ev.passed
-                          else AssetCheckExecutionRecordStatus.FAILED).value,
-        evaluation_event=serialize_value(entry),
-        evaluation_event_timestamp=datetime.fromtimestamp(entry.timestamp, UTC)
-        .replace(tzinfo=None),
-        evaluation_event_storage_id=event_id,
-        materialization_event_storage_id=target.storage_id if target else None,
-        partition=ev.partition)
-    table = AssetCheckExecutionsTable
-    where = sqlalchemy.and_(
-        table.c.asset_key == ev.asset_key.to_string(), table.c.check_name == ev.check_name,
-        table.c.run_id == entry.run_id,
-        table.c.partition.is_(None) if ev.partition is None
-        else table.c.partition == ev.partition)
-    if conn.execute(table.update().where(where).values(**values)).rowcount == 0:
-        conn.execute(table.insert().values(asset_key=ev.asset_key.to_string(),
-                                           check_name=ev.check_name, run_id=entry.run_id,
-                                           **values))
+    return {"asset_key": ev.asset_key.to_string(), "check_name": ev.check_name,
+            "run_id": entry.run_id, "partition": ev.partition,
+            "execution_status": (AssetCheckExecutionRecordStatus.SUCCEEDED if ev.passed
+                                 else AssetCheckExecutionRecordStatus.FAILED).value,
+            "evaluation_event": serialize_value(entry),
+            "evaluation_event_timestamp": datetime.fromtimestamp(entry.timestamp, UTC)
+            .replace(tzinfo=None),
+            "evaluation_event_storage_id": event_id,
+            "materialization_event_storage_id": target.storage_id if target else None}
