@@ -13,14 +13,18 @@ Each tick is evaluated as the daemon evaluates it (``build_sensor_context(instan
 cursor=..., definitions=defs)`` + ``evaluate_tick``), with the definitions' own resources (a
 fresh NATS connection per tick, as in production) and Dagster's log output sent to
 ``/dev/null``. The first tick (no cursor: every partition's lag observed, every partition's
-checks recorded, at most ``CHECKS_PER_TICK`` of them), the ticks that record the remaining
-checks, and then steady ticks (the cursor carried: nothing changed, nothing written) are
-timed; Dagster storage calls per tick are counted (run-records queries, per-run event reads,
-check-state reads, event writes).
+checks recorded, at most ``CHECKS_PER_TICK`` of them), up to ``--max-converge`` ticks that
+record the remaining checks, and then steady ticks (the cursor carried: nothing changed, run
+keys requested less than 300 s ago not requested again; at 4096 partitions, 8,192 checks,
+they still store ``CHECKS_PER_TICK`` leftover check evaluations each) are timed; Dagster
+storage calls per tick are counted (run-records queries, per-run event reads, check-state
+reads, event writes, check evaluations stored) and a steady tick's time is split into its
+parts (:class:`Phases`: NATS read, run history, check states, check writes, the rest of the
+sensor, Dagster's own processing).
 
 Prints, per instance and size, ``sensor tick <n> partitions: <s> s`` (SQLite; the line
 ``bench/scale.py`` reads) or ``sensor tick <n> partitions (postgres): <s> s`` (the median
-steady tick), a detail line (first tick, storage calls per tick, run requests), and the
+steady tick), a detail line (first tick, storage calls per tick, parts, run requests), and the
 lag observations per day at a 30 s tick (the bound the sensor keeps, and what the previous
 one-observation-per-changed-partition-per-tick rule gave under steady traffic).
 
@@ -71,6 +75,8 @@ from cg_pipelines.dagster import (  # noqa: E402
     NatsResource,
     PartitionRunsResource,
     build_definitions,
+    history,
+    sensors,  # noqa: E402
 )
 from cg_pipelines.dagster.history import CODE_TAG  # noqa: E402
 from cg_pipelines.dagster.sensors import CHECKS_PER_TICK  # noqa: E402
@@ -194,30 +200,38 @@ def quiet_stderr() -> Iterator[None]:
 
 
 class StorageCalls:
-    """Counts a Dagster instance's storage calls made by a tick."""
+    """Counts a Dagster instance's storage calls made by a tick, and the check evaluations
+    it stores (``history.store_check_evaluations``: rows, and the seconds it took)."""
 
     NAMES = ("get_run_records", "get_records_for_run", "report_dagster_event",
              "get_latest_storage_id_by_partition", "fetch_materializations")
+    STORED = "check evaluations stored"
 
     def __init__(self, instance: DagsterInstance) -> None:
         self.instance, self.counts = instance, dict.fromkeys(
-            [*self.NAMES, "get_asset_check_partition_info"], 0)
+            [*self.NAMES, "get_asset_check_partition_info", self.STORED], 0)
         self.write_s = 0.0
         for name in self.NAMES:
             self._wrap(instance, name)
         self._wrap(instance.event_log_storage, "get_asset_check_partition_info")
+        real = history.store_check_evaluations
+
+        def stored(inst: DagsterInstance, entries: Any) -> None:
+            self.counts[self.STORED] += len(entries)
+            t0 = time.perf_counter()
+            try:
+                real(inst, entries)
+            finally:
+                self.write_s += time.perf_counter() - t0
+
+        history.store_check_evaluations = stored  # type: ignore[assignment]
 
     def _wrap(self, obj: Any, name: str) -> None:
         real = getattr(obj, name)
 
         def counted(*a: Any, **k: Any) -> Any:
             self.counts[name] += 1
-            t0 = time.perf_counter()
-            try:
-                return real(*a, **k)
-            finally:
-                if name == "report_dagster_event":
-                    self.write_s += time.perf_counter() - t0
+            return real(*a, **k)
 
         setattr(obj, name, counted)
 
@@ -230,6 +244,50 @@ class StorageCalls:
     def take_write_s(self) -> float:
         out, self.write_s = self.write_s, 0.0
         return out
+
+
+class Phases:
+    """Wall-clock seconds a tick spends in each part: ``read`` (the NATS session:
+    ``sensors.read_group``), ``history`` (run history: ``sensors.partition_runs``), ``check
+    states`` (``sensors.check_states``), ``check writes`` (``sensors.record_partition_checks``),
+    ``other`` (the rest of ``sensors.backlog_tick``: planning, run requests, observations,
+    cursor) and ``dagster`` (the rest of the tick: Dagster resolving the run requests and the
+    result)."""
+
+    WRAPPED = {"read_group": "read", "partition_runs": "history",
+               "check_states": "check states", "record_partition_checks": "check writes",
+               "backlog_tick": "tick"}
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        for name, label in self.WRAPPED.items():
+            self._wrap(name, label)
+
+    def _wrap(self, name: str, label: str) -> None:
+        real = getattr(sensors, name)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - t0
+
+        setattr(sensors, name, timed)
+
+    def take(self, total: float) -> dict[str, float]:
+        """The parts of a tick that took ``total`` seconds; resets."""
+        got, self.seconds = self.seconds, {}
+        tick = got.pop("tick", 0.0)
+        parts = {k: got.get(k, 0.0) for k in ("read", "history", "check states",
+                                              "check writes")}
+        parts["other"] = tick - sum(parts.values())
+        parts["dagster"] = total - tick
+        return parts
+
+
+def fmt_phases(parts: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in parts.items())
 
 
 def backlog_tick(defs: Definitions, name: str, instance: DagsterInstance,
@@ -248,6 +306,7 @@ def measure(instance: DagsterInstance, label: str, s: ConsumerGroupAsset, url: s
     add_history(instance, s, history)
     t_hist = time.perf_counter() - t0
     calls = StorageCalls(instance)
+    phases = Phases()
     name = f"{s.name}_backlog"
     with quiet_stderr():
         calls.take_write_s()
@@ -269,30 +328,38 @@ def measure(instance: DagsterInstance, label: str, s: ConsumerGroupAsset, url: s
             t0 = time.perf_counter()
             reqs, ev2, cursor = backlog_tick(defs, name, instance, cursor)
             dt = time.perf_counter() - t0
-            if not calls.take().get("report_dagster_event"):
+            if not calls.take().get(StorageCalls.STORED):
                 break
             converge, t_converge = converge + 1, t_converge + dt
         calls.take_write_s()
         steady, steady_w, steady_calls = [], [], {}
+        steady_stored: list[int] = []
+        parts: list[dict[str, float]] = []
         for _ in range(repeats):
+            phases.take(0.0)
             t0 = time.perf_counter()
             reqs, ev2, cursor = backlog_tick(defs, name, instance, cursor)
             steady.append(time.perf_counter() - t0)
+            parts.append(phases.take(steady[-1]))
             steady_w.append(calls.take_write_s())
             steady_calls = calls.take()
+            steady_stored.append(steady_calls.get(StorageCalls.STORED, 0))
     n = s.partitions
     tag = "" if label == "sqlite" else f" ({label})"
     med = statistics.median(steady)
     med_w = statistics.median(steady_w)
+    med_parts = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
     return (f"sensor tick {n} partitions{tag}: {med:.3f} s"
-            + (f" ({med - med_w:.3f} s without its {steady_calls.get('report_dagster_event')} "
-               f"check writes)" if med_w else "") + "\n"
+            + (f" ({med - med_w:.3f} s without storing its "
+               f"{statistics.median(steady_stored):g} check evaluations)" if med_w else "")
+            + "\n"
             f"  detail {label} {n}: first tick {first:.3f} s, {first - first_w:.3f} s without "
             f"its check writes (storage calls {first_calls}); the daemon writes "
             f"{len(written)} of its {len(first_events)} observations: {t_write:.1f} s; "
             f"{converge} more tick(s) recording checks ({t_converge:.1f} s"
             f"{'' if converge < max_converge else ', stopped there'}); "
-            f"steady tick storage calls {steady_calls}, {len(ev2)} events; "
+            f"steady tick storage calls {steady_calls}, {len(ev2)} events; steady tick parts "
+            f"(medians, s): {fmt_phases(med_parts)}; "
             f"{reqs} run requests; history {history} run(s) per partition + 5 failures on 1% "
             f"(added in {t_hist:.1f} s)")
 

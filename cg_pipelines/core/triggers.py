@@ -4,7 +4,9 @@
   ``<group>:<p>:<first pending seq>`` so a retried tick for the same backlog is one run and a
   new backlog (a new first sequence) is a new run.
 - :func:`gained_partitions`: after a membership change, the partitions the served members gained.
-- Membership cursors: ``{"rev": <KV revision>, "assignment": {...}}`` as compact JSON.
+- Sensor cursors, one codec for both sensors: :class:`MembershipCursor` and
+  :class:`BacklogCursor`, written by :func:`encode_cursor` and read back by
+  :func:`decode_cursor`, which raises :class:`CursorError` for anything it did not write.
 - How a tick reads the backlog: :func:`use_subject_counts` (list the work-queue stream's subject
   counts first, or not) and :func:`pending_by_partition` (those counts summed per partition).
 - :func:`summary_lines`: a tick's log lines, capped.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from cg_pipelines.core.assignment import moved_partitions, owners
 from cg_pipelines.core.errors import ConfigError, DecodeError, UsageError
@@ -146,23 +149,136 @@ def served_partitions(assign: Mapping[str, Sequence[int]], served: Iterable[str]
     return sorted(p for p, m in owners(assign).items() if allowed is None or m in allowed)
 
 
-def encode_membership_cursor(revision: int, assign: Mapping[str, Sequence[int]]) -> str:
-    """Cursor text for the membership sensor."""
-    return json.dumps({"rev": revision, "assignment": {m: list(ps) for m, ps in
-                                                       sorted(assign.items())}},
-                      separators=(",", ":"))
+# --------------------------------------------------------------------------------------------
+# Sensor cursors: one codec
+# --------------------------------------------------------------------------------------------
 
 
-def decode_membership_cursor(cursor: str | None) -> tuple[int, dict[str, list[int]]]:
-    """``(revision, assignment)``; ``(0, {})`` for no cursor. Raises ``DecodeError`` if corrupt."""
-    if not cursor:
-        return 0, {}
+class CursorError(DecodeError):
+    """A sensor cursor that :func:`decode_cursor` cannot read back: not JSON, not a JSON object,
+    or a field of the wrong shape. ``str(err)`` names the cursor kind, its first 80 characters
+    and the problem. A sensor recovers by starting over from an empty cursor (and says so)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipCursor:
+    """The membership sensor's cursor: the group's KV ``revision`` last acted on (0: none)
+    and the ``assignment`` (``{member: [partitions]}``) it had then.
+
+    JSON: ``{"rev": <revision>, "assignment": {<member>: [<p>, ...]}}``."""
+
+    revision: int = 0
+    assignment: dict[str, list[int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"rev": self.revision,
+                "assignment": {m: list(ps) for m, ps in sorted(self.assignment.items())}}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, object]) -> MembershipCursor:
+        """Raises ``KeyError``, ``TypeError`` or ``ValueError`` for a wrong shape
+        (:func:`decode_cursor` turns them into :class:`CursorError`)."""
+        return cls(_int(obj["rev"]), {str(m): [_int(p) for p in _list(ps)]
+                                      for m, ps in _object(obj["assignment"]).items()})
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogCursor:
+    """The backlog sensor's cursor.
+
+    Attributes:
+        observed: :func:`lag_observations_due`'s state, ``{str(partition): [pending,
+            first_seq, observed_at]}`` (``observed_at`` in Unix seconds).
+        reconciled_at: when ``origin_reconciled`` was last evaluated (Unix seconds, 0: never).
+        dead_letters: ``{partition: dead letters}`` as last observed.
+        errors: ``{run_id: error}`` of the partitions' newest failed runs (a cache, bounded by
+            the partitions).
+        requested: ``{partition: (run key, Unix seconds)}``: the run key last requested for
+            each partition with a backlog, and when (:func:`drop_repeated_requests`).
+
+    JSON: ``{"observed": ..., "reconciled_at": ..., "dead_letters": {"<p>": n}, "errors":
+    ..., "requested": {"<p>": [key, at]}}``; missing fields read as empty."""
+
+    observed: dict[str, list[float | int | None]] = field(default_factory=dict)
+    reconciled_at: float = 0.0
+    dead_letters: dict[int, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    requested: dict[int, tuple[str, float]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"observed": self.observed, "reconciled_at": self.reconciled_at,
+                "dead_letters": {str(p): n for p, n in self.dead_letters.items()},
+                "errors": self.errors,
+                "requested": {str(p): [k, at] for p, (k, at) in self.requested.items()}}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, object]) -> BacklogCursor:
+        """Raises ``TypeError`` or ``ValueError`` for a wrong shape (:func:`decode_cursor`
+        turns them into :class:`CursorError`)."""
+        return cls(
+            {str(p): [None if x is None else _number(x) for x in _list(v)]
+             for p, v in _object(obj.get("observed") or {}).items()},
+            _number(obj.get("reconciled_at") or 0.0),
+            {_int(p): _int(n) for p, n in _object(obj.get("dead_letters") or {}).items()},
+            {str(r): str(e) for r, e in _object(obj.get("errors") or {}).items()},
+            {_int(p): _key_at(v) for p, v in _object(obj.get("requested") or {}).items()})
+
+
+def _key_at(x: object) -> tuple[str, float]:
+    key, at = _list(x)
+    if not isinstance(key, str):
+        raise TypeError(f"expected a run key string, got {type(key).__name__}")
+    return key, float(_number(at))
+
+
+def _object(x: object) -> dict[str, object]:
+    if not isinstance(x, dict):
+        raise TypeError(f"expected a JSON object, got {type(x).__name__}")
+    return x
+
+
+def _list(x: object) -> list[object]:
+    if not isinstance(x, list):
+        raise TypeError(f"expected a JSON array, got {type(x).__name__}")
+    return x
+
+
+def _int(x: object) -> int:
+    if isinstance(x, bool) or not isinstance(x, int | str):
+        raise TypeError(f"expected an integer, got {type(x).__name__}")
+    return int(x)
+
+
+def _number(x: object) -> float | int:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise TypeError(f"expected a number, got {type(x).__name__}")
+    return x
+
+
+Cursor = MembershipCursor | BacklogCursor
+_CursorT = TypeVar("_CursorT", MembershipCursor, BacklogCursor)
+
+
+def encode_cursor(cursor: Cursor) -> str:
+    """A sensor cursor as compact JSON (what Dagster stores as the sensor's cursor)."""
+    return json.dumps(cursor.to_json(), separators=(",", ":"))
+
+
+def decode_cursor(text: str | None, kind: type[_CursorT]) -> _CursorT:
+    """The cursor of type ``kind`` that :func:`encode_cursor` wrote as ``text``; an empty
+    ``kind()`` for no cursor (``None`` or ``""``).
+
+    Raises:
+        CursorError: ``text`` is not JSON, not a JSON object, or a field has the wrong shape.
+    """
+    if not text:
+        return kind()
+    what = "membership" if kind is MembershipCursor else "backlog"
     try:
-        obj = json.loads(cursor)
-        return int(obj["rev"]), {str(m): [int(p) for p in ps]
-                                 for m, ps in obj["assignment"].items()}
+        return kind.from_json(_object(json.loads(text)))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise DecodeError(f"corrupt membership cursor {cursor[:80]!r}: {e}") from None
+        raise CursorError(f"corrupt {what} cursor {text[:80]!r}: "
+                          f"{type(e).__name__}: {e}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +434,51 @@ def plan_backlog_runs(
             req.partition, retry_run_key(group, req.partition, first_seq, h, code),
             reason))
     return plan
+
+
+REPEAT_REQUEST_S = 300.0
+"""Seconds: a run key requested for a partition is not requested again for this long
+(:func:`drop_repeated_requests`)."""
+
+
+def drop_repeated_requests(
+    requests: Sequence[BacklogRequest],
+    requested: Mapping[int, tuple[str, float]],
+    pending: Iterable[int],
+    now: float,
+    repeat_s: float = REPEAT_REQUEST_S,
+) -> tuple[list[BacklogRequest], int, dict[int, tuple[str, float]]]:
+    """The requests worth sending, and the state to keep for the next tick.
+
+    Dagster runs a run key once, ever (a sensor's repeated request for it is skipped after
+    a run-records query), so a request whose run key was requested for the partition less
+    than ``repeat_s`` seconds ago is dropped: while a partition's backlog waits for its run
+    (queued behind the per-partition limit, or a run that ended ``held``) a tick neither
+    builds nor sends its request again. After ``repeat_s`` it is sent again, in case the
+    earlier request was lost (the tick that made it failed after its cursor was saved).
+
+    Args:
+        requests: the tick's planned requests (:attr:`TickPlan.requests`).
+        requested: ``{partition: (run key, Unix seconds)}`` from the previous tick.
+        pending: the partitions with a backlog now (the state keeps only them).
+        now: Unix seconds.
+        repeat_s: seconds.
+
+    Returns:
+        ``(to send, how many were dropped, new state)``.
+    """
+    now_pending = set(pending)
+    keep = {p: v for p, v in requested.items() if p in now_pending}
+    out: list[BacklogRequest] = []
+    dropped = 0
+    for r in requests:
+        prev = keep.get(r.partition)
+        if prev is not None and prev[0] == r.run_key and 0 <= now - prev[1] < repeat_s:
+            dropped += 1
+            continue
+        out.append(r)
+        keep[r.partition] = (r.run_key, now)
+    return out, dropped, keep
 
 
 def lag_breaches(backlog: Sequence[PartitionBacklog], objective_s: float

@@ -37,7 +37,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-import nats.errors
 from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
@@ -62,10 +61,7 @@ from dagster import (
 from pydantic import Field as PydanticField
 
 from cg_pipelines.core.assignment import assignment, owners
-from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.errors import (
-    ConfigError,
-    GroupNotFoundError,
     PartitionRunError,
     cause_text,
     one_line,
@@ -79,13 +75,10 @@ from cg_pipelines.dagster.resources import (
     run_spark_session,
     stopping_foreign_spark,
 )
-from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.spec import TICK_ERRORS, ConsumerGroupAsset, load_group_config
 from cg_pipelines.engine.rebuild import rebuild_partition
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.runner import run_partition
-from cg_pipelines.jetstream import admin
-from cg_pipelines.jetstream.errors import JetStreamError
-from cg_pipelines.jetstream.kv import Versioned
 from cg_pipelines.sinks.base import FenceConflictError
 from cg_pipelines.sinks.delta import DeltaSink, TableStats
 
@@ -94,8 +87,6 @@ __all__ = [
     "RunProgress",
     "asset_key_of",
     "build_group_asset",
-    "check_partitions",
-    "load_group_config",
     "wait_for_earlier_runs",
 ]
 
@@ -126,11 +117,6 @@ def run_mode(tags: Mapping[str, str], config: PartitionRunConfig) -> str:
     if tag not in ("drain", "rebuild"):
         raise Failure(f"run tag {MODE_TAG}={tag!r}: expected 'drain' or 'rebuild'")
     return tag
-
-
-TICK_ERRORS = (GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError,
-               nats.errors.Error, ValueError)
-"""What a sensor tick reports as a skip reason, and a run as a ``Failure``, instead of crashing."""
 
 
 def asset_key_of(spec: ConsumerGroupAsset) -> AssetKey:
@@ -175,27 +161,6 @@ def summary_line(p: int, result: RunResult) -> str:
             f"{result.duplicates_skipped:,} already committed and skipped) in "
             f"{result.seconds:.1f} s ({result.messages_per_second:,.0f}/s)")
     return f"{line}; {result.detail}" if result.detail else line
-
-
-def check_partitions(config: ElasticConfig, spec: ConsumerGroupAsset) -> None:
-    """Raise ``ConfigError`` unless the group's partition count is the one the code declares."""
-    if config.max_members != spec.partitions:
-        raise ConfigError("max_members", f"group {spec.stream}.{spec.group} has "
-                          f"{config.max_members} partitions in KV but the code declares "
-                          f"{spec.partitions}")
-
-
-def load_group_config(nats_res: NatsResource, spec: ConsumerGroupAsset
-                      ) -> Versioned[ElasticConfig]:
-    """The group's config (one bounded NATS call), its partition count checked.
-
-    Raises:
-        GroupNotFoundError, ConfigError, JetStreamError, TimeoutError: as the call fails.
-    """
-    v = nats_res.run(lambda nc: admin.get_elastic(nc.jetstream(), spec.stream, spec.group,
-                                                  timeout=nats_res.call_timeout_s))
-    check_partitions(v.config, spec)
-    return v
 
 
 def _run_metadata(result: RunResult, owner: str, revision: int) -> dict[str, Any]:

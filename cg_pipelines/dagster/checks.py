@@ -12,9 +12,10 @@ The backlog sensor evaluates both for every served partition at each tick and re
 partition's result when its outcome changed or a new materialization made the last one stale
 (:func:`cg_pipelines.dagster.history.record_partition_checks` says how, given Dagster 1.13's
 one-run-less-result-per-partition limit). They can also be executed by hand (the asset's
-Checks tab, "Execute", per partition). The checks each run evaluates (``backlog_drained``,
-``no_unexplained_fence_conflicts``, ``no_new_dead_letters``) are declared on the asset
-(:mod:`cg_pipelines.dagster.assets`).
+Checks tab, "Execute", per partition): that computes the check of that partition only
+(:func:`cg_pipelines.dagster.sensors.evaluate_check`), not a tick. The checks each run
+evaluates (``backlog_drained``, ``no_unexplained_fence_conflicts``, ``no_new_dead_letters``)
+are declared on the asset (:mod:`cg_pipelines.dagster.assets`).
 """
 
 from dagster import (
@@ -27,30 +28,33 @@ from dagster import (
 )
 
 from cg_pipelines.dagster.assets import asset_key_of
-from cg_pipelines.dagster.sensors import LAG_CHECK, RUNS_CHECK, backlog_tick
-from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.sensors import LAG_CHECK, RUNS_CHECK, evaluate_check
+from cg_pipelines.dagster.spec import TICK_ERRORS, ConsumerGroupAsset
 
 __all__ = ["build_group_checks"]
 
 
 def _evaluate(context: AssetCheckExecutionContext, spec: ConsumerGroupAsset,
               name: str) -> AssetCheckResult:
-    """Evaluate check ``name`` on the run's partition (read the group as a tick does).
+    """Evaluate check ``name`` on the run's partition, and only that
+    (:func:`~cg_pipelines.dagster.sensors.evaluate_check`: no tick, no lost-run handling).
 
     Raises:
         Failure: the group cannot be read, or the partition is not served here.
     """
     res = context.resources
     key = context.partition_key
-    tick = backlog_tick(spec, getattr(res, spec.nats_resource_key),
-                        getattr(res, spec.runs_resource_key), context.log,
-                        instance=context.instance, observe=True, record_checks=False)
-    for ev in tick.check_evaluations:
-        if ev.check_name == name and ev.partition == key:
-            return AssetCheckResult(passed=ev.passed, severity=ev.severity,
-                                    description=ev.description, metadata=dict(ev.metadata))
-    raise Failure(f"cannot evaluate {name} on {key}: "
-                  f"{tick.skip_reason or 'the partition is not served by this deployment'}")
+    try:
+        ev = evaluate_check(spec, name, key, getattr(res, spec.nats_resource_key),
+                            getattr(res, spec.runs_resource_key), context.instance)
+    except TICK_ERRORS as e:
+        raise Failure(f"cannot evaluate {name} on {key}: consumer group "
+                      f"{spec.stream}.{spec.group}: {e}") from e
+    if ev is None:
+        raise Failure(f"cannot evaluate {name} on {key}: the partition is not served by this "
+                      "deployment")
+    return AssetCheckResult(passed=ev.passed, severity=ev.severity,
+                            description=ev.description, metadata=dict(ev.metadata))
 
 
 def build_group_checks(spec: ConsumerGroupAsset) -> list[AssetChecksDefinition]:

@@ -22,10 +22,10 @@ Signals, their meaning and volume: ``docs/signals.md``.
 """
 
 
-import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from dagster import (
     AssetCheckEvaluation,
@@ -49,25 +49,25 @@ from dagster import (
 
 from cg_pipelines.core.assignment import assignment
 from cg_pipelines.core.config import dlq_stream_name
+from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.triggers import (
+    REPEAT_REQUEST_S,
+    BacklogCursor,
+    CursorError,
+    MembershipCursor,
     PartitionBacklog,
     RetryPolicy,
     RetryWait,
-    decode_membership_cursor,
-    encode_membership_cursor,
+    decode_cursor,
+    drop_repeated_requests,
+    encode_cursor,
     gained_partitions,
     lag_observations_due,
     plan_backlog_runs,
     served_partitions,
     summary_lines,
 )
-from cg_pipelines.dagster.assets import (
-    MODE_TAG,
-    TICK_ERRORS,
-    asset_key_of,
-    check_partitions,
-    load_group_config,
-)
+from cg_pipelines.dagster.assets import MODE_TAG, asset_key_of
 from cg_pipelines.dagster.history import (
     CODE_TAG,
     check_states,
@@ -81,7 +81,12 @@ from cg_pipelines.dagster.resources import (
     NatsResource,
     PartitionRunsResource,
 )
-from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.spec import (
+    TICK_ERRORS,
+    ConsumerGroupAsset,
+    check_partitions,
+    load_group_config,
+)
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import (
@@ -92,7 +97,10 @@ from cg_pipelines.jetstream.backlog import (
 )
 from cg_pipelines.sinks.base import app_id_for
 
-__all__ = ["BacklogTick", "backlog_tick", "build_drain_schedule", "build_sensors"]
+__all__ = ["BacklogTick", "backlog_tick", "build_drain_schedule", "build_sensors",
+           "evaluate_check"]
+
+CursorT = TypeVar("CursorT", MembershipCursor, BacklogCursor)
 
 Job = Any
 """What ``define_asset_job`` returns (its class is not part of Dagster's public API) or a
@@ -151,15 +159,17 @@ class GroupReading:
 
 def read_group(spec: ConsumerGroupAsset, nats_res: NatsResource,
                runs: PartitionRunsResource, *,
-               dead_letters_seen: dict[int, int] | None = None) -> GroupReading:
+               dead_letters_seen: dict[int, int] | None = None,
+               only: Iterable[int] | None = None) -> GroupReading:
     """One bounded NATS session: the group's config (partition count checked), then the
-    backlog of the partitions this deployment serves (and only those); with
+    backlog of the partitions this deployment serves (and only those; with ``only``, of
+    those of ``only`` it serves); with
     ``dead_letters_seen`` (``{partition: count}`` last observed), also the dead-letter counts
     (one request) and the latest dead letter of each served partition whose count changed.
 
     Raises:
         GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError: as reading
-        fails (all in :data:`~cg_pipelines.dagster.assets.TICK_ERRORS`).
+        fails (all in :data:`~cg_pipelines.dagster.spec.TICK_ERRORS`).
     """
     served_members = runs.served()
 
@@ -168,6 +178,9 @@ def read_group(spec: ConsumerGroupAsset, nats_res: NatsResource,
                                     timeout=nats_res.call_timeout_s)
         check_partitions(v.config, spec)
         served = served_partitions(assignment(v.config), served_members)
+        if only is not None:
+            wanted = set(only)
+            served = [p for p in served if p in wanted]
         async with JetStreamAPI(nc, timeout=nats_res.call_timeout_s) as api:
             backlog = await partition_backlog(api, spec.stream, spec.group, served)
             if dead_letters_seen is None:
@@ -229,12 +242,15 @@ def runs_evaluations(spec: ConsumerGroupAsset, partitions: list[int],
     return out
 
 
-def _decode_cursor(cursor: str | None) -> dict[str, Any]:
+def _read_cursor(text: str | None, kind: type[CursorT], log: Any) -> tuple[CursorT, str]:
+    """The sensor's cursor, or, when it is corrupt (:class:`CursorError`), an empty one and a
+    warning (logged, and returned for the tick's reason; ``""`` when the cursor was fine)."""
     try:
-        obj = json.loads(cursor) if cursor else {}
-    except ValueError:
-        obj = {}
-    return obj if isinstance(obj, dict) else {}
+        return decode_cursor(text, kind), ""
+    except CursorError as e:
+        warning = f"{e}; starting over from an empty cursor"
+        log.warning(warning)
+        return kind(), warning
 
 
 def _lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
@@ -316,12 +332,53 @@ def _partition_checks(spec: ConsumerGroupAsset, reading: GroupReading, exhausted
     return out
 
 
+def evaluate_check(spec: ConsumerGroupAsset, name: str, partition_key: str,
+                   nats_res: NatsResource, runs: PartitionRunsResource,
+                   instance: DagsterInstance, now: float | None = None
+                   ) -> AssetCheckEvaluation | None:
+    """Check ``name`` (:data:`LAG_CHECK` or :data:`RUNS_CHECK`) of one partition, computed as
+    the backlog sensor computes it and nothing else (for a check executed by hand): the
+    group's config and that partition's backlog (one NATS session); for :data:`RUNS_CHECK`
+    also its run history (:func:`~cg_pipelines.dagster.history.partition_runs`). Nothing is
+    written, no run is marked failed, no other partition is read. ``now``: Unix seconds.
+
+    Returns:
+        The evaluation, or ``None`` when this deployment does not serve the partition (or
+        :data:`LAG_CHECK` without a lag objective).
+
+    Raises:
+        ConfigError: ``partition_key`` is not one of the asset's, or ``name`` is not one of
+            :data:`BACKLOG_CHECK_NAMES`.
+        GroupNotFoundError, JetStreamError, TimeoutError, OSError: reading the group fails
+            (:data:`~cg_pipelines.dagster.spec.TICK_ERRORS`).
+    """
+    if name not in BACKLOG_CHECK_NAMES:
+        raise ConfigError("check", f"{name!r} is not one of {', '.join(BACKLOG_CHECK_NAMES)}")
+    p = spec.partition_of(partition_key)
+    reading = read_group(spec, nats_res, runs, only=[p])
+    if p not in reading.served:
+        return None
+    if name == LAG_CHECK:
+        found = lag_evaluations(spec, reading.backlog)
+        return found[0] if found else None
+    policy = runs.retry_policy()
+    code = spec.current_code_version()
+    pending = {b.partition: partition_key for b in reading.backlog if b.pending > 0}
+    history = partition_runs(instance, pending, code, policy,
+                             exclude_tag=(MODE_TAG, "rebuild")) if pending else {}
+    plan = plan_backlog_runs(spec.group, reading.backlog, history, policy,
+                             time.time() if now is None else now, code=code,
+                             min_pending=runs.min_pending, max_age_s=runs.max_age_s,
+                             partitions=[p])
+    return runs_evaluations(spec, [p], plan.exhausted, policy)[0]
+
+
 def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                  runs: PartitionRunsResource, log: Any, *,
                  instance: DagsterInstance | None = None,
                  warehouse: DeltaWarehouseResource | None = None,
                  cursor: str | None = None, observe: bool = False,
-                 now: float | None = None, record_checks: bool = True) -> BacklogTick:
+                 now: float | None = None) -> BacklogTick:
     """One backlog tick: read the group (:func:`read_group`), mark failed the runs whose
     worker process is gone, plan the runs with retries
     (:func:`~cg_pipelines.core.triggers.plan_backlog_runs`, run history from ``instance``:
@@ -333,25 +390,28 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     count changed, and the partitioned ``lag_within_objective`` and
     ``partition_runs_succeeding`` checks of each served partition whose outcome changed,
     written to ``instance`` (:func:`~cg_pipelines.dagster.history.record_partition_checks`;
-    all of them are returned in ``check_evaluations`` instead without an instance or with
-    ``record_checks=False``). ``now``: Unix seconds
-    (default the clock). Never raises for NATS or config trouble: the skip reason says it.
+    all of them are returned in ``check_evaluations`` instead without an instance; a check
+    executed by hand is :func:`evaluate_check`, not a tick). Repeated run requests are
+    dropped (:func:`~cg_pipelines.core.triggers.drop_repeated_requests`). ``now``: Unix
+    seconds (default the clock). Never raises for NATS or config trouble: the skip reason says it.
     """
     now = time.time() if now is None else now
-    state = _decode_cursor(cursor) if observe else {}
-    dlq_seen = {int(k): int(v) for k, v in (state.get("dead_letters") or {}).items()}
+    state, warning = _read_cursor(cursor, BacklogCursor, log) if observe else (
+        BacklogCursor(), "")
+    if warning:
+        cursor = encode_cursor(state)
     try:
         reading = read_group(spec, nats_res, runs,
-                             dead_letters_seen=dlq_seen if observe else None)
+                             dead_letters_seen=state.dead_letters if observe else None)
     except TICK_ERRORS as e:
-        return BacklogTick(skip_reason=f"consumer group {spec.stream}.{spec.group}: {e}",
-                           cursor=cursor)
+        return BacklogTick(skip_reason=_with_warning(
+            f"consumer group {spec.stream}.{spec.group}: {e}", warning), cursor=cursor)
     policy = runs.retry_policy()
     code = spec.current_code_version()
     keys = {b.partition: spec.partition_key(b.partition) for b in reading.backlog
             if b.pending > 0}
     history = {}
-    errors: dict[str, str] = dict(state.get("errors") or {})
+    errors = dict(state.errors)
     if instance is not None:
         for run_id in fail_lost_runs(instance, keys.values()):
             log.warning(f"run {run_id}: its run worker process is gone; marked failed")
@@ -361,29 +421,36 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                              code=code, min_pending=runs.min_pending, max_age_s=runs.max_age_s,
                              partitions=reading.served)
     reasons = plan.reason_lines(policy)
-    for line in summary_lines([f"partition {r.partition}: {r.reason}" for r in plan.requests]
+    send, requested = plan.requests, dict(state.requested)
+    if observe:
+        send, dropped, requested = drop_repeated_requests(plan.requests, state.requested,
+                                                          keys, now)
+        if dropped:
+            reasons.append(f"{dropped} partition(s) already requested under the same run key "
+                           f"less than {REPEAT_REQUEST_S:g} s ago")
+    for line in summary_lines([f"partition {r.partition}: {r.reason}" for r in send]
                               + reasons, _LOG_LINES):
         log.info(line)
     tags = {CODE_TAG: code, "dagster/max_runtime": str(int(runs.run_timeout_s + 120))}
     out = BacklogTick(
         run_requests=[RunRequest(run_key=r.run_key, partition_key=spec.partition_key(
-            r.partition), tags=tags) for r in plan.requests],
+            r.partition), tags=tags) for r in send],
         cursor=cursor)
     if not out.run_requests:
-        out.skip_reason = "; ".join(summary_lines(reasons, 5)) or "no partition with backlog"
+        out.skip_reason = _with_warning(
+            "; ".join(summary_lines(reasons, 5)) or "no partition with backlog", warning)
     if not observe:
         return out
-    due, seen = lag_observations_due(reading.backlog, state.get("observed") or {}, now,
-                                     spec.lag_refresh_s)
+    due, seen = lag_observations_due(reading.backlog, state.observed, now, spec.lag_refresh_s)
     events: list[AssetObservation | AssetCheckEvaluation] = [
         *_lag_observations(spec, due, warehouse, log),
         *_dead_letter_observations(spec, reading.dead_changed)]
     try:
         out.check_evaluations = _partition_checks(spec, reading, plan.exhausted, policy,
-                                                  instance if record_checks else None)
+                                                  instance)
     except Exception as e:  # noqa: BLE001 - the runs and the lag still matter; next tick
         log.warning(f"partitioned checks not recorded: {type(e).__name__}: {e}")
-    reconciled_at = float(state.get("reconciled_at") or 0.0)
+    reconciled_at = state.reconciled_at
     if (spec.reconcile_interval_s is not None and warehouse is not None
             and now - reconciled_at >= spec.reconcile_interval_s):
         try:
@@ -393,12 +460,14 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
         except Exception as e:  # noqa: BLE001 - reported, retried at the next tick
             log.warning(f"origin_reconciled not evaluated: {type(e).__name__}: {e}")
     out.asset_events = events
-    out.cursor = json.dumps({
-        "observed": seen, "reconciled_at": reconciled_at,
-        "dead_letters": {str(p): n for p, n in reading.dead_counts.items()},
-        "errors": errors},  # pruned by partition_runs to the partitions' newest failures
-        separators=(",", ":"))
+    # errors: pruned by partition_runs to the partitions' newest failures
+    out.cursor = encode_cursor(BacklogCursor(seen, reconciled_at, dict(reading.dead_counts),
+                                             errors, requested))
     return out
+
+
+def _with_warning(reason: str, warning: str) -> str:
+    return f"{warning}. {reason}" if warning else reason
 
 
 def _instance_of(context: SensorEvaluationContext | ScheduleEvaluationContext
@@ -424,15 +493,17 @@ def build_sensors(spec: ConsumerGroupAsset, job: Job) -> list[SensorDefinition]:
     def membership_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
         nats_res: NatsResource = getattr(context.resources, spec.nats_resource_key)
         runs: PartitionRunsResource = getattr(context.resources, spec.runs_resource_key)
+        last, warning = _read_cursor(context.cursor, MembershipCursor, context.log)
         try:
             v = load_group_config(nats_res, spec)
-            rev, old = decode_membership_cursor(context.cursor)
         except TICK_ERRORS as e:
-            return SkipReason(f"consumer group {spec.stream}.{spec.group}: {e}")
-        if v.revision == rev:
-            return SkipReason(f"no membership change (revision {rev})")
+            return SensorResult(skip_reason=_with_warning(
+                f"consumer group {spec.stream}.{spec.group}: {e}", warning),
+                cursor=encode_cursor(last) if warning else context.cursor)
+        if v.revision == last.revision:
+            return SkipReason(f"no membership change (revision {last.revision})")
         new = assignment(v.config)
-        gained = gained_partitions(old, new, runs.served())
+        gained = gained_partitions(last.assignment, new, runs.served())
         events = []
         for line in summary_lines([f"partition {p}: {was or 'unowned'} -> {now} (revision "
                                    f"{v.revision})" for p, (was, now) in gained.items()],
@@ -447,10 +518,11 @@ def build_sensors(spec: ConsumerGroupAsset, job: Job) -> list[SensorDefinition]:
             run_requests=[_request(spec, p, f"{spec.group}:member:{v.revision}:{p}")
                           for p in sorted(gained)],
             asset_events=events,
-            cursor=encode_membership_cursor(v.revision, new),
-            skip_reason=None if gained else
-            f"membership changed (revision {v.revision}); no partition gained by the members "
-            f"served here",
+            cursor=encode_cursor(MembershipCursor(v.revision, {m: list(ps) for m, ps in
+                                                               new.items()})),
+            skip_reason=None if gained else _with_warning(
+                f"membership changed (revision {v.revision}); no partition gained by the "
+                f"members served here", warning),
         )
 
     @sensor(name=f"{spec.name}_backlog", job=job,

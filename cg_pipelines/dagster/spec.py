@@ -1,17 +1,30 @@
-"""What a user declares for one consumer group: :class:`ConsumerGroupAsset`."""
+"""What a user declares for one consumer group: :class:`ConsumerGroupAsset`; and what every
+part of a group's Dagster definitions (asset, sensors, checks) reads it with:
+:func:`load_group_config` and the errors a tick or a run reports, :data:`TICK_ERRORS`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cg_pipelines.core.errors import ConfigError
+import nats.errors
+
+from cg_pipelines.core.config import ElasticConfig
+from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
 from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.dagster.resources import NatsResource
 from cg_pipelines.engine.processor import Processor, with_defaults
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.errors import JetStreamError
+from cg_pipelines.jetstream.kv import Versioned
 from cg_pipelines.sinks.maintenance import Maintenance
 
-__all__ = ["ConsumerGroupAsset"]
+__all__ = ["TICK_ERRORS", "ConsumerGroupAsset", "check_partitions", "load_group_config"]
+
+TICK_ERRORS = (GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError,
+               nats.errors.Error, ValueError)
+"""What a sensor tick reports as a skip reason, and a run as a ``Failure``, instead of crashing."""
 
 
 @dataclass(frozen=True)
@@ -187,3 +200,24 @@ class ConsumerGroupAsset:
                               f"{self.name} ({self.partition_key(0)} .. "
                               f"{self.partition_key(self.partitions - 1)})")
         return int(tail)
+
+
+def check_partitions(config: ElasticConfig, spec: ConsumerGroupAsset) -> None:
+    """Raise ``ConfigError`` unless the group's partition count is the one the code declares."""
+    if config.max_members != spec.partitions:
+        raise ConfigError("max_members", f"group {spec.stream}.{spec.group} has "
+                          f"{config.max_members} partitions in KV but the code declares "
+                          f"{spec.partitions}")
+
+
+def load_group_config(nats_res: NatsResource, spec: ConsumerGroupAsset
+                      ) -> Versioned[ElasticConfig]:
+    """The group's config (one bounded NATS call), its partition count checked.
+
+    Raises:
+        GroupNotFoundError, ConfigError, JetStreamError, TimeoutError: as the call fails.
+    """
+    v = nats_res.run(lambda nc: admin.get_elastic(nc.jetstream(), spec.stream, spec.group,
+                                                  timeout=nats_res.call_timeout_s))
+    check_partitions(v.config, spec)
+    return v

@@ -19,8 +19,11 @@ follow it. What a tick costs is kept small around that:
    request; together they are one call bounded by the API's timeout.
 
 A partition counted in step 2 but drained before its direct get reads as empty; one that received
-its first message in between is seen at the next tick. Per partition, ``pending`` and
-``first_seq`` always come from the same server answer.
+its first message in between is seen at the next tick. Without step 2, a partition's ``pending``
+and ``first_seq`` come from the same server answer (a batched direct get: the message, with
+``Nats-Num-Pending``, then an end-of-batch status); after it, ``pending`` is the listing's
+count (a moment older) and the direct get is a plain one (one answer: half the messages for the
+client to parse, which is most of a read's cost at thousands of partitions).
 """
 
 from __future__ import annotations
@@ -81,11 +84,12 @@ async def partition_backlog(
     if int(state.get("messages") or 0) <= 0:
         return [PartitionBacklog(p, 0, None, 0.0) for p in parts]
     ask = parts
+    counts = None
     if use_subject_counts(int(state.get("num_subjects") or 0), len(parts)):
         listed = await api.stream_info(wq, subjects_filter=">")
         counts = pending_by_partition((listed.get("state") or {}).get("subjects") or {})
         ask = [p for p in parts if counts.get(p, 0) > 0]
-    found = await first_pending(api, wq, ask, window=window)
+    found = await first_pending(api, wq, ask, window=window, counts=counts)
     out = []
     for p in parts:
         hit = found.get(p)
@@ -98,11 +102,17 @@ async def partition_backlog(
 
 
 async def first_pending(
-    api: JetStreamAPI, wq: str, partitions: Sequence[int], *, window: int = DEFAULT_WINDOW
+    api: JetStreamAPI, wq: str, partitions: Sequence[int], *, window: int = DEFAULT_WINDOW,
+    counts: Mapping[int, int] | None = None,
 ) -> dict[int, FirstPending]:
     """The first stored message of each partition of work-queue stream ``wq``: one batched
     direct get per partition, all answered on one reply subscription, at most ``window`` in
     flight. Partitions with no message are absent from the result.
+
+    With ``counts`` (``{partition: messages}``, e.g. from the stream's subject listing): one
+    plain direct get per partition instead (one answer, not the message and an end-of-batch
+    status: half the messages to parse), the messages after the first taken from ``counts``
+    (at least 0).
 
     Raises:
         RequestTimeoutError: not every answer arrived within ``api.timeout`` seconds.
@@ -137,11 +147,14 @@ async def first_pending(
             if not hdrs:
                 raise JetStreamError(0, 0, f"direct get reply without headers from {subject}")
             status = hdrs.get("Status")
-            if status is None:  # the message; its end-of-batch status follows
+            if status is None:  # the message; in a batch, its end-of-batch status follows
+                after = int(hdrs.get("Nats-Num-Pending") or 0) if counts is None else max(
+                    0, counts.get(p, 1) - 1)
                 found[p] = (int(hdrs["Nats-Sequence"]),
-                            parse_rfc3339_ns(hdrs["Nats-Time-Stamp"]),
-                            int(hdrs.get("Nats-Num-Pending") or 0))
-                return
+                            parse_rfc3339_ns(hdrs["Nats-Time-Stamp"]), after)
+                if counts is None:
+                    return
+                status = "204"
             code = int(status)
             if code == 503:
                 raise JetStreamUnavailableError(
@@ -165,8 +178,10 @@ async def first_pending(
                 await slots.acquire()
                 if done.done():
                     break
-                body = json.dumps({"seq": 1, "next_by_subj": f"{p}.>", "batch": 1},
-                                  separators=(",", ":")).encode()
+                body = (json.dumps({"seq": 1, "next_by_subj": f"{p}.>", "batch": 1},
+                                   separators=(",", ":")) if counts is None else
+                        json.dumps({"seq": 1, "next_by_subj": f"{p}.>"},
+                                   separators=(",", ":"))).encode()
                 await nc.publish(subject, body, reply=f"{inbox}.{p}")
             await done
     except TimeoutError:

@@ -14,12 +14,10 @@ One code location, one elastic group of 3 partitions, the backlog sensor on, nob
 
 The table then equals the pandas reference (exactly once, per-key order).
 
-On a SQLite instance (Dagster's default) and on a **PostgreSQL-backed** one
-(``storage: postgres:`` with dagster-postgres, the database from the ``postgres_database``
-fixture), as production runs. The Postgres variant is the most telling part only, to keep CI
-time down (the whole scenario takes ~200 s on this machine): one partition, flaky (fails once
-with its cause first in the stored failure, retried under a new run key after its backoff,
-then drains); no broken partition, no redeploy.
+The whole scenario runs twice: on a SQLite instance (Dagster's default) and on a
+**PostgreSQL-backed** one (``storage: postgres:`` with dagster-postgres, the database from the
+``postgres_database`` fixture), as production runs; on both, the flaky partition's stored
+failure starts with its cause.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from dagster import (
     AssetCheckKey,
     AssetKey,
@@ -123,13 +122,22 @@ async def _setup(js, stream: str, evs: list[tuple[str, int]], partitions: int = 
     await keyed.publish(js, stream, evs)
 
 
+@pytest.mark.parametrize("storage", ["sqlite", "postgres"])
 async def test_failed_partitions_recover_without_a_human(js, nats_server, unique_name,
-                                                         tmp_path) -> None:
+                                                         tmp_path, storage: str,
+                                                         request: pytest.FixtureRequest
+                                                         ) -> None:
     stream = unique_name
     evs = keyed.events(n_keys=24, n_events=600)
     assert {partition_for([k], 3) for k, _ in evs} == {0, 1, 2}
     await _setup(js, stream, evs)
-    home = make_home(tmp_path / "home")
+    url = None
+    if storage == "postgres":
+        # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; dagster-postgres brings
+        # psycopg2.
+        url = request.getfixturevalue("postgres_database").replace(
+            "postgresql://", "postgresql+psycopg2://", 1)
+    home = make_home(tmp_path / "home", postgres_url=url)
     location = tmp_path / "location.py"
     flaky = tmp_path / "flaky"
     flaky.write_text("2")
@@ -141,6 +149,9 @@ async def test_failed_partitions_recover_without_a_human(js, nats_server, unique
 
     def run() -> None:
         instance = DagsterInstance.from_config(str(home))
+        kind = "Postgres" if storage == "postgres" else "Sqlite"
+        assert type(instance.run_storage).__name__ == f"{kind}RunStorage"
+        assert type(instance.event_log_storage).__name__ == f"{kind}EventLogStorage"
         with daemon(home, location, env):
             # (a) + (b): partition 1 fails twice, is retried after its backoff, drains.
             wait_until("partition 1 succeeded", lambda: DagsterRunStatus.SUCCESS in _statuses(
@@ -154,6 +165,13 @@ async def test_failed_partitions_recover_without_a_human(js, nats_server, unique
             assert keys[0].count(":") == 2 and keys[1].endswith(":1") and \
                 keys[2].endswith(":2"), keys
             assert flaky.read_text() == "0"
+            # the failed run's error, as stored: the cause first
+            (failed,) = instance.all_logs(runs1[0].run_id,
+                                          of_type=DagsterEventType.STEP_FAILURE)
+            err = failed.dagster_event.event_specific_data.error
+            assert err.message.startswith("dagster._core.definitions.events.Failure: "
+                                          "ConnectionError: flaky dependency (1 failures "
+                                          "left)\npartition 1 of "), err.message
             # the retry that succeeded drained at once: it was not "held" by the failed run
             mat = instance.get_latest_materialization_event(AssetKey("devices"))
             assert mat is not None
@@ -189,49 +207,3 @@ async def test_failed_partitions_recover_without_a_human(js, nats_server, unique
     await asyncio.to_thread(run)
     sink = DeltaSink(str(warehouse / "devices"))
     assert keyed.mismatches(sink.read(), evs) is None
-
-
-async def test_recovery_on_a_postgres_instance(js, nats_server, unique_name, tmp_path,
-                                               postgres_database: str) -> None:
-    """The retry rule with every Dagster storage in PostgreSQL: the group's one partition is
-    flaky (fails once; the stored failure starts with the cause); the sensor retries it after
-    2 s under a new run key, and the retry drains at once; the table equals the reference."""
-    stream = unique_name
-    evs = keyed.events(n_keys=8, n_events=200)
-    await _setup(js, stream, evs, partitions=1)
-    # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; dagster-postgres brings psycopg2.
-    url = postgres_database.replace("postgresql://", "postgresql+psycopg2://", 1)
-    home = make_home(tmp_path / "home", postgres_url=url)
-    location = tmp_path / "location.py"
-    flaky = tmp_path / "flaky"
-    flaky.write_text("1")
-    warehouse = tmp_path / "warehouse"
-    env = {"CG_TEST_STREAM": stream, "CG_TEST_NATS": nats_server.url,
-           "CG_TEST_WAREHOUSE": str(warehouse), "CG_TEST_FLAKY": str(flaky)}
-    _write_location(location, FIXED, partitions=1, flaky=0, broken=1)
-    start_sensor(home, location, env, "devices_backlog")
-
-    def run() -> None:
-        instance = DagsterInstance.from_config(str(home))
-        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
-        assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
-        with daemon(home, location, env):
-            wait_until("partition 0 succeeded", lambda: DagsterRunStatus.SUCCESS in _statuses(
-                instance, "g-0"), 240, home)
-            runs0 = partition_runs(instance, "g-0")
-            assert [r.status for r in runs0] == [DagsterRunStatus.FAILURE,
-                                                 DagsterRunStatus.SUCCESS], \
-                [(r.status, r.tags) for r in runs0]
-            assert runs0[1].tags.get("dagster/run_key", "").endswith(":1"), runs0[1].tags
-            # the failed run's error, as stored in PostgreSQL: the cause first
-            (failed,) = instance.all_logs(runs0[0].run_id,
-                                          of_type=DagsterEventType.STEP_FAILURE)
-            err = failed.dagster_event.event_specific_data.error
-            assert err.message.startswith("dagster._core.definitions.events.Failure: "
-                                          "ConnectionError: flaky dependency (0 failures "
-                                          "left)\npartition 0 of "), err.message
-        instance.dispose()
-
-    await asyncio.to_thread(run)
-    assert flaky.read_text() == "0"
-    assert keyed.mismatches(DeltaSink(str(warehouse / "devices")).read(), evs) is None

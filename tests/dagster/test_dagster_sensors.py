@@ -8,12 +8,22 @@ Sensors call ``asyncio.run`` inside (``NatsResource.run``): they run in a worker
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
-from dagster import AssetKey, DagsterInstance, RunRequest, SkipReason
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetKey,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    RunRequest,
+    SkipReason,
+)
 from nats.js import JetStreamContext
 
 from cg_pipelines.core.assignment import assignment
@@ -23,9 +33,13 @@ from cg_pipelines.core.config import (
     config_key,
     work_queue_stream_name,
 )
-from cg_pipelines.core.triggers import decode_membership_cursor
+from cg_pipelines.core.triggers import (
+    BacklogCursor,
+    MembershipCursor,
+    decode_cursor,
+)
 from cg_pipelines.dagster import build_definitions
-from cg_pipelines.dagster.history import check_states
+from cg_pipelines.dagster.history import WORKER_TAG, check_states
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.errors import StreamNotFoundError
@@ -74,7 +88,7 @@ async def test_membership_sensor_runs_gained_partitions(
         # no gain: nothing to run, yet the cursor moves (Dagster reports the tick as skipped)
         assert (data.skip_message is None) == bool(gained)
         assert data.cursor is not None
-        assert decode_membership_cursor(data.cursor) == (rev, cfg_assign)
+        assert decode_cursor(data.cursor, MembershipCursor) == MembershipCursor(rev, cfg_assign)
         _check_requests(list(data.run_requests or []), stream, gained,
                         [f"{GROUP}:member:{rev}:{p}" for p in gained])
 
@@ -113,15 +127,52 @@ async def test_membership_sensor_runs_gained_partitions(
     assert len(keys) == len(set(keys))
 
 
-async def test_membership_sensor_corrupt_cursor_skips(
+@pytest.mark.parametrize("corrupt", ["{bad", "[1, 2]", '{"rev": "x", "assignment": {}}'])
+async def test_membership_sensor_recovers_from_a_corrupt_cursor(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance, corrupt: str) -> None:
+    """A corrupt cursor is reset with a warning (in the tick's reason), never a skip forever:
+    the tick then acts as a first tick (every partition gained is run) and writes a good
+    cursor, so the next tick sees no change."""
+    stream = unique_name
+    v = await h.create_group(js, stream, members=("m1",))
+    # Served m2 only: m1 owns everything, nothing gained; the tick's reason carries the warning.
+    other = make_defs(stream, nats_server.url, warehouse, members=["m2"])
+    d0 = await asyncio.to_thread(h.tick, other, MEMBERSHIP_SENSOR, instance, cursor=corrupt)
+    assert not d0.run_requests
+    assert d0.skip_message is not None and "corrupt membership cursor" in d0.skip_message
+    assert "starting over from an empty cursor" in d0.skip_message
+    assert decode_cursor(d0.cursor, MembershipCursor) == MembershipCursor(
+        v.revision, {"m1": [0, 1, 2, 3]})
+    # Every member served: every partition is run, as at a first tick.
+    defs = make_defs(stream, nats_server.url, warehouse)
+    d1 = await asyncio.to_thread(h.tick, defs, MEMBERSHIP_SENSOR, instance, cursor=corrupt)
+    _check_requests(list(d1.run_requests or []), stream, [0, 1, 2, 3],
+                    [f"{GROUP}:member:{v.revision}:{p}" for p in range(4)])
+    assert decode_cursor(d1.cursor, MembershipCursor).revision == v.revision
+    d2 = await asyncio.to_thread(h.tick, defs, MEMBERSHIP_SENSOR, instance, cursor=d1.cursor)
+    assert not d2.run_requests
+    assert d2.skip_message == f"no membership change (revision {v.revision})"
+
+
+async def test_backlog_sensor_recovers_from_a_corrupt_cursor(
         js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
         instance: DagsterInstance) -> None:
+    """The backlog sensor's corrupt cursor is reset with a warning in the tick's reason (it
+    was reset silently before) and replaced by a good one."""
     stream = unique_name
     await h.create_group(js, stream)
     defs = make_defs(stream, nats_server.url, warehouse)
-    data = await asyncio.to_thread(h.tick, defs, MEMBERSHIP_SENSOR, instance, cursor="{bad")
-    assert not data.run_requests
-    assert data.skip_message is not None and "corrupt membership cursor" in data.skip_message
+    d = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance,
+                                cursor='{"dead_letters": {"x": 1}}')
+    assert not d.run_requests
+    assert d.skip_message is not None and d.skip_message.startswith(
+        "corrupt backlog cursor '{\"dead_letters\": {\"x\": 1}}': ValueError: ")
+    assert "starting over from an empty cursor" in d.skip_message
+    assert d.skip_message.endswith("no partition with backlog"), d.skip_message
+    assert isinstance(decode_cursor(d.cursor, BacklogCursor), BacklogCursor)
+    d2 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance, cursor=d.cursor)
+    assert d2.skip_message == "no partition with backlog"
 
 
 # ---------------------------------------------------------------------------------- backlog
@@ -381,6 +432,13 @@ async def test_backlog_sensor_records_lag_checks_and_reconciles(
     # Same backlog, within the refresh interval: no event, no check recorded again.
     d2 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance, cursor=d1.cursor)
     assert d2.asset_events == []
+    # ... and no request repeated: the same run keys were requested a moment ago.
+    assert h.partitions_of(list(d1.run_requests or [])) == ["g-1", "g-3"]
+    assert not d2.run_requests
+    assert d2.skip_message is not None and "2 partition(s) already requested under the " \
+        "same run key less than 300 s ago" in d2.skip_message, d2.skip_message
+    d2b = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)  # no cursor
+    assert h.partitions_of(list(d2b.run_requests or [])) == ["g-1", "g-3"]
 
     # Partition 1 drained (a run): its lag check passes, both of its checks are current
     # again; partition 3, stuck, gets its age refreshed (older than at the first tick).
@@ -400,3 +458,47 @@ async def test_backlog_sensor_records_lag_checks_and_reconciles(
     assert now[("lag_within_objective", "g-3")] == (False, True)
     assert not any(getattr(e, "check_name", "") == "origin_reconciled"
                    for e in d3.asset_events)  # not again within the hour
+
+
+# ------------------------------------------------------------------------ checks by hand
+
+
+async def test_check_executed_by_hand_computes_only_the_check(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance) -> None:
+    """Executing ``lag_within_objective`` / ``partition_runs_succeeding`` for one partition
+    (the Checks tab's "Execute") evaluates that check of that partition, and nothing of a
+    tick: a run of another partition whose worker process is gone stays as it is (a tick
+    would mark it failed)."""
+    stream = unique_name
+    await h.create_group(js, stream)
+    spec = replace(make_spec(stream), lag_objective_s=0.1)
+    defs = build_definitions([spec], resources=make_resources(nats_server.url, warehouse))
+    evs = h.events_on({1})
+    await h.publish(js, stream, evs, len(evs))
+    await asyncio.sleep(0.3)  # older than the 0.1 s lag objective
+    lost = DagsterRun(job_name=JOB, run_id="lost-run", status=DagsterRunStatus.STARTED,
+                      tags={"dagster/partition": pkey(1),
+                            WORKER_TAG: f"{socket.gethostname()} 999999999 1"})
+    instance.add_run(lost)
+    job = defs.resolve_implicit_global_asset_job_def()
+
+    def execute(name: str, key: str) -> AssetCheckEvaluation:
+        check = AssetCheckKey(AssetKey(ASSET), name)
+        result = job.get_subset(asset_selection=set(), asset_check_selection={check}) \
+            .execute_in_process(partition_key=key, instance=instance)
+        assert result.success
+        (ev,) = result.get_asset_check_evaluations()
+        return ev
+
+    lag1 = await asyncio.to_thread(execute, "lag_within_objective", pkey(1))
+    assert not lag1.passed and "more than the 0.1 s objective" in (lag1.description or "")
+    assert (await asyncio.to_thread(execute, "lag_within_objective", pkey(0))).passed
+    runs1 = await asyncio.to_thread(execute, "partition_runs_succeeding", pkey(1))
+    assert runs1.passed and runs1.partition == pkey(1)
+    run = instance.get_run_by_id("lost-run")
+    assert run is not None and run.status == DagsterRunStatus.STARTED  # left to the sensor
+    # the sensor's tick does handle it
+    await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    run = instance.get_run_by_id("lost-run")
+    assert run is not None and run.status == DagsterRunStatus.FAILURE

@@ -56,7 +56,7 @@ def test_created_table_log_retention_is_bounded_and_covers_the_vacuum_retention(
     assert log_retention(Maintenance.off()) == f"interval {168 * 3600} seconds"
     assert log_retention(Maintenance(log_retention_hours=200)) == \
         f"interval {200 * 3600} seconds"
-    with pytest.raises(ValueError, match="log_retention_hours .* vacuum_retention_hours"):
+    with pytest.raises(ValueError, match="log_retention_hours.*vacuum_retention_hours"):
         Maintenance(vacuum_retention_hours=168, log_retention_hours=24)
 
 

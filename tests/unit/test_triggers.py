@@ -7,9 +7,14 @@ import pytest
 from cg_pipelines.core.triggers import (
     MAX_LISTED_SUBJECTS,
     SUBJECTS_PER_PARTITION,
+    BacklogCursor,
+    BacklogRequest,
+    CursorError,
+    MembershipCursor,
     backlog_requests,
-    decode_membership_cursor,
-    encode_membership_cursor,
+    decode_cursor,
+    drop_repeated_requests,
+    encode_cursor,
     gained_partitions,
     pending_by_partition,
     served_partitions,
@@ -71,10 +76,38 @@ def test_served_partitions_and_cursor_round_trip() -> None:
     assign = {"m1": [0, 3], "m2": [1, 2]}
     assert served_partitions(assign, ["m2"]) == [1, 2]
     assert served_partitions(assign, None) == [0, 1, 2, 3]
-    assert decode_membership_cursor(encode_membership_cursor(7, assign)) == (7, assign)
-    assert decode_membership_cursor(None) == (0, {})
-    with pytest.raises(ValueError, match="corrupt"):
-        decode_membership_cursor("{oops")
+    m = MembershipCursor(7, assign)
+    assert encode_cursor(m) == '{"rev":7,"assignment":{"m1":[0,3],"m2":[1,2]}}'
+    assert decode_cursor(encode_cursor(m), MembershipCursor) == m
+    assert decode_cursor(None, MembershipCursor) == MembershipCursor()
+    b = BacklogCursor({"0": [3, 17, 1.5e9], "1": [0, None, 0.0]}, 12.5, {2: 4}, {"r1": "boom"},
+                      {0: ("g:0:17", 1.5e9)})
+    assert decode_cursor(encode_cursor(b), BacklogCursor) == b
+    assert decode_cursor("", BacklogCursor) == BacklogCursor()
+    assert decode_cursor("{}", BacklogCursor) == BacklogCursor()  # missing fields: empty
+
+
+@pytest.mark.parametrize(("kind", "text", "problem"), [
+    (MembershipCursor, "{oops", "JSONDecodeError"),
+    (MembershipCursor, "[1]", "expected a JSON object, got list"),
+    (MembershipCursor, '{"assignment": {}}', "KeyError: 'rev'"),
+    (MembershipCursor, '{"rev": 1, "assignment": {"m1": 3}}', "expected a JSON array, got int"),
+    (MembershipCursor, '{"rev": true, "assignment": {}}', "expected an integer, got bool"),
+    (BacklogCursor, "7", "expected a JSON object, got int"),
+    (BacklogCursor, '{"dead_letters": {"x": 1}}', "ValueError: invalid literal"),
+    (BacklogCursor, '{"observed": {"0": "abc"}}', "expected a JSON array, got str"),
+    (BacklogCursor, '{"reconciled_at": "soon"}', "expected a number, got str"),
+    (BacklogCursor, '{"errors": ["x"]}', "expected a JSON object, got list"),
+    (BacklogCursor, '{"requested": {"0": [1, 2]}}', "expected a run key string, got int"),
+    (BacklogCursor, '{"requested": {"0": ["k"]}}', "ValueError: not enough values"),
+])
+def test_corrupt_cursors_raise_cursor_error(kind: type, text: str, problem: str) -> None:
+    with pytest.raises(CursorError) as ei:
+        decode_cursor(text, kind)
+    what = "membership" if kind is MembershipCursor else "backlog"
+    assert str(ei.value).startswith(f"corrupt {what} cursor {text[:80]!r}: "), str(ei.value)
+    assert problem in str(ei.value)
+    assert isinstance(ei.value, ValueError)  # a CgError that is also a ValueError
 
 
 @pytest.mark.parametrize(
@@ -131,3 +164,32 @@ def test_summary_lines(lines: list[str], limit: int, expected: list[str]) -> Non
 def test_summary_lines_rejects_negative_limit() -> None:
     with pytest.raises(ValueError):
         summary_lines(["a"], -1)
+
+
+R = BacklogRequest
+
+
+@pytest.mark.parametrize(("requested", "pending", "now", "sent", "dropped", "state"), [
+    # nothing requested before: all sent, stamped now
+    ({}, [0, 1], 100.0, [0, 1], 0, {0: ("g:0:5", 100.0), 1: ("g:1:9", 100.0)}),
+    # same key 10 s ago: dropped, its stamp kept; partition 1 sent
+    ({0: ("g:0:5", 90.0)}, [0, 1], 100.0, [1], 1, {0: ("g:0:5", 90.0), 1: ("g:1:9", 100.0)}),
+    # same key, 300 s ago: sent again (an earlier request may have been lost)
+    ({0: ("g:0:5", -200.0)}, [0, 1], 100.0, [0, 1], 0,
+     {0: ("g:0:5", 100.0), 1: ("g:1:9", 100.0)}),
+    # another key (new backlog or a retry): sent
+    ({0: ("g:0:4", 99.0)}, [0, 1], 100.0, [0, 1], 0,
+     {0: ("g:0:5", 100.0), 1: ("g:1:9", 100.0)}),
+    # a partition without a backlog any more is forgotten
+    ({7: ("g:7:1", 99.0)}, [0, 1], 100.0, [0, 1], 0,
+     {0: ("g:0:5", 100.0), 1: ("g:1:9", 100.0)}),
+    # a stamp from the future (clock moved back): sent
+    ({0: ("g:0:5", 200.0)}, [0, 1], 100.0, [0, 1], 0,
+     {0: ("g:0:5", 100.0), 1: ("g:1:9", 100.0)}),
+])
+def test_drop_repeated_requests(requested, pending, now, sent, dropped, state) -> None:
+    reqs = [R(0, "g:0:5", "r"), R(1, "g:1:9", "r")]
+    out, n, keep = drop_repeated_requests(reqs, requested, pending, now, 300.0)
+    assert [r.partition for r in out] == sent
+    assert n == dropped
+    assert keep == state
