@@ -12,8 +12,9 @@ family, by layer:
 - groups (here): :class:`GroupNotFoundError`, :class:`GroupExistsError`,
   :class:`MembershipError`, :class:`ConcurrentUpdateError`; a failed partition run's facts:
   :class:`PartitionRunError`;
-- core: ``OutputContractError`` (a :class:`ContractError`), ``BadMessage`` (a payload a
-  transform cannot decode; dead-lettered);
+- core: ``OutputContractError`` (a :class:`ContractError`), ``CursorError`` (a sensor cursor
+  that does not decode; a :class:`DecodeError`), ``BadMessage`` (a payload a transform cannot
+  decode; dead-lettered);
 - JetStream: ``JetStreamError`` and one subclass per server error it tells apart
   (``StreamNotFoundError``, ``ConsumerNotFoundError``, ``ConsumerAlreadyExistsError``,
   ``WorkQueueConsumerNotUniqueError``, ``NoMessageFoundError``, ``NotPinnedError``,

@@ -176,7 +176,7 @@ class MembershipCursor:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, object]) -> MembershipCursor:
-        """Raises ``KeyError``, ``TypeError`` or ``ValueError`` for a wrong shape
+        """Raises ``KeyError``, :class:`CursorError` or ``ValueError`` for a wrong shape
         (:func:`decode_cursor` turns them into :class:`CursorError`)."""
         return cls(_int(obj["rev"]), {str(m): [_int(p) for p in _list(ps)]
                                       for m, ps in _object(obj["assignment"]).items()})
@@ -213,7 +213,7 @@ class BacklogCursor:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, object]) -> BacklogCursor:
-        """Raises ``TypeError`` or ``ValueError`` for a wrong shape (:func:`decode_cursor`
+        """Raises :class:`CursorError` or ``ValueError`` for a wrong shape (:func:`decode_cursor`
         turns them into :class:`CursorError`)."""
         return cls(
             {str(p): [None if x is None else _number(x) for x in _list(v)]
@@ -227,31 +227,31 @@ class BacklogCursor:
 def _key_at(x: object) -> tuple[str, float]:
     key, at = _list(x)
     if not isinstance(key, str):
-        raise TypeError(f"expected a run key string, got {type(key).__name__}")
+        raise CursorError(f"expected a run key string, got {type(key).__name__}")
     return key, float(_number(at))
 
 
 def _object(x: object) -> dict[str, object]:
     if not isinstance(x, dict):
-        raise TypeError(f"expected a JSON object, got {type(x).__name__}")
+        raise CursorError(f"expected a JSON object, got {type(x).__name__}")
     return x
 
 
 def _list(x: object) -> list[object]:
     if not isinstance(x, list):
-        raise TypeError(f"expected a JSON array, got {type(x).__name__}")
+        raise CursorError(f"expected a JSON array, got {type(x).__name__}")
     return x
 
 
 def _int(x: object) -> int:
     if isinstance(x, bool) or not isinstance(x, int | str):
-        raise TypeError(f"expected an integer, got {type(x).__name__}")
+        raise CursorError(f"expected an integer, got {type(x).__name__}")
     return int(x)
 
 
 def _number(x: object) -> float | int:
     if isinstance(x, bool) or not isinstance(x, int | float):
-        raise TypeError(f"expected a number, got {type(x).__name__}")
+        raise CursorError(f"expected a number, got {type(x).__name__}")
     return x
 
 

@@ -30,7 +30,6 @@ from dagster import (
     DagsterEvent,
     DagsterEventType,
     DagsterInstance,
-    DagsterInvariantViolationError,
     DagsterRun,
     DagsterRunStatus,
     RunRecord,
@@ -49,7 +48,7 @@ from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._serdes import serialize_value
 
-from cg_pipelines.core.errors import one_line
+from cg_pipelines.core.errors import InvariantError, one_line
 from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy
 
 __all__ = ["CODE_TAG", "SIGNALS_RUN_ID", "WORKER_TAG", "CheckState", "check_states",
@@ -352,13 +351,13 @@ def store_check_evaluations(instance: DagsterInstance, entries: Sequence[EventLo
     (``instance.handle_new_event``).
 
     Raises:
-        DagsterInvariantViolationError: an entry is not an asset check evaluation.
+        InvariantError: an entry is not an asset check evaluation (a bug of the caller).
     """
     if not entries:
         return
     for e in entries:
         if e.dagster_event_type != DagsterEventType.ASSET_CHECK_EVALUATION:
-            raise DagsterInvariantViolationError(
+            raise InvariantError(
                 f"store_check_evaluations: not an asset check evaluation: "
                 f"{e.dagster_event_type}")
     storage = instance.event_log_storage

@@ -27,7 +27,7 @@ from cg_pipelines.core.errors import (
 )
 from cg_pipelines.core.state import KeyedState, last_per_key
 from cg_pipelines.core.subjects import partition_for, strip_partition
-from cg_pipelines.core.triggers import RetryPolicy, decode_membership_cursor
+from cg_pipelines.core.triggers import MembershipCursor, RetryPolicy, decode_cursor
 from cg_pipelines.core.write import Merge
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.jetstream.api_wire import parse_rfc3339_ns, seconds_to_ns
@@ -56,7 +56,7 @@ CASES: list[tuple[str, Callable[[], object], type[CgError], type[Exception], str
      "duration must be >= 0"),
     ("decode_seqs", lambda: decode_seqs("zz"), DecodeError, ValueError,
      "coverage text must start with"),
-    ("membership cursor", lambda: decode_membership_cursor("{"), DecodeError, ValueError,
+    ("membership cursor", lambda: decode_cursor("{", MembershipCursor), DecodeError, ValueError,
      "corrupt membership cursor"),
     ("strip_partition", lambda: strip_partition("x.y"), DecodeError, ValueError,
      "subject 'x.y' does not start"),
