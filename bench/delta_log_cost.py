@@ -35,7 +35,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--versions", type=int, nargs="+", default=[20, 500, 1000])
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--smoke", action="store_true", help="20 versions, 3 repeats")
     args = ap.parse_args()
+    if args.smoke:
+        args.versions, args.repeats = [20], 3
     path = os.path.join(tempfile.mkdtemp(prefix="cg-log-cost-"), "t")
     write_deltalake(path, ROW, configuration={"delta.checkpointInterval": "10"})
     no_cleanup = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)

@@ -16,7 +16,8 @@ reference (row count = live keys) so a broken merge cannot look fast.
 Prints ``append: <n> msg/s`` and ``merge: <n> msg/s`` (medians), and ``merge/append: <x>``.
 
 Run: ``.venv/bin/python bench/merge.py [--messages 100000] [--keys 10000] [--rounds 3]
-[--batch 20000]``
+[--batch 20000]``; ``--smoke``: 2,000 messages over 200 keys, batches of 500, one round
+(checks the script runs, in seconds; figures meaningless).
 """
 
 from __future__ import annotations
@@ -131,4 +132,8 @@ if __name__ == "__main__":
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=20_000)
-    asyncio.run(main(ap.parse_args()))
+    ap.add_argument("--smoke", action="store_true", help="2,000 messages, one round")
+    args = ap.parse_args()
+    if args.smoke:
+        args.messages, args.keys, args.rounds, args.batch = 2_000, 200, 1, 500
+    asyncio.run(main(args))
