@@ -24,6 +24,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -145,34 +146,40 @@ def _kill(pids: list[int], sig: int) -> None:
             pass
 
 
-def run_smoke(name: str) -> SmokeRun:
-    """Run ``bench/<name>.py --smoke`` to its end (or :data:`TIMEOUT_S`: then SIGTERM to its
-    process group, SIGKILL 30 s later) and collect what it left running."""
+def run_smoke(script: Path, timeout_s: float = TIMEOUT_S,
+              grace_s: float = LEFTOVER_GRACE_S) -> SmokeRun:
+    """Run ``python <script> --smoke`` from the repository root to its end (or ``timeout_s``
+    seconds: then SIGTERM to its process group, SIGKILL 30 s later) and collect the processes
+    it started that are still running ``grace_s`` seconds after it ended."""
     token = uuid.uuid4().hex
     env = {**os.environ, "PYTHONPATH": str(ROOT), TOKEN_VAR: token}
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, str(BENCH / f"{name}.py"), "--smoke"], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    returncode: int | None
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-        returncode = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
+    # Output to files, not pipes: a process left running would hold a pipe open.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, str(script), "--smoke"], cwd=ROOT, env=env,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                start_new_session=True)
+        returncode: int | None
         try:
-            out, err = proc.communicate(timeout=30)
+            returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        returncode = None
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            returncode = None
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     seconds = time.monotonic() - t0
-    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    deadline = time.monotonic() + grace_s
     while (left := _with_token(token)) and time.monotonic() < deadline:
         time.sleep(0.5)
     if left:  # reported by the test; killed here so they do not outlive the run
         _kill([pid for pid, _ in left], signal.SIGKILL)
-    return SmokeRun(returncode, out, err, seconds, [f"{pid} {cmd}" for pid, cmd in left])
+    return SmokeRun(returncode, stdout, stderr, seconds, [f"{pid} {cmd}" for pid, cmd in left])
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +191,7 @@ def smoke_runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Smok
     jobs = int(os.environ.get("CG_BENCH_SMOKE_JOBS", "2"))
     pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="bench-smoke")
     order = [n for n in ORDER if n in wanted] + sorted(wanted - set(ORDER))
-    futures = {name: pool.submit(run_smoke, name) for name in order}
+    futures = {name: pool.submit(run_smoke, BENCH / f"{name}.py") for name in order}
     try:
         yield futures
     finally:
@@ -226,3 +233,33 @@ def test_every_bench_script_has_a_smoke_test() -> None:
     for name in scripts:
         assert '"--smoke"' in (BENCH / f"{name}.py").read_text(), f"bench/{name}.py: no --smoke"
     assert set(ORDER) == set(BENCHES), "ORDER and BENCHES name different scripts"
+
+
+def test_a_process_left_running_is_found_and_stopped(tmp_path: Path) -> None:
+    """The leftover check sees a process a script started in a session of its own and did not
+    stop (as a nats-server or a JVM would be), and kills it."""
+    script = tmp_path / "leaky.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "assert sys.argv[1:] == ['--smoke']\n"
+        "p = subprocess.Popen(['sleep', '120'], start_new_session=True)\n"
+        "print('started', p.pid)\n")
+    run = run_smoke(script, timeout_s=60, grace_s=1.0)
+    assert run.returncode == 0, run.stderr
+    pid = int(run.stdout.split()[1])
+    assert [line.split()[:2] for line in run.leftovers] == [[str(pid), "sleep"]]
+    for _ in range(100):  # killed: gone once its parent (init) has reaped it
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_script_that_stops_what_it_started_leaves_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "tidy.py"
+    script.write_text(
+        "import subprocess\n"
+        "p = subprocess.Popen(['sleep', '120'], start_new_session=True)\n"
+        "p.terminate(); p.wait()\n")
+    run = run_smoke(script, timeout_s=60, grace_s=1.0)
+    assert run.returncode == 0 and run.leftovers == [], run
