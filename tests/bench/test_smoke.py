@@ -21,6 +21,7 @@ first test that waits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -165,11 +166,13 @@ def run_smoke(script: Path, timeout_s: float = TIMEOUT_S,
         try:
             returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             returncode = None
         out.seek(0)
@@ -189,7 +192,8 @@ def smoke_runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Smok
     """The smoke runs of the benches this session's tests ask for, started together on a pool
     of ``CG_BENCH_SMOKE_JOBS`` (default 3) workers, longest first."""
     wanted = {item.callspec.params["name"] for item in request.session.items
-              if item.originalname == "test_bench_smoke" and hasattr(item, "callspec")}
+              if getattr(item, "originalname", None) == "test_bench_smoke"
+              and hasattr(item, "callspec")}
     jobs = int(os.environ.get("CG_BENCH_SMOKE_JOBS", "3"))
     pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="bench-smoke")
     order = [n for n in ORDER if n in wanted] + sorted(wanted - set(ORDER))
