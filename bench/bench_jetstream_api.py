@@ -1,12 +1,15 @@
 """Throughput of the raw JetStream API paths (prints msg/s).
 
-    .venv/bin/python bench/bench_jetstream_api.py [--pull N] [--direct N] [--batch B]
+    .venv/bin/python bench/bench_jetstream_api.py [--pull N] [--direct N] [--batch B] [--smoke]
 
 Starts its own nats-server (temp store, random port) and stops it at the end.
 - pull: pinned consumer (priority group PCG), max_ack_pending=1, loop of pull(batch=1) + ack —
   the per-message ordered ceiling of DESIGN §7 (~10k msg/s there).
   Also the same loop through nats-py's fetch(1), as a same-machine baseline.
 - direct: direct_get_batch over N small messages in batches of B.
+
+``--smoke``: 300 pulls, 3,000 direct gets in batches of 500 (checks the script runs, in
+seconds; figures meaningless).
 """
 
 from __future__ import annotations
@@ -105,7 +108,10 @@ async def main() -> None:
     ap.add_argument("--pull", type=int, default=5000)
     ap.add_argument("--direct", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--smoke", action="store_true", help="300 pulls, 3,000 direct gets")
     a = ap.parse_args()
+    if a.smoke:
+        a.pull, a.direct, a.batch = 300, 3_000, 500
     with tempfile.TemporaryDirectory() as d, NatsServer(Path(d), die_with_parent=True) as srv:
         nc = await nats.connect(srv.url)
         js = nc.jetstream()

@@ -7,7 +7,9 @@ bigger flights slice with more faults, prints each run's report and a total line
 effects 0, fence conflicts <n>, failed runs <k>``
 
 Run: ``.venv/bin/python bench/chaos.py [--rounds 5] [--seed S] [--flights 20000]``.
-Exit status 1 if any run broke a promise (or did not finish).
+Exit status 1 if any run broke a promise (or did not finish). ``--smoke``: one run (seed 0
+unless given) of 1,000 flights on 4 partitions in 4 windows, batches of 100, one fault of each
+kind (two membership changes): every fault path, in well under a minute.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batch", type=int, default=400)
     ap.add_argument("--windows", type=int, default=40)
+    ap.add_argument("--smoke", action="store_true", help="one small run, one fault of each kind")
     args = ap.parse_args()
+    faults = {"step_kills": 2, "random_kills": 4, "zombies": 2, "slow_runs": 2,
+              "server_restarts": 3, "membership_changes": 6, "step_downs": 4}
+    if args.smoke:
+        args.rounds, args.flights, args.windows, args.partitions, args.batch = 1, 1_000, 4, 4, 100
+        args.seed = 0 if args.seed is None else args.seed
+        faults = {k: 2 if k == "membership_changes" else 1 for k in faults}
     seed0 = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     df = load_flights()
     totals: Counter[str] = Counter()
@@ -43,9 +52,7 @@ def main() -> int:
     for i in range(args.rounds):
         cfg = ChaosConfig(seed=seed0 + i, flights=args.flights, partitions=args.partitions,
                           batch=args.batch, windows=args.windows, window_pause_s=0.5,
-                          step_kills=2, random_kills=4, zombies=2, slow_runs=2,
-                          server_restarts=3, membership_changes=6, step_downs=4,
-                          max_runs=4, time_limit_s=600.0)
+                          max_runs=4, time_limit_s=600.0, **faults)
         with tempfile.TemporaryDirectory(prefix="cg-chaos-") as d:
             rep = run_chaos(cfg, Path(d), lambda s: None, df=df)
         print("\n".join(rep.lines()), flush=True)

@@ -1,13 +1,15 @@
 """Latency of one fenced DeltaSink commit (prints milliseconds: median, p90, min, max).
 
     .venv/bin/python bench/delta_commit.py [--commits 50] [--rows 1000] [--only local|s3]
+                                          [--smoke]
 
 Each commit appends ``--rows`` rows (key, seq, time, payload) and records the application
 transaction, exactly as a partition run does: one ``watermark`` read, then consecutive commits,
 each fenced on the previous version. Also reports the latency of a ``watermark`` read on the
 final table (incremental refresh of the remembered snapshot, and a cold load by a new sink).
 Local: a temp directory. S3: moto's server mode on 127.0.0.1 in this process (MotoS3Server),
-started and stopped by the bench.
+started and stopped by the bench. ``--smoke``: 5 commits of 100 rows on each store (checks the
+script runs, in seconds; figures meaningless).
 """
 
 from __future__ import annotations
@@ -86,7 +88,10 @@ def main() -> None:
     ap.add_argument("--commits", type=int, default=50)
     ap.add_argument("--rows", type=int, default=1000)
     ap.add_argument("--only", choices=["local", "s3"])
+    ap.add_argument("--smoke", action="store_true", help="5 commits of 100 rows")
     args = ap.parse_args()
+    if args.smoke:
+        args.commits, args.rows = 5, 100
     if args.only in (None, "local"):
         with tempfile.TemporaryDirectory() as d:
             run("local", lambda: DeltaSink(f"{d}/t"), args.commits, args.rows)

@@ -1,16 +1,17 @@
 """Benchmark: what a failing partition run prints (issue 29, point 3).
 
-On its own nats-server, one elastic group of 1 partition with 200 keyed events, and a Dagster
-code location whose transform raises ``ValueError("amount feed under investigation: ...")`` on
-the first batch. Runs ``dagster asset materialize --partition g-0`` (a temp ``DAGSTER_HOME``) and
-prints:
+On its own nats-server, one elastic group of 1 partition with ``--events`` (200) keyed events,
+and a Dagster code location whose transform raises ``ValueError("amount feed under
+investigation: ...")`` on the first batch. Runs ``dagster asset materialize --partition g-0``
+(a temp ``DAGSTER_HOME``) and prints:
 
 - ``output lines: <n>`` (stdout + stderr of the command),
 - ``lines repeating the partition facts: <n>`` (lines containing ``"in flight"``),
 - ``tracebacks: <n>`` (``Traceback (most recent call last)`` lines),
 - the run's ``STEP_FAILURE`` description, first line (it should start with the cause).
 
-Run: ``.venv/bin/python bench/failure_output.py [--show]`` (``--show`` prints the whole output).
+Run: ``.venv/bin/python bench/failure_output.py [--show] [--events 200] [--smoke]`` (``--show``
+prints the whole output; ``--smoke``: 20 events, the same run otherwise).
 """
 
 from __future__ import annotations
@@ -61,25 +62,29 @@ defs = build_definitions([orders], resources={
 '''
 
 
-async def _setup(url: str, stream: str) -> None:
+async def _setup(url: str, stream: str, n_events: int) -> None:
     nc = await nats.connect(url)
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
     await admin.create_elastic(js, stream, "g", ElasticConfig(
         1, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
-    await keyed.publish(js, stream, keyed.events(n_keys=5, n_events=200))
+    await keyed.publish(js, stream, keyed.events(n_keys=5, n_events=n_events))
     await nc.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--show", action="store_true", help="print the whole output")
+    ap.add_argument("--events", type=int, default=200, help="keyed events in the partition")
+    ap.add_argument("--smoke", action="store_true", help="20 events")
     args = ap.parse_args()
+    if args.smoke:
+        args.events = 20
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         server = NatsServer(t / "nats", port=0).start()
         try:
-            asyncio.run(_setup(server.url, "orders"))
+            asyncio.run(_setup(server.url, "orders", args.events))
             (t / "home").mkdir()
             (t / "home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
             loc = t / "location.py"

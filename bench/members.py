@@ -16,7 +16,9 @@
 Prints a table and the final line ``member/raw throughput: <x>; failover p50 <s> s``, where x is
 the lower of the static and elastic ratios of median rates.
 
-Run: ``.venv/bin/python bench/members.py [--messages 20000] [--repeats 3] [--runs 5]``
+Run: ``.venv/bin/python bench/members.py [--messages 20000] [--repeats 3] [--runs 5]``;
+``--smoke``: 300 messages, one run per path, one failover (checks the script runs, in seconds;
+figures meaningless).
 """
 
 from __future__ import annotations
@@ -354,4 +356,8 @@ if __name__ == "__main__":
     p.add_argument("--repeats", type=int, default=3, help="throughput runs per path")
     p.add_argument("--runs", type=int, default=5, help="failover runs")
     p.add_argument("--publish-every-ms", type=float, default=10.0)
-    asyncio.run(main(p.parse_args()))
+    p.add_argument("--smoke", action="store_true", help="300 messages, one failover")
+    args = p.parse_args()
+    if args.smoke:
+        args.messages, args.repeats, args.runs = 300, 1, 1
+    asyncio.run(main(args))

@@ -16,7 +16,8 @@ reference (row count = live keys) so a broken merge cannot look fast.
 Prints ``append: <n> msg/s`` and ``merge: <n> msg/s`` (medians), and ``merge/append: <x>``.
 
 Run: ``.venv/bin/python bench/merge.py [--messages 100000] [--keys 10000] [--rounds 3]
-[--batch 20000]``
+[--batch 20000]``; ``--smoke``: 2,000 messages over 200 keys, batches of 500, one round
+(checks the script runs, in seconds; figures meaningless).
 """
 
 from __future__ import annotations
@@ -38,19 +39,19 @@ from nats.js.api import StreamConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter  # noqa: E402
-from cg_pipelines.core.decode import Field, JsonDecoder  # noqa: E402
+from cg_pipelines.core.decode import JsonDecoder, JsonField  # noqa: E402
 from cg_pipelines.core.write import Append, Merge  # noqa: E402
 from cg_pipelines.engine import ArrowProcessor, EngineOptions, run_partition  # noqa: E402
-from cg_pipelines.engine.model import BatchContext  # noqa: E402
+from cg_pipelines.engine.processor import BatchContext  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
 from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
 
-DECODER = JsonDecoder([Field("device", "string", nullable=False),
-                       Field("temp", "int", nullable=False),
-                       Field("op", "string", nullable=False)])
+DECODER = JsonDecoder([JsonField("device", "string", nullable=False),
+                       JsonField("temp", "int", nullable=False),
+                       JsonField("op", "string", nullable=False)])
 MERGE = Merge(key="device", delete_when=("op", "del"))
 
 
@@ -131,4 +132,8 @@ if __name__ == "__main__":
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=20_000)
-    asyncio.run(main(ap.parse_args()))
+    ap.add_argument("--smoke", action="store_true", help="2,000 messages, one round")
+    args = ap.parse_args()
+    if args.smoke:
+        args.messages, args.keys, args.rounds, args.batch = 2_000, 200, 1, 500
+    asyncio.run(main(args))

@@ -15,7 +15,9 @@ reads the same kind of work queue: sourced messages, one partition):
 Per contender: msg/s (median over ``--rounds``), this process's CPU and the server's CPU
 (µs per message, from ``/proc``), then ``ratio engine/idiomatic loop: <x>``.
 
-Run: ``.venv/bin/python bench/partition_drain.py [--messages 200000] [--rounds 3]``
+Run: ``.venv/bin/python bench/partition_drain.py [--messages 200000] [--rounds 3]``;
+``--smoke``: 2,000 messages in batches of 1,000 (the loop 200), one round (checks the script
+runs, in seconds; figures meaningless).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter  # noqa: E402
-from cg_pipelines.core.decode import Field, JsonDecoder  # noqa: E402
+from cg_pipelines.core.decode import JsonDecoder, JsonField  # noqa: E402
 from cg_pipelines.engine import ArrowProcessor, EngineOptions, run_partition  # noqa: E402
-from cg_pipelines.engine.model import BatchContext  # noqa: E402
+from cg_pipelines.engine.processor import BatchContext  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
@@ -48,7 +50,7 @@ from cg_pipelines.jetstream.rangeread import read_range  # noqa: E402
 from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
 
-DECODER = JsonDecoder([Field("key", "string"), Field("n", "int"), Field("v", "float")])
+DECODER = JsonDecoder([JsonField("key", "string"), JsonField("n", "int"), JsonField("v", "float")])
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -178,4 +180,8 @@ if __name__ == "__main__":
     ap.add_argument("--loop-messages", type=int, default=10_000)
     ap.add_argument("--batch", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=3)
-    asyncio.run(main(ap.parse_args()))
+    ap.add_argument("--smoke", action="store_true", help="2,000 messages, one round")
+    args = ap.parse_args()
+    if args.smoke:
+        args.messages, args.loop_messages, args.batch, args.rounds = 2_000, 200, 1_000, 1
+    asyncio.run(main(args))

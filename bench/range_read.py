@@ -26,7 +26,9 @@ Rounds are interleaved (every contender once per round, rotating the order) and 
 reports the median msg/s over the rounds, plus server CPU (``/proc/<pid>/stat`` utime+stime)
 and client CPU (``time.process_time``) per message, summed over all rounds.
 
-Run: ``.venv/bin/python bench/range_read.py [--messages 200000] [--rounds 5]``
+Run: ``.venv/bin/python bench/range_read.py [--messages 200000] [--rounds 5]``; ``--smoke``:
+5,000 messages (2,000 dense), ranges of 1,000, one round (checks the script runs, in seconds;
+figures meaningless).
 """
 
 from __future__ import annotations
@@ -383,7 +385,11 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=4, help="requests in flight when pipelined")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", nargs="*", help="run only contenders whose name has one of these")
-    asyncio.run(main_async(ap.parse_args()))
+    ap.add_argument("--smoke", action="store_true", help="5,000 messages, one round")
+    args = ap.parse_args()
+    if args.smoke:
+        args.messages, args.dense, args.batch, args.rounds = 5_000, 2_000, 1_000, 1
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

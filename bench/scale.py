@@ -23,8 +23,10 @@
    with ``--no-sensors``): ``sensor tick <n> partitions: <seconds> s``.
 
 Run: ``.venv/bin/python bench/scale.py [--spark-local | --spark-cluster] [--limit N]
-[--concurrency 1 2] [--no-sensors] [--no-first-pass]`` (about 5 minutes on 2 cores with the
-defaults).
+[--concurrency 1 2] [--no-sensors] [--no-first-pass] [--smoke]`` (about 5 minutes on 2 cores
+with the defaults). ``--smoke`` runs every part small, so every line is printed: 1,000 flights
+at concurrency 2 only (no first pass; with Connect, no warm-up jobs at the server's start) and
+``bench/sensor_ticks.py --smoke --no-postgres`` (16 and 64 partitions); figures meaningless.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,14 +72,20 @@ def concurrency_run(c: int, mode: str, limit: int | None, env: dict[str, str]
     return m.group(0), fixed, parts
 
 
-def sensor_lines() -> list[str]:
-    out = subprocess.run([sys.executable, "bench/sensor_ticks.py", "--no-max", "--no-postgres"],
-                         cwd=ROOT,
+def sensor_lines(smoke: bool) -> list[str]:
+    """The ``sensor tick <n> partitions: <s> s`` lines of ``bench/sensor_ticks.py`` (SQLite;
+    16, 64 and 256 partitions, or its ``--smoke`` sizes)."""
+    out = subprocess.run([sys.executable, "bench/sensor_ticks.py",
+                          "--smoke" if smoke else "--no-max", "--no-postgres"], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
     lines = re.findall(r"^sensor tick \d+ partitions: [\d.]+ s", out.stdout, re.M)
     if out.returncode != 0 or not lines:
         raise SystemExit(f"sensor bench failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return lines
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main() -> None:
@@ -91,23 +100,31 @@ def main() -> None:
     ap.add_argument("--no-sensors", action="store_true")
     ap.add_argument("--no-first-pass", action="store_true",
                     help="Measure from the server's start (no first pass at concurrency 1).")
+    ap.add_argument("--smoke", action="store_true",
+                    help="1,000 flights at concurrency 2, the sensor bench's smoke sizes.")
     args = ap.parse_args()
+    warm_up = 3  # the documented `cg spark-connect start` default
+    if args.smoke:
+        args.limit, args.concurrency, args.no_first_pass, warm_up = 1_000, [2], True, 0
+    # SIGTERM (a timeout, a CI job cancelled) unwinds like Ctrl-C: the Connect server is stopped.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     kind = "local" if args.spark_local else "cluster" if args.spark_cluster else "connect"
     env = {k: v for k, v in os.environ.items() if k != "CG_SPARK_REMOTE"}
     with tempfile.TemporaryDirectory(prefix="cg-bench-scale-") as tmp:
         env["CG_STATE_DIR"] = tmp
-        if kind == "connect":
-            start = subprocess.run([str(CG), "spark-connect", "start", "--state-dir", tmp,
-                                    "--port", "0", "--master", "local[2]"],
-                                   capture_output=True, text=True, timeout=300, env=env)
-            if start.returncode != 0:
-                raise SystemExit(f"cg spark-connect start failed:\n{start.stdout}\n"
-                                 f"{start.stderr}")
-            for line in start.stdout.splitlines():
-                print(f"  {line}", flush=True)
-                if line.startswith("export CG_SPARK_REMOTE="):
-                    env["CG_SPARK_REMOTE"] = line.split("=", 1)[1]
         try:
+            if kind == "connect":  # inside the try: a start that fails half-way is stopped too
+                start = subprocess.run([str(CG), "spark-connect", "start", "--state-dir", tmp,
+                                        "--port", "0", "--master", "local[2]",
+                                        "--warm-up", str(warm_up)],
+                                       capture_output=True, text=True, timeout=300, env=env)
+                if start.returncode != 0:
+                    raise SystemExit(f"cg spark-connect start failed:\n{start.stdout}\n"
+                                     f"{start.stderr}")
+                for line in start.stdout.splitlines():
+                    print(f"  {line}", flush=True)
+                    if line.startswith("export CG_SPARK_REMOTE="):
+                        env["CG_SPARK_REMOTE"] = line.split("=", 1)[1]
             fixed: list[float] = []
             parts: list[dict[str, float]] = []
             if kind == "connect" and not args.no_first_pass:
@@ -132,7 +149,7 @@ def main() -> None:
                 subprocess.run([str(CG), "spark-connect", "stop", "--state-dir", tmp],
                                capture_output=True, text=True, timeout=120, env=env)
     if not args.no_sensors:
-        for line in sensor_lines():
+        for line in sensor_lines(args.smoke):
             print(line, flush=True)
 
 

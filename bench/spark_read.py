@@ -3,6 +3,7 @@
     .venv/bin/python bench/spark_read.py [--sizes 20000,100000,400000] [--noise-every 4]
                                          [--rounds 3] [--master local[2]] [--cluster]
                                          [--partitions 0] [--batch 50000] [--no-steps]
+                                         [--drain] [--smoke]
 
 Starts its own nats-server (temp store, random port; stopped at the end) and a Spark session
 (``--master``, default ``local[2]``; ``--cluster``: a standalone master with two 1-core workers
@@ -42,12 +43,16 @@ Rounds are interleaved (every path of every size in each round, the order altern
 warm-up round; the median of ``--rounds`` is reported, with min-max. Also measured: the driver
 read alone, one executor's read alone (data source, 1 input partition, ``count``) and the fixed
 cost of an executor read (a 100-message range) — the figures that explain the crossover.
+
+``--smoke``: one size, 2,000, one round, each explaining figure measured once (checks the
+script runs; figures meaningless).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -71,10 +76,13 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.pandas.types import to_arrow_schema  # noqa: E402
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter  # noqa: E402
+from cg_pipelines.core.record import RECORD_SCHEMA  # noqa: E402
 from cg_pipelines.core.subjects import partition_for  # noqa: E402
-from cg_pipelines.engine.model import RECORD_SCHEMA, BatchContext, RunResult  # noqa: E402
+from cg_pipelines.engine.options import EngineOptions  # noqa: E402
 from cg_pipelines.engine.processing import decode_batch  # noqa: E402
-from cg_pipelines.engine.runner import EngineOptions, run_partition  # noqa: E402
+from cg_pipelines.engine.processor import BatchContext  # noqa: E402
+from cg_pipelines.engine.result import RunResult  # noqa: E402
+from cg_pipelines.engine.runner import run_partition  # noqa: E402
 from cg_pipelines.engine.state import KeyStateCache  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
@@ -311,11 +319,18 @@ def main() -> None:
     ap.add_argument("--no-steps", action="store_true", help="skip the engine step paths")
     ap.add_argument("--drain", action="store_true",
                     help="also whole engine runs of the largest backlog, driver vs executors")
+    ap.add_argument("--smoke", action="store_true",
+                    help="size 2,000, one round, explaining figures measured once")
     a = ap.parse_args()
+    reps, reps_fixed = 3, 5  # repeats of the explaining figures, of the fixed cost
+    if a.smoke:
+        a.sizes, a.rounds, reps, reps_fixed = "2000", 1, 1, 1
     sizes = sorted(int(s) for s in a.sizes.split(",") if s.strip())
 
-    cluster = None
-    with tempfile.TemporaryDirectory() as d, NatsServer(Path(d)) as srv:
+    # Whatever fails, the stack stops what was started: the bench's connection, the Spark
+    # session, the cluster (last in, first out), then the nats-server.
+    with tempfile.TemporaryDirectory() as d, NatsServer(Path(d)) as srv, \
+            contextlib.ExitStack() as stack:
         t0 = time.perf_counter()
         seqs, avg = asyncio.run(publish(srv.url, sizes[-1], a.noise_every))
         print(f"published {len(seqs):,} events on partition 0 ({avg:.0f} B avg payload) + "
@@ -326,6 +341,7 @@ def main() -> None:
             from cg_pipelines.local.spark_cluster import SparkStandaloneCluster
 
             cluster = SparkStandaloneCluster(workers=2, cores=1, memory="2g").start()
+            stack.callback(cluster.stop)
             master = cluster.master_url
         drain_groups = [f"dr{i}" for i in range(3 * a.rounds + 1)] if a.drain else []
         if drain_groups:
@@ -333,52 +349,48 @@ def main() -> None:
             asyncio.run(add_groups(srv.url, drain_groups, seqs[-1]))
             print(f"{len(drain_groups)} more groups for the drains sourced in "
                   f"{time.perf_counter() - t0:.1f} s")
+        stack.callback(stop_spark)
         spark = get_spark(master, app_name="bench-spark-read")
         parts = a.partitions or spark.sparkContext.defaultParallelism
         print(f"spark {master}: session start {session_start_seconds() or 0:.1f} s; executor "
               f"read with {parts} input partitions, {a.batch} messages per direct get")
         b = Bench(spark, srv.url, seqs, parts, a.batch)
+        stack.callback(b.close)
         paths: list[tuple[str, Callable[[int], None]]] = [
             ("(a) driver: read_range + decode + createDataFrame", b.driver),
             ("(b) executors: data source + decode (mapInArrow)", b.executors)]
         if not a.no_steps:
             paths += [("(c) driver step: read_range + process (legs)", b.driver_step),
                       ("(d) executor step: process_range (legs)", b.executor_step)]
-        try:
-            for _, fn in paths:  # warm-up: Python workers, planning, first use
-                fn(min(sizes[0], 5000))
-            times: dict[tuple[str, int], list[float]] = {}
-            splits: dict[int, list[dict[str, float]]] = {}
-            for r in range(a.rounds):
-                for k in sizes:
-                    order = paths if (r + sizes.index(k)) % 2 == 0 else paths[::-1]
-                    for name, fn in order:
-                        times.setdefault((name, k), []).append(timed(fn, k))
-                        if fn == b.driver:
-                            splits.setdefault(k, []).append(dict(b.split))
-                print(f"round {r + 1}/{a.rounds} done", flush=True)
-            drains: dict[str, list[RunResult]] = {name: [] for name in DRAINS.values()}
-            if drain_groups:  # warm-up: the engine's and Delta's first use (2,000 messages)
-                asyncio.run(drain(srv.url, drain_groups.pop(0), "e", spark,
-                                  str(Path(d) / "legs-warm-up"), a.batch, len(seqs), 2000))
-            for r in range(a.rounds if a.drain else 0):
-                for path in ("efg" if r % 2 == 0 else "gfe"):
-                    group = drain_groups.pop(0)
-                    res = asyncio.run(drain(srv.url, group, path, spark,
-                                            str(Path(d) / f"legs-{group}"), a.batch, len(seqs)))
-                    assert res.status == "drained" and res.processed == len(seqs), res
-                    drains[DRAINS[path]].append(res)
-                print(f"drain round {r + 1}/{a.rounds} done", flush=True)
-            # The figures that explain it.
-            k = sizes[-1]
-            read_only = statistics.median(timed(b.driver_read_only, k) for _ in range(3))
-            one_exec = statistics.median(timed(b.one_executor_read, k) for _ in range(3))
-            fixed = statistics.median(timed(b.executors, 100) for _ in range(5))
-        finally:
-            b.close()
-            stop_spark()
-            if cluster is not None:
-                cluster.stop()
+        for _, fn in paths:  # warm-up: Python workers, planning, first use
+            fn(min(sizes[0], 5000))
+        times: dict[tuple[str, int], list[float]] = {}
+        splits: dict[int, list[dict[str, float]]] = {}
+        for r in range(a.rounds):
+            for k in sizes:
+                order = paths if (r + sizes.index(k)) % 2 == 0 else paths[::-1]
+                for name, fn in order:
+                    times.setdefault((name, k), []).append(timed(fn, k))
+                    if fn == b.driver:
+                        splits.setdefault(k, []).append(dict(b.split))
+            print(f"round {r + 1}/{a.rounds} done", flush=True)
+        drains: dict[str, list[RunResult]] = {name: [] for name in DRAINS.values()}
+        if drain_groups:  # warm-up: the engine's and Delta's first use (2,000 messages)
+            asyncio.run(drain(srv.url, drain_groups.pop(0), "e", spark,
+                              str(Path(d) / "legs-warm-up"), a.batch, len(seqs), 2000))
+        for r in range(a.rounds if a.drain else 0):
+            for path in ("efg" if r % 2 == 0 else "gfe"):
+                group = drain_groups.pop(0)
+                res = asyncio.run(drain(srv.url, group, path, spark,
+                                        str(Path(d) / f"legs-{group}"), a.batch, len(seqs)))
+                assert res.status == "drained" and res.processed == len(seqs), res
+                drains[DRAINS[path]].append(res)
+            print(f"drain round {r + 1}/{a.rounds} done", flush=True)
+        # The figures that explain it.
+        k = sizes[-1]
+        read_only = statistics.median(timed(b.driver_read_only, k) for _ in range(reps))
+        one_exec = statistics.median(timed(b.one_executor_read, k) for _ in range(reps))
+        fixed = statistics.median(timed(b.executors, 100) for _ in range(reps_fixed))
 
     width = max(len(n) for n in [*(n for n, _ in paths), *(drains if a.drain else ())])
     print(f"\n{'path':<{width}}  {'messages':>8}  {'median s':>8}  {'msg/s':>9}  min-max s")
