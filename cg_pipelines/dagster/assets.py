@@ -67,7 +67,7 @@ from cg_pipelines.core.errors import (
     one_line,
 )
 from cg_pipelines.core.write import Merge
-from cg_pipelines.dagster.history import CODE_TAG, run_worker_tags
+from cg_pipelines.dagster.history import CODE_TAG, MODE_TAG, run_worker_tags
 from cg_pipelines.dagster.resources import (
     DeltaWarehouseResource,
     NatsResource,
@@ -75,7 +75,11 @@ from cg_pipelines.dagster.resources import (
     run_spark_session,
     stopping_foreign_spark,
 )
-from cg_pipelines.dagster.spec import TICK_ERRORS, ConsumerGroupAsset, load_group_config
+from cg_pipelines.dagster.spec import (
+    TICK_ERRORS,
+    ConsumerGroupAsset,
+    load_group_config,
+)
 from cg_pipelines.engine.rebuild import rebuild_partition
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.runner import run_partition
@@ -85,7 +89,6 @@ from cg_pipelines.sinks.delta import DeltaSink, TableStats
 __all__ = [
     "PartitionRunConfig",
     "RunProgress",
-    "asset_key_of",
     "build_group_asset",
     "wait_for_earlier_runs",
 ]
@@ -102,12 +105,6 @@ class PartitionRunConfig(Config):
         "first messages (their effects are then missing).")
 
 
-MODE_TAG = "cg/mode"
-"""Run tag that fixes a run's mode whatever its run config says: the ``<asset>_rebuild`` job
-carries ``cg/mode=rebuild`` (a run config given at launch replaces a job's config, so the
-job's default ``mode: rebuild`` alone would be lost to, say, a logger config)."""
-
-
 def run_mode(tags: Mapping[str, str], config: PartitionRunConfig) -> str:
     """The run's mode: the ``cg/mode`` tag when set (``drain`` or ``rebuild``), else the run
     config's ``mode``. Raises ``Failure`` for another tag value."""
@@ -117,12 +114,6 @@ def run_mode(tags: Mapping[str, str], config: PartitionRunConfig) -> str:
     if tag not in ("drain", "rebuild"):
         raise Failure(f"run tag {MODE_TAG}={tag!r}: expected 'drain' or 'rebuild'")
     return tag
-
-
-def asset_key_of(spec: ConsumerGroupAsset) -> AssetKey:
-    """The asset key of ``spec`` (its ``key_prefix`` components, then its name)."""
-    prefix = [spec.key_prefix] if isinstance(spec.key_prefix, str) else list(spec.key_prefix or [])
-    return AssetKey([*prefix, spec.name])
 
 
 PROGRESS_EVERY_S = 10.0

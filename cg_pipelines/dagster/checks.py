@@ -27,9 +27,8 @@ from dagster import (
     asset_check,
 )
 
-from cg_pipelines.dagster.assets import asset_key_of
 from cg_pipelines.dagster.sensors import LAG_CHECK, RUNS_CHECK, evaluate_check
-from cg_pipelines.dagster.spec import TICK_ERRORS, ConsumerGroupAsset
+from cg_pipelines.dagster.spec import TICK_ERRORS, ConsumerGroupAsset, asset_key_of
 
 __all__ = ["build_group_checks"]
 

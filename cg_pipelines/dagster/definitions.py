@@ -19,8 +19,9 @@ from dagster import (
 )
 
 from cg_pipelines.core.errors import ConfigError
-from cg_pipelines.dagster.assets import MODE_TAG, build_group_asset
+from cg_pipelines.dagster.assets import build_group_asset
 from cg_pipelines.dagster.checks import build_group_checks
+from cg_pipelines.dagster.history import MODE_TAG
 from cg_pipelines.dagster.io_manager import DeltaTableIOManager
 from cg_pipelines.dagster.reconcile import build_reconcile_check
 from cg_pipelines.dagster.resources import PartitionRunsResource, SparkResource

@@ -59,6 +59,12 @@ CODE_TAG = "cg/code_version"
 """Run tag: the code version (:func:`~cg_pipelines.core.fingerprint.code_version` or the
 asset's declared one) a partition run was made with."""
 
+
+MODE_TAG = "cg/mode"
+"""Run tag that fixes a run's mode whatever its run config says: the ``<asset>_rebuild`` job
+carries ``cg/mode=rebuild`` (a run config given at launch replaces a job's config, so the
+job's default ``mode: rebuild`` alone would be lost to, say, a logger config)."""
+
 WORKER_TAG = "cg/run_worker"
 """Run tag: ``<host> <pid> <process start ticks>`` of the process executing the run."""
 

@@ -48,9 +48,8 @@ from nats.aio.client import Client
 from cg_pipelines.core.coverage import ReconcileCursor
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.reconcile import ReconcileReport
-from cg_pipelines.dagster.assets import asset_key_of
 from cg_pipelines.dagster.resources import DeltaWarehouseResource, NatsResource
-from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.spec import ConsumerGroupAsset, asset_key_of
 from cg_pipelines.engine.coverage_log import DeltaLogCoverage
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.reconcile import (

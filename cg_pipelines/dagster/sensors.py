@@ -67,9 +67,9 @@ from cg_pipelines.core.triggers import (
     served_partitions,
     summary_lines,
 )
-from cg_pipelines.dagster.assets import MODE_TAG, asset_key_of
 from cg_pipelines.dagster.history import (
     CODE_TAG,
+    MODE_TAG,
     check_states,
     fail_lost_runs,
     partition_runs,
@@ -84,6 +84,7 @@ from cg_pipelines.dagster.resources import (
 from cg_pipelines.dagster.spec import (
     TICK_ERRORS,
     ConsumerGroupAsset,
+    asset_key_of,
     check_partitions,
     load_group_config,
 )

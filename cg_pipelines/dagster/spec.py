@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import nats.errors
+from dagster import AssetKey
 
 from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
@@ -20,7 +21,13 @@ from cg_pipelines.jetstream.errors import JetStreamError
 from cg_pipelines.jetstream.kv import Versioned
 from cg_pipelines.sinks.maintenance import Maintenance
 
-__all__ = ["TICK_ERRORS", "ConsumerGroupAsset", "check_partitions", "load_group_config"]
+__all__ = [
+    "TICK_ERRORS",
+    "ConsumerGroupAsset",
+    "asset_key_of",
+    "check_partitions",
+    "load_group_config",
+]
 
 TICK_ERRORS = (GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError,
                nats.errors.Error, ValueError)
@@ -221,3 +228,9 @@ def load_group_config(nats_res: NatsResource, spec: ConsumerGroupAsset
                                                   timeout=nats_res.call_timeout_s))
     check_partitions(v.config, spec)
     return v
+
+
+def asset_key_of(spec: ConsumerGroupAsset) -> AssetKey:
+    """The asset key of ``spec`` (its ``key_prefix`` components, then its name)."""
+    prefix = [spec.key_prefix] if isinstance(spec.key_prefix, str) else list(spec.key_prefix or [])
+    return AssetKey([*prefix, spec.name])
