@@ -21,14 +21,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from cg_pipelines.core.errors import ContractError
+from cg_pipelines.core.record import SEQ_COLUMN
 from cg_pipelines.core.state import KeyedState
 
-__all__ = ["SEQ_COLUMN", "OutputContractError", "check_output", "contract_violation"]
+__all__ = ["OutputContractError", "check_output", "contract_violation"]
 
-SEQ_COLUMN = "_seq"
-"""The output column holding each row's **origin** stream sequence (int64): the record's
-``origin_seq`` (its ``seq`` when the stream read is the origin, as for a static group), never
-the work-queue sequence that the record schema's ``seq`` column holds."""
 
 _SHOWN_COLUMNS = 12
 

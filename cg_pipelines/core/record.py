@@ -34,7 +34,19 @@ from typing import Literal
 
 import pyarrow as pa
 
-__all__ = ["RECORD_FIELDS", "RECORD_SCHEMA", "RecordField", "record_schema", "user_headers"]
+__all__ = [
+    "RECORD_FIELDS",
+    "RECORD_SCHEMA",
+    "SEQ_COLUMN",
+    "RecordField",
+    "record_schema",
+    "user_headers",
+]
+
+SEQ_COLUMN = "_seq"
+"""The output column holding each row's **origin** stream sequence (int64): the record's
+``origin_seq`` (its ``seq`` when the stream read is the origin, as for a static group), never
+the work-queue sequence that the record schema's ``seq`` column holds."""
 
 TimeUnit = Literal["s", "ms", "us", "ns"]
 

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cg_pipelines.core.errors import ColumnNotFoundError, UsageError
+from cg_pipelines.core.record import SEQ_COLUMN
 
 __all__ = ["KeyedState", "attach_state", "keys_of", "last_per_key", "merge_last"]
 
@@ -49,7 +50,7 @@ class KeyedState:
 
     key: str
     columns: tuple[str, ...]
-    order_by: str = "_seq"
+    order_by: str = SEQ_COLUMN
     prefix: str = "last_"
     schema: pa.Schema | None = field(default=None, compare=False)
 

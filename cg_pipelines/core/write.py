@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cg_pipelines.core.errors import ColumnNotFoundError, ContractError, UsageError
+from cg_pipelines.core.record import SEQ_COLUMN
 
 __all__ = ["DELETE_COLUMN", "Append", "DeleteWhen", "Merge", "WriteMode", "write_mode_name"]
 
@@ -76,7 +77,7 @@ class Merge:
 
     key: str | tuple[str, ...]
     delete_when: DeleteWhen | None = None
-    order_by: str | None = "_seq"
+    order_by: str | None = SEQ_COLUMN
 
     def __post_init__(self) -> None:
         keys = (self.key,) if isinstance(self.key, str) else tuple(self.key)

@@ -53,6 +53,7 @@ from dagster.components import (
 from pydantic import BaseModel
 
 from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.record import SEQ_COLUMN
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.definitions import build_definitions
 from cg_pipelines.dagster.io_manager import DeltaTableIOManager
@@ -116,7 +117,7 @@ class WriteModel(Model):
     mode: Literal["append", "merge"] = "append"
     key: str | list[str] | None = None
     delete_when: DeleteWhenModel | None = None
-    order_by: str | None = "_seq"
+    order_by: str | None = SEQ_COLUMN
 
     def build(self) -> Append | Merge:
         """The :class:`~cg_pipelines.Append` or :class:`~cg_pipelines.Merge` declared.

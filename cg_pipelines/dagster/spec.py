@@ -13,6 +13,7 @@ from dagster import AssetKey
 from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
 from cg_pipelines.core.fingerprint import code_version
+from cg_pipelines.core.record import SEQ_COLUMN
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.resources import NatsResource
 from cg_pipelines.engine.processor import Processor, with_defaults
@@ -121,7 +122,7 @@ class ConsumerGroupAsset:
     lag_objective_s: float | None = 300.0
     lag_refresh_s: float = 60.0
     code_version: str | None = None
-    origin_seq_column: str = "_seq"
+    origin_seq_column: str = SEQ_COLUMN
     reconcile_interval_s: float | None = None
     schedule_cron: str | None = "*/15 * * * *"
     nats_resource_key: str = "nats"

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.decode import JsonDecoder
 from cg_pipelines.core.errors import StateError
+from cg_pipelines.core.record import SEQ_COLUMN
 from cg_pipelines.core.state import KeyedState, attach_state, keys_of
 from cg_pipelines.engine.processor import BatchContext, DeadLetter, Processed, ProcessorBase
 
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 META_FIELDS = [
-    pa.field("_seq", pa.int64(), nullable=False),
+    pa.field(SEQ_COLUMN, pa.int64(), nullable=False),
     pa.field("_subject", pa.string(), nullable=False),
     pa.field("_time", pa.timestamp("ns", tz="UTC"), nullable=False),
 ]

@@ -55,7 +55,7 @@ class Record:
     headers (:func:`~cg_pipelines.core.record.user_headers`); ``origin_seq`` the **origin**
     stream's sequence of a sourced message (None when the stream read is the origin). The
     decoded batch's and the output's column ``_seq``
-    (:data:`~cg_pipelines.core.contract.SEQ_COLUMN`) is the origin sequence: ``origin_seq``,
+    (:data:`~cg_pipelines.core.record.SEQ_COLUMN`) is the origin sequence: ``origin_seq``,
     else ``seq``.
     """
 

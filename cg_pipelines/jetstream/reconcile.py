@@ -58,6 +58,7 @@ from cg_pipelines.core.reconcile import (
     SourcingStall,
     judge,
 )
+from cg_pipelines.core.record import SEQ_COLUMN
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.errors import StreamNotFoundError
@@ -88,7 +89,7 @@ with ``first <= _seq <= last`` (blocking; run in a worker thread)."""
 _CHUNK = 20_000  # messages per direct-get read (bench/range_read.py)
 
 
-def sink_table_seqs(sink: Any, column: str = "_seq") -> TableSeqs:
+def sink_table_seqs(sink: Any, column: str = SEQ_COLUMN) -> TableSeqs:
     """A :data:`TableSeqs` reading ``column`` from a sink with
     ``read(columns=[...], filter=<pyarrow expression>)`` (e.g.
     :class:`~cg_pipelines.sinks.delta.DeltaSink`; a missing table reads as no rows). The reader

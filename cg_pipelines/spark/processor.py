@@ -49,7 +49,7 @@ from pyspark.sql.types import (
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.decode import JsonDecoder
 from cg_pipelines.core.errors import ColumnNotFoundError, InvariantError, StateError, UsageError
-from cg_pipelines.core.record import RECORD_SCHEMA
+from cg_pipelines.core.record import RECORD_SCHEMA, SEQ_COLUMN
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.executor_read import RangeProcessed
 from cg_pipelines.engine.processing import Validate, decode_batch, with_state
@@ -113,7 +113,7 @@ class SparkProcessor(ProcessorBase):
         state: KeyedState | None = None,
         spark: SparkSession | None = None,
         validate: Validate | None = None,
-        order_by: str | None = "_seq",
+        order_by: str | None = SEQ_COLUMN,
         schema: pa.Schema | None = None,
         read_options: Mapping[str, str | int | bool] | None = None,
     ) -> None:
@@ -222,7 +222,7 @@ class SparkProcessor(ProcessorBase):
             out: pa.Table | None = None
             if messages > len(dead):
                 df = decoded.filter(F.col(_DEAD).isNull()).select(
-                    *[f.name for f in self.decoder.arrow_schema], "_seq", "_subject", "_time")
+                    *[f.name for f in self.decoder.arrow_schema], SEQ_COLUMN, "_subject", "_time")
                 df = self._attach_state(spark, df, facts["keys"], ctx)
                 sub = dataclasses.replace(ctx, first_seq=facts["first"], last_seq=facts["last"])
                 out = self._finish(self.transform(spark, df, sub).toArrow())
@@ -245,7 +245,7 @@ class SparkProcessor(ProcessorBase):
                 F.max(_WQ_SEQ).alias("last"), F.max_by(_ORIGIN, _WQ_SEQ).alias("origin"),
                 F.collect_list(F.when(F.col(_DEAD).isNotNull(), dead_row)).alias("dead")]
         key = self.state.key if self.state is not None else None
-        names = [*self.decoder.arrow_schema.names, "_seq", "_subject", "_time"]
+        names = [*self.decoder.arrow_schema.names, SEQ_COLUMN, "_subject", "_time"]
         if key is not None and key in names:
             aggs.append(F.collect_set(F.when(F.col(_DEAD).isNull(), F.col(key))).alias("keys"))
         row = decoded.agg(*aggs).toArrow()
@@ -331,7 +331,7 @@ def _decoded_spark_schema(decoder: JsonDecoder) -> StructType:
               for f in decoder.arrow_schema]
     return StructType([
         *fields,
-        StructField("_seq", LongType(), False),
+        StructField(SEQ_COLUMN, LongType(), False),
         StructField("_subject", StringType(), False),
         StructField("_time", TimestampType(), False),
         StructField(_WQ_SEQ, LongType(), False),
@@ -380,7 +380,7 @@ class _ExecutorDecode:
                                  "letter exactly once")
         fields = self.decoder.arrow_schema
         m, n = good.num_rows, dead_in.num_rows
-        good_cols = [*(good[f.name] for f in fields), good["_seq"], good["_subject"],
+        good_cols = [*(good[f.name] for f in fields), good[SEQ_COLUMN], good["_subject"],
                      good["_time"], good_in["seq"], good_in["origin_seq"],
                      pa.nulls(m, pa.string()), pa.nulls(m, pa.string()), pa.nulls(m, pa.binary())]
         placeholders = [pa.nulls(n, f.type) if f.nullable else

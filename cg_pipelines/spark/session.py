@@ -44,6 +44,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from cg_pipelines.core.errors import CgError, InvariantError
+from cg_pipelines.core.record import SEQ_COLUMN
 
 __all__ = [
     "DEFAULT_CONF",
@@ -385,18 +386,18 @@ def warm_up(spark: SparkSession, rounds: int = 3, rows: int = 40_000) -> list[fl
     n = max(1, rows)
     table = pa.table({
         "key": pa.array([f"k{i % 2_000}" for i in range(n)]),
-        "_seq": pa.array(range(n), pa.int64()),
+        SEQ_COLUMN: pa.array(range(n), pa.int64()),
         "value": pa.array([i % 97 for i in range(n)], pa.int64()),
         "name": pa.array([f"n{i % 31}" for i in range(n)]),
     })
-    w = Window.partitionBy("key").orderBy("_seq")
+    w = Window.partitionBy("key").orderBy(SEQ_COLUMN)
     upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     for _ in range(max(0, rounds)):
         t0 = time.perf_counter()
         df = spark.createDataFrame(table)
         rn = F.row_number().over(w)
         out = df.select(
-            "key", "_seq", rn.alias("rn"),
+            "key", SEQ_COLUMN, rn.alias("rn"),
             F.when(rn == 1, F.lit(None)).otherwise(F.lag("name").over(w)).alias("prev"),
             (F.col("value") - F.lag("value").over(w)).cast("long").alias("delta"),
             F.sum("value").over(upto).alias("running"),

@@ -10,6 +10,7 @@ import pytest
 
 from cg_pipelines.core.config import PRIORITY_GROUP, dlq_stream_name, work_queue_stream_name
 from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.record import SEQ_COLUMN
 from cg_pipelines.engine.options import EngineOptions
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cg_pipelines"
@@ -42,6 +43,14 @@ def test_the_dead_letter_stream_name_is_built_once() -> None:
     assert dlq_stream_name("s", "g").startswith(work_queue_stream_name("s", "g"))
     writers = _writers("-dlq", suffix=True)
     assert len(writers) == 1 and writers[0].startswith("core/config.py:"), writers
+
+
+def test_the_origin_sequence_column_is_named_once() -> None:
+    # the output column of each row's origin sequence: defaults of KeyedState, Append/Merge,
+    # the Spark processor, the reconcile check and the Component all use the one constant
+    assert SEQ_COLUMN == "_seq"
+    writers = _writers("_seq")
+    assert len(writers) == 1 and writers[0].startswith("core/record.py:"), writers
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
