@@ -34,6 +34,8 @@ that every exception class the package defines is named in this list.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class CgError(Exception):
     """The base of every exception this library raises on purpose: ``except CgError`` catches
@@ -134,6 +136,17 @@ in ``…``)."""
 _ATTR = "partition_run_error"
 
 
+def exception_chain(error: BaseException, depth: int = 10) -> Iterator[BaseException]:
+    """``error``, then the exception it was raised from or during (``__cause__``, else
+    ``__context__``), and so on: at most ``depth`` exceptions (a bound against cycles)."""
+    seen: BaseException | None = error
+    for _ in range(depth):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
 def one_line(text: str, limit: int = CAUSE_CHARS) -> str:
     """``text`` with every run of whitespace made one space, cut to ``limit`` characters (the
     last one ``…`` when cut)."""
@@ -227,14 +240,10 @@ class PartitionRunError(CgError, RuntimeError):
         """The :class:`PartitionRunError` attached to ``error`` or to an exception it was
         raised from or during (``__cause__`` / ``__context__``, at most 10 deep); ``error``
         itself when it is one; else None."""
-        seen: BaseException | None = error
-        for _ in range(10):
-            if seen is None:
-                return None
+        for seen in exception_chain(error):
             if isinstance(seen, PartitionRunError):
                 return seen
             got = getattr(seen, _ATTR, None)
             if isinstance(got, PartitionRunError):
                 return got
-            seen = seen.__cause__ or seen.__context__
         return None

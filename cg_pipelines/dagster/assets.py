@@ -64,6 +64,7 @@ from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.errors import (
     PartitionRunError,
     cause_text,
+    exception_chain,
     one_line,
 )
 from cg_pipelines.core.write import Merge
@@ -282,14 +283,7 @@ def _cause(e: BaseException) -> str:
 
 
 def _fenced(e: BaseException) -> bool:
-    seen: BaseException | None = e
-    for _ in range(10):
-        if seen is None:
-            return False
-        if isinstance(seen, FenceConflictError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(isinstance(x, FenceConflictError) for x in exception_chain(e))
 
 
 def failed_run_checks(e: BaseException) -> list[AssetCheckResult]:

@@ -10,6 +10,7 @@ from cg_pipelines.core.errors import (
     CgError,
     PartitionRunError,
     cause_text,
+    exception_chain,
     one_line,
 )
 
@@ -79,3 +80,30 @@ def test_attached_and_found_through_the_chain() -> None:
         assert PartitionRunError.of(wrapped) is inner
     assert PartitionRunError.of(ValueError("no run")) is None
     assert PartitionRunError.of(inner) is inner
+
+
+def _chain(*messages: str, cycle: bool = False) -> BaseException:
+    """An exception raised from the next one, from the next...; the first message is outermost."""
+    errors = [RuntimeError(m) for m in messages]
+    for outer, inner in zip(errors, errors[1:], strict=False):
+        outer.__cause__ = inner
+    if cycle:
+        errors[-1].__context__ = errors[0]
+    return errors[0]
+
+
+@pytest.mark.parametrize(("error", "depth", "expected"), [
+    (RuntimeError("a"), 10, ["a"]),
+    (_chain("a", "b", "c"), 10, ["a", "b", "c"]),
+    (_chain("a", "b", "c"), 2, ["a", "b"]),
+    (_chain("a", "b", cycle=True), 5, ["a", "b", "a", "b", "a"]),  # bounded, not endless
+])
+def test_exception_chain_walks_cause_then_context_up_to_depth(
+        error: BaseException, depth: int, expected: list[str]) -> None:
+    assert [str(e) for e in exception_chain(error, depth)] == expected
+
+
+def test_exception_chain_prefers_the_cause_over_the_context() -> None:
+    outer = RuntimeError("outer")
+    outer.__cause__, outer.__context__ = ValueError("cause"), KeyError("context")
+    assert [type(e) for e in exception_chain(outer)] == [RuntimeError, ValueError]
