@@ -42,6 +42,7 @@ __all__ = [
     "TableShape",
     "app_id_for",
     "origin_marker",
+    "partition_of",
     "with_partition_column",
 ]
 
@@ -72,6 +73,15 @@ class FenceConflictError(CgError):
 def app_id_for(stream: str, group: str, partition: int) -> str:
     """The partition's watermark key in the sink: ``<stream>/<group>/<partition>``."""
     return f"{stream}/{group}/{partition}"
+
+
+def partition_of(app_id: str) -> int | None:
+    """The partition of an app id made by :func:`app_id_for` (its last ``/`` part), or None
+    for any other shape."""
+    head, sep, tail = app_id.rpartition("/")
+    if not sep or not head or not tail.isdigit() or tail != str(int(tail)):
+        return None
+    return int(tail)
 
 
 def origin_marker(app_id: str) -> str:

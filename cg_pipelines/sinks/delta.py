@@ -189,6 +189,8 @@ class DeltaSink(DeltaMaintenance):
         self._snapshots: dict[str, DeltaTable | None] = {}
         # app id -> the version its snapshot was last loaded afresh at (see _caught_up).
         self._bases: dict[str, int] = {}
+        self._app_locks: dict[str, threading.Lock] = {}
+        self._run_apps: dict[int, str] = {}
         self._reader: DeltaTable | None = None
         self._reader_base = -1
         self._read_fs: pafs.FileSystem | None = None
@@ -237,7 +239,7 @@ class DeltaSink(DeltaMaintenance):
         Raises:
             DeltaError / OSError: the table cannot be read (not retried).
         """
-        with self._guard():
+        with self._guard(), self._app_lock(app_id):
             with self._lock:
                 dt = self._snapshots.get(app_id)
                 base = self._bases.get(app_id, -1)
@@ -245,6 +247,7 @@ class DeltaSink(DeltaMaintenance):
             with self._lock:
                 self._snapshots[app_id] = dt
                 self._bases[app_id] = base
+            self._remember_run(app_id)
             return _txn(dt, app_id)
 
     def watermarks(self, app_ids: Iterable[str]) -> dict[str, int]:
@@ -293,7 +296,7 @@ class DeltaSink(DeltaMaintenance):
         if not 0 <= expected < version:
             raise UsageError(f"commit of {app_id}: need 0 <= expected < version, "
                              f"got expected={expected} version={version}")
-        with self._guard():
+        with self._guard(), self._app_lock(app_id):
             with self._lock:
                 remembered = app_id in self._snapshots
                 dt = self._snapshots.get(app_id)
@@ -497,7 +500,7 @@ class DeltaSink(DeltaMaintenance):
             FenceConflictError: another holder committed ``app_id`` since the snapshot.
             DeltaError / OSError: I/O, schema or predicate errors; nothing was committed.
         """
-        with self._guard():
+        with self._guard(), self._app_lock(app_id):
             with self._lock:
                 dt = self._snapshots.get(app_id)
             if dt is None:

@@ -10,8 +10,8 @@ Reads go through pyarrow datasets over a native pyarrow filesystem
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -24,7 +24,7 @@ from deltalake.exceptions import TableNotFoundError
 from cg_pipelines.core.errors import ColumnNotFoundError
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, partition_of
 from cg_pipelines.sinks.deltastate import PartitionStates
 from cg_pipelines.sinks.storage import safe_uri, scrubbed, table_filesystem
 
@@ -71,6 +71,13 @@ class DeltaTableAccess:
     _read_fs: pafs.FileSystem | None
     _names: list[str]
     _states: PartitionStates | None
+    _lock: threading.Lock
+    # app id -> the snapshot its next commit is fenced against (None: no table then).
+    _snapshots: dict[str, DeltaTable | None]
+    # app id -> the lock its watermark, commits, state reads and upkeep take.
+    _app_locks: dict[str, threading.Lock]
+    # partition -> the app id whose watermark was read last (see _partition_snapshot).
+    _run_apps: dict[int, str]
 
     def exists(self) -> bool:
         """Whether the Delta table exists (has a log).
@@ -170,8 +177,8 @@ class DeltaTableAccess:
         if isinstance(self._write, Merge):
             # The current table: one row per key, the partition's files read whole (pruned
             # by partition only: MERGE-written statistics are string_view, see read()).
-            rows = self.read(columns=list(dict.fromkeys([*cols, PARTITION_COLUMN]))
-                             if part is not None else cols, filter=part)
+            rows = self._partition_read(list(dict.fromkeys([*cols, PARTITION_COLUMN]))
+                                        if part is not None else cols, part, partition)
             if rows.num_rows == 0:
                 return rows.select(cols)
             return last_per_key(rows.filter(flt).select(cols), key, order_by)
@@ -186,15 +193,93 @@ class DeltaTableAccess:
         states = self._partition_states()
         if states is None:
             return None
+        with self._guard(), self._partition_snapshot(partition) as dt:
+            if dt is None:
+                return None
+            missing = [c for c in (key, order_by) if c not in dt.schema().to_arrow().names]
+            if missing:
+                raise ColumnNotFoundError(f"columns {missing} not in the table")
+            return states.last_rows(dt, key, keys, cols, order_by, partition)
+
+    def _partition_read(self, columns: list[str], filter: pads.Expression | None,
+                        partition: int | None) -> pa.Table:
+        """Merge mode's state read: :meth:`read` of ``columns``, rows matching ``filter``,
+        from :meth:`_partition_snapshot` of ``partition`` when a run holds one, else from the
+        latest snapshot."""
+        with self._lock:
+            held = partition is not None and int(partition) in self._run_apps
+        if not held or partition is None:
+            return self.read(columns=columns, filter=filter)
         with self._guard():
-            with self._read_lock:
-                dt = self._latest()
-                if dt is None:
-                    return None
-                missing = [c for c in (key, order_by) if c not in dt.schema().to_arrow().names]
-                if missing:
-                    raise ColumnNotFoundError(f"columns {missing} not in the table")
-                return states.last_rows(dt, key, keys, cols, order_by, partition)
+            with self._partition_snapshot(partition) as dt:
+                ds = dt.to_pyarrow_dataset(filesystem=self._filesystem()) \
+                    if dt is not None else None
+            if ds is None:  # no table: read() answers with the right empty shape
+                return self.read(columns=columns, filter=filter)
+            try:
+                return ds.to_table(columns=columns, filter=filter)
+            except pa.ArrowNotImplementedError:
+                if filter is None:
+                    raise
+                # string_view statistics of MERGE-written files: see read()
+                whole = ds.to_table(columns=list(dict.fromkeys([*columns, *ds.schema.names])))
+                return whole.filter(filter).select(columns)
+
+    def _app_lock(self, app_id: str) -> threading.Lock:
+        """The lock of ``app_id``'s snapshot (created on first use)."""
+        with self._lock:
+            lock = self._app_locks.get(app_id)
+            if lock is None:
+                lock = self._app_locks[app_id] = threading.Lock()
+            return lock
+
+    def _remember_run(self, app_id: str) -> None:
+        """Record that a run of ``app_id``'s partition read its watermark (see
+        :meth:`_partition_snapshot`); app ids not shaped by
+        :func:`~cg_pipelines.sinks.base.app_id_for` are not recorded."""
+        partition = partition_of(app_id)
+        if partition is not None:
+            with self._lock:
+                self._run_apps[partition] = app_id
+
+    def _forget_runs(self, partition: int | None = None) -> None:
+        """Stop serving ``partition``'s state reads and upkeep (every partition's with None)
+        from a run's snapshot until its next :meth:`watermark`: after this sink rewrote the
+        partition's files (compaction) or deleted files (VACUUM), that snapshot may name
+        files that are gone."""
+        with self._lock:
+            if partition is None:
+                self._run_apps.clear()
+            else:
+                self._run_apps.pop(int(partition), None)
+
+    @contextmanager
+    def _partition_snapshot(self, partition: int) -> Iterator[DeltaTable | None]:
+        """The snapshot a state read or the upkeep of consumer-group ``partition`` uses,
+        held for the ``with`` block (None: no table).
+
+        The run's snapshot when there is one: the one the latest :meth:`watermark` of the
+        partition's app id loaded, as that app id's commits advanced it, under that app id's
+        lock. Exact for the partition's rows: the engine reads state and runs the upkeep only
+        under the partition's lease, after the run's watermark read, so every commit of the
+        partition is in it except the run's own later ones, whose keys the run's state cache
+        holds (the upkeep runs after the last of them, which advanced this snapshot). It
+        costs no log listing: each delta-rs snapshot update lists ``_delta_log`` (on local
+        disk the whole directory: a cost that grows with the entries the log retention
+        keeps). Else (no watermark read through this sink for the partition, e.g. a caller
+        outside a run) the shared reader snapshot, brought up to the latest version, under
+        the read lock."""
+        with self._lock:
+            app_id = self._run_apps.get(int(partition))
+        if app_id is not None:
+            with self._app_lock(app_id):
+                with self._lock:
+                    dt = self._snapshots.get(app_id)
+                if dt is not None:
+                    yield dt
+                    return
+        with self._read_lock:
+            yield self._latest()
 
     def _partition_states(self) -> PartitionStates | None:
         """The table's state snapshots (None without a native pyarrow filesystem)."""

@@ -236,14 +236,15 @@ class DeltaMaintenance(DeltaTableAccess):
     def _maintain(self, partition: int, app_id: str, pol: Maintenance,
                   out: dict[str, int | float | str]) -> None:
         states = self._partition_states() if pol.snapshots else None
-        with self._read_lock:
-            dt = self._latest()
+        # The run's snapshot (no log listing, see DeltaTableAccess._partition_snapshot): the
+        # upkeep runs under the lease after the run's last commit, which advanced it.
+        with self._partition_snapshot(partition) as dt:
             if dt is None:
                 return
             if states is not None and not isinstance(self._write, Merge):
                 states.load_stored(dt, partition)
                 states.refresh(dt, partition)
-        live = partition_files(dt, partition)
+            live = partition_files(dt, partition)
         if live is None:
             out["files_live"] = -1
         elif pol.compact and needs_compaction([s for _, s in live], pol.compact_min_files,
@@ -262,6 +263,7 @@ class DeltaMaintenance(DeltaTableAccess):
 
     def _compact(self, partition: int, app_id: str, pol: Maintenance,
                  out: dict[str, int | float | str]) -> None:
+        self._forget_runs(partition)
         for attempt in range(COMPACT_ATTEMPTS):
             dt = self._load()
             if dt is None:
@@ -322,6 +324,7 @@ class DeltaMaintenance(DeltaTableAccess):
         if dt is None:
             return
         fs = self._filesystem()
+        self._forget_runs()
         self._vacuumed_at = time.time()
         if fs is not None:  # first: a slow vacuum is not started again by every run meanwhile
             fs.create_dir(STATE_DIR, recursive=True)
