@@ -10,16 +10,24 @@ Compressed-time ageing, append + ``KeyedState`` and merge + ``KeyedState``:
    shape as the timed cycles (per partition, one commit of ``--messages / 4`` rows over that
    partition's keys), written straight through ``DeltaSink.commit`` under app ids of their own
    (``aging/<p>``) and followed, as the engine does after a run, by ``DeltaSink.maintain(p)``
-   (compaction, state snapshots; VACUUM and log cleanup at most every ``--vacuum-interval``
-   seconds, default 3,600 as the library's; a VACUUM retention of ``--retention-hours``,
-   default 168 as the library's; a log retention of ``--log-retention-s`` seconds, default
-   the library's, 7 days). With the defaults nothing expires while the bench runs: the aged
-   table holds every log entry and every data file it ever wrote, which is what a table
-   holds after its first week at ``--versions`` commits a week (10,000: about one a minute).
-   ``--retention-hours 0 --log-retention-s 5 --vacuum-interval 30`` is compressed time:
-   the log and the files on disk then stay at what a table holds in steady state
-   (retention x commit rate, see docs/growth.md). No NATS round trips, so 10,000 versions
-   take minutes, not days; the timed part below is the real engine.
+   (compaction, state snapshots, VACUUM and log cleanup). No NATS round trips, so 10,000
+   versions take minutes, not days; the timed part below is the real engine.
+
+   **Time is compressed, retention with it** (the default): the ``--versions`` stand for
+   ``--days`` (30) of the table's life at a steady commit rate, and the library's time-based
+   defaults are scaled by the same factor (bench seconds per simulated second, from the
+   ageing pace measured on a scratch table of the same mode, versions 500 to 1,000): the 7-day log
+   retention (``Maintenance.log_retention_hours``) and the hourly VACUUM + log cleanup
+   (``vacuum_interval_s``). The data-file retention is 0 hours: delta-rs' VACUUM takes whole
+   hours, and anything under one rounds down (stricter: files on disk are then the live ones
+   plus those removed since the last VACUUM). At 10,000 versions over 30 days the 7-day
+   window holds about 2,333 versions: the table is past its first week, in the steady state
+   a table at ~333 commits a day keeps for ever, which is what "day 30" means.
+   ``--library-retention`` keeps the library's settings unscaled instead: then nothing
+   expires while the bench runs and the aged table holds every log entry, tombstone and data
+   file it ever wrote (a table whose 7-day window holds all ``--versions``: 10,000 commits a
+   week). ``--retention-hours`` / ``--log-retention-s`` / ``--vacuum-interval`` set the three
+   by hand.
 3. **Timed cycles**, ``--cycles`` of them (default 3), interleaved: publish ``--messages``
    messages over ``--keys`` keys to the origin, then drain the 4 partitions of the aged group
    and of the control group (order alternating per cycle). A cycle's time is the sum of the 4
@@ -38,9 +46,10 @@ does each tick, cycle seconds aged/control, ratio) and one line::
 
 (``files``: live data files / data files on disk of the aged append table, all partitions.)
 
-Run: ``.venv/bin/python bench/aging.py [--versions 10000] [--messages 200] [--keys 2000]
-[--cycles 3] [--modes append,merge] [--retention-hours 168] [--log-retention-s S]
-[--vacuum-interval 3600]``; ``--smoke``: 40 versions, 1 cycle (seconds).
+Run: ``.venv/bin/python bench/aging.py [--versions 10000] [--days 30] [--messages 200]
+[--keys 2000] [--cycles 3] [--modes append,merge] [--library-retention]
+[--retention-hours H --log-retention-s S --vacuum-interval S]``; ``--smoke``: 40 versions,
+1 cycle (seconds).
 """
 
 from __future__ import annotations
@@ -132,18 +141,62 @@ def table_figures(path: str, sink: DeltaSink) -> dict[str, int]:
             "load_s": statistics.median(loads)}
 
 
-def maintenance(args: argparse.Namespace) -> Maintenance:
-    return Maintenance(vacuum_retention_hours=args.retention_hours,
-                       vacuum_interval_s=args.vacuum_interval,
-                       log_retention_hours=None if args.log_retention_s is None
-                       else args.log_retention_s / 3600)
+DAY_S = 86_400.0
+LIBRARY = Maintenance()
+
+
+def maintenance(args: argparse.Namespace, seconds_per_version: float) -> Maintenance:
+    """The aged and control tables' upkeep: the library's retention in compressed time (see
+    the module docstring), the library's own (``--library-retention``), or set by hand."""
+    if args.library_retention:
+        return LIBRARY
+    if args.retention_hours is not None or args.log_retention_s is not None \
+            or args.vacuum_interval is not None:
+        return Maintenance(
+            vacuum_retention_hours=168 if args.retention_hours is None else args.retention_hours,
+            vacuum_interval_s=3600.0 if args.vacuum_interval is None else args.vacuum_interval,
+            log_retention_hours=None if args.log_retention_s is None
+            else args.log_retention_s / 3600)
+    scale = seconds_per_version * args.versions / (args.days * DAY_S)
+    return Maintenance(vacuum_retention_hours=0,
+                       vacuum_interval_s=LIBRARY.vacuum_interval_s * scale,
+                       log_retention_hours=LIBRARY.log_retention() * scale)
+
+
+def retention_line(pol: Maintenance, args: argparse.Namespace) -> str:
+    """What the upkeep keeps, in bench seconds and (compressed) in simulated time."""
+    log_s = pol.log_retention() * 3600
+    line = (f"log retention {log_s:,.1f} s, VACUUM + log cleanup every "
+            f"{pol.vacuum_interval_s:,.1f} s, data-file retention "
+            f"{pol.vacuum_retention_hours} h")
+    if pol is LIBRARY or args.retention_hours is not None or args.log_retention_s is not None \
+            or args.vacuum_interval is not None:
+        return line
+    return (f"{line} (compressed time: {args.versions:,} versions = {args.days:g} days, so "
+            f"7 days of log and hourly upkeep)")
+
+
+def pace(tmp: str, mode: str, keys_of: dict[int, list[str]], args: argparse.Namespace,
+         seed: int) -> float:
+    """Seconds per version of the ageing in its steady state: timed from version 500 to 1,000
+    of a scratch table of ``mode`` with nothing expiring (its log then holds about what the
+    compressed 7-day window holds; a young table ages faster). Shorter runs: their last half.
+    """
+    write = Merge(key="k") if mode == "merge" else Append()
+    scratch = DeltaSink(f"{tmp}/{mode}-pace", write=write, schema=SCHEMA)
+    total = min(1_000, args.versions)
+    age(scratch, keys_of, total // 2, args.messages // PARTS, seed, quiet=True)
+    start, t = scratch.stats().version, time.perf_counter()
+    age(scratch, keys_of, total, args.messages // PARTS, seed + 1, quiet=True)
+    return (time.perf_counter() - t) / max(1, scratch.stats().version - start)
 
 
 def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part: int,
-        seed: int) -> None:
-    """Commit one batch per partition, maintain it, until the table has ``versions``."""
+        seed: int, quiet: bool = False) -> None:
+    """Commit one batch per partition, maintain it, until the table has ``versions``
+    (going on from the partitions' watermarks)."""
     rnd = random.Random(seed)
-    seq = {p: 0 for p in range(PARTS)}
+    seq = {p: sink.watermark(f"aging/{p}") for p in range(PARTS)}
     totals: dict[str, int] = {}
     t0, last_print = time.monotonic(), 0.0
     while True:
@@ -162,7 +215,7 @@ def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part:
             sink.commit(batch, app, seq[p], first - 1)
             sink.maintain(p, app)
         version = sink.stats().version
-        if time.monotonic() - last_print > 30:
+        if not quiet and time.monotonic() - last_print > 30:
             last_print = time.monotonic()
             print(f"  ageing {sink.write.name}: {version:,} versions "
                   f"({time.monotonic() - t0:,.0f} s)", flush=True)
@@ -201,7 +254,7 @@ async def drain(nc: nats.NATS, stream: str, group: str, sink: TimedSink,
 
 
 async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
-                   rnd: random.Random) -> dict[str, float | int]:
+                   rnd: random.Random) -> dict[str, float | int | str]:
     stream = f"AGE{mode.upper()}"
     js = nc.jetstream(timeout=30)
     await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
@@ -215,8 +268,11 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
         assert p is not None
         keys_of[p].append(f"k{i}")
     write = Merge(key="k") if mode == "merge" else Append()
+    pol = maintenance(args, await asyncio.to_thread(pace, tmp, mode, keys_of, args,
+                                                    rnd.randrange(1 << 30)))
+    print(f"  {mode}: {retention_line(pol, args)}", flush=True)
     sinks = {g: TimedSink(f"{tmp}/{mode}-{g}", write=write, schema=SCHEMA,
-                          maintenance=maintenance(args)) for g in ("aged", "control")}
+                          maintenance=pol) for g in ("aged", "control")}
     t = time.monotonic()
     # in a thread: the event loop keeps answering the server's pings meanwhile
     await asyncio.to_thread(age, sinks["aged"], keys_of, args.versions, args.messages // PARTS,
@@ -250,12 +306,12 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
             f"{k} {v / args.cycles:.3f}" for k, v in sorted(steps[g].items())), flush=True)
     figs = table_figures(f"{tmp}/{mode}-aged", sinks["aged"])
     return {**figs, "state_s": statistics.median(state_s), "aged_s": aged,
-            "control_s": control, "ratio": aged / control}
+            "control_s": control, "ratio": aged / control, "policy": retention_line(pol, args)}
 
 
 async def main(args: argparse.Namespace) -> None:
     rnd = random.Random(7)
-    results: dict[str, dict[str, float | int]] = {}
+    results: dict[str, dict[str, float | int | str]] = {}
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats", port=0) as srv:
         nc = await nats.connect(srv.url)
         try:
@@ -264,7 +320,10 @@ async def main(args: argparse.Namespace) -> None:
         finally:
             await nc.close()
     print(f"{args.messages} messages over {args.keys:,} keys a cycle, {PARTS} partitions, "
-          f"medians of {args.cycles} interleaved cycles; maintenance: {maintenance(args)}")
+          f"medians of {args.cycles} interleaved cycles; compaction at "
+          f"{LIBRARY.compact_min_files} small files")
+    for mode, r in results.items():
+        print(f"  {mode}: {r['policy']}")
     print(f"{'mode':<7}{'versions':>9}{'live':>6}{'/part':>6}{'on disk':>9}{'log n':>7}"
           f"{'log KiB':>9}{'ckpts':>7}"
           f"{'state s':>9}{'load s':>8}{'aged s':>8}{'ctrl s':>8}{'ratio':>7}")
@@ -287,8 +346,12 @@ if __name__ == "__main__":
     ap.add_argument("--keys", type=int, default=2_000)
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--modes", default="append,merge")
-    ap.add_argument("--retention-hours", type=int, default=168)
-    ap.add_argument("--vacuum-interval", type=float, default=3600.0)
+    ap.add_argument("--days", type=float, default=30.0,
+                    help="simulated days the versions stand for (compressed time)")
+    ap.add_argument("--library-retention", action="store_true",
+                    help="the library's retention unscaled: nothing expires during the run")
+    ap.add_argument("--retention-hours", type=int, default=None)
+    ap.add_argument("--vacuum-interval", type=float, default=None)
     ap.add_argument("--log-retention-s", type=float, default=None)
     ap.add_argument("--smoke", action="store_true", help="40 versions, 1 cycle")
     a = ap.parse_args()

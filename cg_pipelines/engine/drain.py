@@ -86,12 +86,15 @@ Prefetch = tuple[int, "asyncio.Task[pa.Table]"]
 
 async def _drop(prefetch: Prefetch | None) -> None:
     """Cancel a prefetch nobody will use and wait until its task has ended (so no read of this
-    run is left running, nor its exception unretrieved)."""
+    run is left running, nor its exception unretrieved). The task's own outcome is dropped; a
+    cancellation of the caller while it waits is not: it propagates."""
     if prefetch is None:
         return
-    prefetch[1].cancel()
-    with contextlib.suppress(BaseException):
-        await prefetch[1]
+    task = prefetch[1]
+    task.cancel()
+    await asyncio.wait([task])  # raises only the caller's own cancellation
+    if not task.cancelled():
+        task.exception()  # retrieved: a failed read nobody uses is not reported as lost
 
 
 @dataclass(frozen=True)

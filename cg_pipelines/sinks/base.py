@@ -156,8 +156,12 @@ class MaintainedSink(Protocol):
         (``{name: int | float | str}``, in ``RunResult.maintenance``).
 
         Called: once per run, while the run still holds the partition's lease, after its
-        last commit, and only when the run committed something. It must not change a row or
-        a watermark.
+        last commit, and only when the run committed something; or by
+        :func:`~cg_pipelines.engine.maintain.maintain_partition` under the lease it took.
+        Either way a :meth:`~Sink.watermark` read of ``app_id`` under that lease came first
+        and every commit of the partition since went through this sink object, so the sink
+        may do the upkeep on the snapshot that read loaded, as its commits advanced it (no
+        reload). It must not change a row or a watermark.
 
         Raises:
             Nothing on purpose: a failure is reported in the figures (``error``). An exception
@@ -181,7 +185,11 @@ class StateSink(Sink, Protocol):
 
         Called: while a batch is processed (from the processor's thread), for the keys of
         the batch missing from the run's state cache, under the lease; ``partition`` limits
-        the read to that partition's rows (None: the whole table).
+        the read to that partition's rows (None: the whole table). Always after a
+        :meth:`~Sink.watermark` read of the partition's app id under that lease, and the
+        commits since (this run's own, possibly still in flight on another thread) hold none
+        of the keys asked for (the cache holds their rows): a sink may serve the read from
+        the snapshot that watermark read loaded, with no reload.
 
         Raises:
             Storage errors: the batch's processing fails, so does the run (nothing committed).

@@ -61,6 +61,13 @@ state snapshots that keep :meth:`last_rows` independent of the table's age
 (:mod:`cg_pipelines.sinks.deltastate`), VACUUM and log cleanup. ``docs/growth.md`` lists what
 grows and what bounds it.
 
+One snapshot per run: a run's state reads (:meth:`last_rows` of its partition) and its upkeep
+use the snapshot its :meth:`watermark` read loaded, as its commits advanced it, instead of a
+snapshot update of their own (delta-rs lists ``_delta_log`` for each: on local disk the whole
+directory, whose entries the log retention bounds). Exact under the engine's contract
+(:class:`~cg_pipelines.sinks.base.StateSink`, :class:`~cg_pipelines.sinks.base.MaintainedSink`);
+any other caller reads the latest version. ``docs/growth.md`` has the figures.
+
 Reads go through pyarrow datasets over a native pyarrow filesystem (local or ``S3FileSystem``),
 not delta-rs' default Python filesystem handler: with that handler the interpreter sometimes
 aborts at exit ("terminate called without an active exception", delta-rs issue #2184).

@@ -193,7 +193,7 @@ class DeltaTableAccess:
         states = self._partition_states()
         if states is None:
             return None
-        with self._guard(), self._partition_snapshot(partition) as dt:
+        with self._guard(), self._partition_snapshot(partition, wait=False) as dt:
             if dt is None:
                 return None
             missing = [c for c in (key, order_by) if c not in dt.schema().to_arrow().names]
@@ -211,7 +211,7 @@ class DeltaTableAccess:
         if not held or partition is None:
             return self.read(columns=columns, filter=filter)
         with self._guard():
-            with self._partition_snapshot(partition) as dt:
+            with self._partition_snapshot(partition, wait=False) as dt:
                 ds = dt.to_pyarrow_dataset(filesystem=self._filesystem()) \
                     if dt is not None else None
             if ds is None:  # no table: read() answers with the right empty shape
@@ -254,9 +254,12 @@ class DeltaTableAccess:
                 self._run_apps.pop(int(partition), None)
 
     @contextmanager
-    def _partition_snapshot(self, partition: int) -> Iterator[DeltaTable | None]:
+    def _partition_snapshot(self, partition: int, wait: bool = True
+                            ) -> Iterator[DeltaTable | None]:
         """The snapshot a state read or the upkeep of consumer-group ``partition`` uses,
-        held for the ``with`` block (None: no table).
+        held for the ``with`` block (None: no table). ``wait=False`` (state reads): while the
+        run's snapshot is busy (a commit of the run's previous batch in flight on another
+        thread) use the latest version instead of waiting for the commit.
 
         The run's snapshot when there is one: the one the latest :meth:`watermark` of the
         partition's app id loaded, as that app id's commits advanced it, under that app id's
@@ -272,12 +275,16 @@ class DeltaTableAccess:
         with self._lock:
             app_id = self._run_apps.get(int(partition))
         if app_id is not None:
-            with self._app_lock(app_id):
-                with self._lock:
-                    dt = self._snapshots.get(app_id)
-                if dt is not None:
-                    yield dt
-                    return
+            lock = self._app_lock(app_id)
+            if lock.acquire(blocking=wait):
+                try:
+                    with self._lock:
+                        dt = self._snapshots.get(app_id)
+                    if dt is not None:
+                        yield dt
+                        return
+                finally:
+                    lock.release()
         with self._read_lock:
             yield self._latest()
 
