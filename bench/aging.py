@@ -64,11 +64,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import nats
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -84,7 +86,7 @@ from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
 from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
-from cg_pipelines.sinks.base import PARTITION_COLUMN  # noqa: E402
+from cg_pipelines.sinks.base import PARTITION_COLUMN, app_id_for  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
 from cg_pipelines.sinks.maintenance import Maintenance  # noqa: E402
 
@@ -111,10 +113,11 @@ class TimedSink(DeltaSink):
     state_s = 0.0
 
     def last_rows(self, key: str, keys: Sequence[object], columns: Sequence[str],
-                  order_by: str, partition: int | None = None) -> pa.Table:
+                  order_by: str, partition: int | None = None, *,
+                  app_id: str | None = None) -> pa.Table:
         t = time.perf_counter()
         try:
-            return super().last_rows(key, keys, columns, order_by, partition)
+            return super().last_rows(key, keys, columns, order_by, partition, app_id=app_id)
         finally:
             self.state_s += time.perf_counter() - t
 
@@ -145,13 +148,18 @@ DAY_S = 86_400.0
 LIBRARY = Maintenance()
 
 
+def compressed(args: argparse.Namespace) -> bool:
+    """Whether the retention is the library's in compressed time (the default)."""
+    return not args.library_retention and args.retention_hours is None \
+        and args.log_retention_s is None and args.vacuum_interval is None
+
+
 def maintenance(args: argparse.Namespace, seconds_per_version: float) -> Maintenance:
     """The aged and control tables' upkeep: the library's retention in compressed time (see
     the module docstring), the library's own (``--library-retention``), or set by hand."""
     if args.library_retention:
         return LIBRARY
-    if args.retention_hours is not None or args.log_retention_s is not None \
-            or args.vacuum_interval is not None:
+    if not compressed(args):
         return Maintenance(
             vacuum_retention_hours=168 if args.retention_hours is None else args.retention_hours,
             vacuum_interval_s=3600.0 if args.vacuum_interval is None else args.vacuum_interval,
@@ -169,26 +177,10 @@ def retention_line(pol: Maintenance, args: argparse.Namespace) -> str:
     line = (f"log retention {log_s:,.1f} s, VACUUM + log cleanup every "
             f"{pol.vacuum_interval_s:,.1f} s, data-file retention "
             f"{pol.vacuum_retention_hours} h")
-    if pol is LIBRARY or args.retention_hours is not None or args.log_retention_s is not None \
-            or args.vacuum_interval is not None:
+    if not compressed(args):
         return line
     return (f"{line} (compressed time: {args.versions:,} versions = {args.days:g} days, so "
             f"7 days of log and hourly upkeep)")
-
-
-def pace(tmp: str, mode: str, keys_of: dict[int, list[str]], args: argparse.Namespace,
-         seed: int) -> float:
-    """Seconds per version of the ageing in its steady state: timed from version 500 to 1,000
-    of a scratch table of ``mode`` with nothing expiring (its log then holds about what the
-    compressed 7-day window holds; a young table ages faster). Shorter runs: their last half.
-    """
-    write = Merge(key="k") if mode == "merge" else Append()
-    scratch = DeltaSink(f"{tmp}/{mode}-pace", write=write, schema=SCHEMA)
-    total = min(1_000, args.versions)
-    age(scratch, keys_of, total // 2, args.messages // PARTS, seed, quiet=True)
-    start, t = scratch.stats().version, time.perf_counter()
-    age(scratch, keys_of, total, args.messages // PARTS, seed + 1, quiet=True)
-    return (time.perf_counter() - t) / max(1, scratch.stats().version - start)
 
 
 def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part: int,
@@ -221,6 +213,17 @@ def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part:
                   f"({time.monotonic() - t0:,.0f} s)", flush=True)
         if version >= versions:
             return
+
+
+def upkeep_seconds(path: str, write: Append | Merge, pol: Maintenance, app_id: str) -> float:
+    """Seconds of one VACUUM + log cleanup of the table (what ``maintain`` adds once per
+    ``vacuum_interval_s``), with ``pol``'s retention."""
+    sink = DeltaSink(path, write=write, schema=SCHEMA, maintenance=replace(
+        pol, vacuum_interval_s=0.0, compact=False, snapshots=False))
+    t = time.perf_counter()
+    figures = sink.maintain(0, app_id)
+    assert "error" not in figures, figures
+    return time.perf_counter() - t
 
 
 async def publish(nc: nats.NATS, stream: str, n: int, keys: int, rnd: random.Random) -> None:
@@ -268,17 +271,35 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
         assert p is not None
         keys_of[p].append(f"k{i}")
     write = Merge(key="k") if mode == "merge" else Append()
-    pol = maintenance(args, await asyncio.to_thread(pace, tmp, mode, keys_of, args,
-                                                    rnd.randrange(1 << 30)))
-    print(f"  {mode}: {retention_line(pol, args)}", flush=True)
-    sinks = {g: TimedSink(f"{tmp}/{mode}-{g}", write=write, schema=SCHEMA,
-                          maintenance=pol) for g in ("aged", "control")}
+    paths = {g: f"{tmp}/{mode}-{g}" for g in ("aged", "control")}
+    per_part = args.messages // PARTS
     t = time.monotonic()
-    # in a thread: the event loop keeps answering the server's pings meanwhile
-    await asyncio.to_thread(age, sinks["aged"], keys_of, args.versions, args.messages // PARTS,
+    # in threads: the event loop keeps answering the server's pings meanwhile
+    if compressed(args):
+        # The ageing's own pace, versions 500 to 1,000 with nothing expiring (the log then
+        # holds about what the compressed window will), sets the time scale; then the table
+        # gets the scaled retention and ages on.
+        calib = min(1_000, args.versions // 2)
+        first = TimedSink(paths["aged"], write=write, schema=SCHEMA, maintenance=LIBRARY)
+        await asyncio.to_thread(age, first, keys_of, calib // 2, per_part, rnd.randrange(1 << 30))
+        v0, t0 = first.stats().version, time.perf_counter()
+        await asyncio.to_thread(age, first, keys_of, calib, per_part, rnd.randrange(1 << 30))
+        pol = maintenance(args, (time.perf_counter() - t0) / max(1, first.stats().version - v0))
+        DeltaTable(paths["aged"]).alter.set_table_properties(pol.table_properties())
+    else:
+        pol = maintenance(args, 0.0)
+    print(f"  {mode}: {retention_line(pol, args)}", flush=True)
+    sinks = {g: TimedSink(paths[g], write=write, schema=SCHEMA, maintenance=pol)
+             for g in ("aged", "control")}
+    await asyncio.to_thread(age, sinks["aged"], keys_of, args.versions, per_part,
                             rnd.randrange(1 << 30))
     print(f"  aged {mode} to {sinks['aged'].stats().version:,} versions in "
           f"{time.monotonic() - t:,.0f} s", flush=True)
+    # The timed runs do no VACUUM / log cleanup (timed once each below): in compressed time
+    # the hourly upkeep would fall every few runs instead of every few dozen or thousand.
+    timed_pol = replace(pol, vacuum_interval_s=float("inf"))
+    sinks = {g: TimedSink(paths[g], write=write, schema=SCHEMA, maintenance=timed_pol)
+             for g in ("aged", "control")}
     api = JetStreamAPI(nc)
     published = 0
     times: dict[str, list[float]] = {"aged": [], "control": []}
@@ -304,9 +325,12 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
     for g in ("aged", "control"):  # where a cycle's time goes (per cycle, all partitions)
         print(f"  {mode} {g} steps/cycle: " + ", ".join(
             f"{k} {v / args.cycles:.3f}" for k, v in sorted(steps[g].items())), flush=True)
-    figs = table_figures(f"{tmp}/{mode}-aged", sinks["aged"])
+    upkeep = {g: upkeep_seconds(paths[g], write, pol, app_id_for(stream, g, 0))
+              for g in ("aged", "control")}
+    figs = table_figures(paths["aged"], sinks["aged"])
     return {**figs, "state_s": statistics.median(state_s), "aged_s": aged,
-            "control_s": control, "ratio": aged / control, "policy": retention_line(pol, args)}
+            "control_s": control, "ratio": aged / control, "policy": retention_line(pol, args),
+            "upkeep_aged_s": upkeep["aged"], "upkeep_control_s": upkeep["control"]}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -326,13 +350,15 @@ async def main(args: argparse.Namespace) -> None:
         print(f"  {mode}: {r['policy']}")
     print(f"{'mode':<7}{'versions':>9}{'live':>6}{'/part':>6}{'on disk':>9}{'log n':>7}"
           f"{'log KiB':>9}{'ckpts':>7}"
-          f"{'state s':>9}{'load s':>8}{'aged s':>8}{'ctrl s':>8}{'ratio':>7}")
+          f"{'state s':>9}{'load s':>8}{'aged s':>8}{'ctrl s':>8}{'ratio':>7}"
+          f"{'upkeep s':>16}")
     for mode, r in results.items():
         print(f"{mode:<7}{r['versions']:>9,}{r['live']:>6}{r['live_part']:>6}{r['on_disk']:>9,}"
               f"{r['log_entries']:>7,}{r['log_bytes'] / 1024:>9,.0f}{r['checkpoints']:>7}"
               f"{r['state_s']:>9.3f}"
               f"{r['load_s']:>8.3f}"
-              f"{r['aged_s']:>8.3f}{r['control_s']:>8.3f}{r['ratio']:>7.2f}")
+              f"{r['aged_s']:>8.3f}{r['control_s']:>8.3f}{r['ratio']:>7.2f}"
+              f"{r['upkeep_aged_s']:>9.3f}/{r['upkeep_control_s']:.3f}")
     parts = [f"{m} x{r['ratio']:.2f} at {r['versions']:,} versions" for m, r in results.items()]
     files = results.get("append") or next(iter(results.values()))
     print(f"aging: {', '.join(parts)}, files {files['live']}/{files['on_disk']}, "

@@ -6,6 +6,7 @@ pipeline (:mod:`cg_pipelines.engine.drain`) of an elastic, a static or a rebuild
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -71,7 +72,7 @@ class RunContext:
         self.inflight: tuple[int, int] | None = None
         self.watermark_read = False
         self.settled_through = 0
-        self.state = state_cache(self.processor, sink, partition)
+        self.state = state_cache(self.processor, sink, partition, self.app_id)
         self.cost = self.processor.cost_model or CostModel()
         self.retry = Retrier(nc, options.nats_retry_max_s, options.nats_retry_backoff_s,
                              options.nats_retry_max_backoff_s,
@@ -133,9 +134,13 @@ def open_run(
                       hook, read_stream=read_stream, connect=connect)
 
 
-def state_cache(processor: Processor, sink: Sink, partition: int) -> KeyStateCache | None:
+def state_cache(processor: Processor, sink: Sink, partition: int, app_id: str
+                ) -> KeyStateCache | None:
     """The run's per-key state cache when the processor declares
-    :class:`~cg_pipelines.core.state.KeyedState` (``processor.state``), else ``None``.
+    :class:`~cg_pipelines.core.state.KeyedState` (``processor.state``), else ``None``. It
+    reads what it misses with ``sink.last_rows(..., partition)``, passing ``app_id`` too
+    when that method takes it (see :meth:`StateSink.last_rows
+    <cg_pipelines.sinks.base.StateSink.last_rows>`).
 
     Raises:
         EngineConfigError: state is declared but ``sink`` cannot serve it (no ``last_rows``).
@@ -148,7 +153,11 @@ def state_cache(processor: Processor, sink: Sink, partition: int) -> KeyStateCac
             f"the processor declares per-key state on {spec.key!r} but {type(sink).__name__} "
             "cannot serve it (no last_rows method): use a state sink such as DeltaSink")
 
+    run = {"app_id": app_id} if "app_id" in inspect.signature(sink.last_rows).parameters \
+        else {}
+
     def read(keys: Sequence[object]) -> pa.Table:
-        return sink.last_rows(spec.key, keys, spec.read_columns, spec.order_by, partition)
+        return sink.last_rows(spec.key, keys, spec.read_columns, spec.order_by, partition,
+                              **run)
 
     return KeyStateCache(spec, read, getattr(sink, "write", None))

@@ -86,8 +86,9 @@ Prefetch = tuple[int, "asyncio.Task[pa.Table]"]
 
 async def _drop(prefetch: Prefetch | None) -> None:
     """Cancel a prefetch nobody will use and wait until its task has ended (so no read of this
-    run is left running, nor its exception unretrieved). The task's own outcome is dropped; a
-    cancellation of the caller while it waits is not: it propagates."""
+    run is left running, nor its exception unretrieved). The task's own outcome is dropped. A
+    cancellation of the caller while it waits propagates at once (the prefetch, cancelled,
+    then ends on its own)."""
     if prefetch is None:
         return
     task = prefetch[1]

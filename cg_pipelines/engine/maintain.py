@@ -70,9 +70,6 @@ async def maintain_partition(nc: Client, stream: str, group: str, partition: int
             return
         assert isinstance(sink, MaintainedSink)
         try:
-            # Like a run: the watermark read under the lease comes first (the sink may serve
-            # the upkeep from the snapshot that read loaded; see MaintainedSink.maintain).
-            ctx.res.watermark = await asyncio.to_thread(sink.watermark, ctx.app_id)
             ctx.res.maintenance = await asyncio.to_thread(sink.maintain, partition, ctx.app_id)
         finally:
             if lease is not None:

@@ -42,7 +42,6 @@ __all__ = [
     "TableShape",
     "app_id_for",
     "origin_marker",
-    "partition_of",
     "with_partition_column",
 ]
 
@@ -73,15 +72,6 @@ class FenceConflictError(CgError):
 def app_id_for(stream: str, group: str, partition: int) -> str:
     """The partition's watermark key in the sink: ``<stream>/<group>/<partition>``."""
     return f"{stream}/{group}/{partition}"
-
-
-def partition_of(app_id: str) -> int | None:
-    """The partition of an app id made by :func:`app_id_for` (its last ``/`` part), or None
-    for any other shape."""
-    head, sep, tail = app_id.rpartition("/")
-    if not sep or not head or not tail.isdigit() or tail != str(int(tail)):
-        return None
-    return int(tail)
 
 
 def origin_marker(app_id: str) -> str:
@@ -156,12 +146,12 @@ class MaintainedSink(Protocol):
         (``{name: int | float | str}``, in ``RunResult.maintenance``).
 
         Called: once per run, while the run still holds the partition's lease, after its
-        last commit, and only when the run committed something; or by
-        :func:`~cg_pipelines.engine.maintain.maintain_partition` under the lease it took.
-        Either way a :meth:`~Sink.watermark` read of ``app_id`` under that lease came first
-        and every commit of the partition since went through this sink object, so the sink
-        may do the upkeep on the snapshot that read loaded, as its commits advanced it (no
-        reload). It must not change a row or a watermark.
+        last commit, and only when the run committed something (the run read the watermark
+        of ``app_id`` through this sink before its commits, so the sink may do the upkeep on
+        the snapshot that read loaded, as the commits advanced it); or by
+        :func:`~cg_pipelines.engine.maintain.maintain_partition`, with no run (then on the
+        latest version). It must not change a row or a watermark; a snapshot older than the
+        latest (a holder that lost its lease) may only make it do less.
 
         Raises:
             Nothing on purpose: a failure is reported in the figures (``error``). An exception
@@ -185,11 +175,13 @@ class StateSink(Sink, Protocol):
 
         Called: while a batch is processed (from the processor's thread), for the keys of
         the batch missing from the run's state cache, under the lease; ``partition`` limits
-        the read to that partition's rows (None: the whole table). Always after a
-        :meth:`~Sink.watermark` read of the partition's app id under that lease, and the
-        commits since (this run's own, possibly still in flight on another thread) hold none
-        of the keys asked for (the cache holds their rows): a sink may serve the read from
-        the snapshot that watermark read loaded, with no reload.
+        the read to that partition's rows (None: the whole table). When the method takes a
+        keyword ``app_id``, the engine passes the run's app id: the read then comes after
+        the run's :meth:`~Sink.watermark` read of that app id through this sink, under the
+        lease, and the commits since (the run's own, maybe still in flight on another
+        thread) hold none of the keys asked for (the run's cache has their rows), so the
+        sink may serve it from the snapshot that watermark read loaded, with no reload
+        (:meth:`DeltaSink.last_rows <cg_pipelines.sinks.delta.DeltaSink.last_rows>`).
 
         Raises:
             Storage errors: the batch's processing fails, so does the run (nothing committed).

@@ -61,12 +61,13 @@ state snapshots that keep :meth:`last_rows` independent of the table's age
 (:mod:`cg_pipelines.sinks.deltastate`), VACUUM and log cleanup. ``docs/growth.md`` lists what
 grows and what bounds it.
 
-One snapshot per run: a run's state reads (:meth:`last_rows` of its partition) and its upkeep
-use the snapshot its :meth:`watermark` read loaded, as its commits advanced it, instead of a
-snapshot update of their own (delta-rs lists ``_delta_log`` for each: on local disk the whole
-directory, whose entries the log retention bounds). Exact under the engine's contract
-(:class:`~cg_pipelines.sinks.base.StateSink`, :class:`~cg_pipelines.sinks.base.MaintainedSink`);
-any other caller reads the latest version. ``docs/growth.md`` has the figures.
+One snapshot per run: a run's state reads (:meth:`last_rows` with the run's ``app_id``) and its
+upkeep (:meth:`maintain`) use the snapshot its :meth:`watermark` read loaded, as its commits
+advanced it, instead of a snapshot update of their own (delta-rs lists ``_delta_log`` for each:
+on local disk the whole directory, whose entries the log retention bounds). Exact under the
+engine's contract (:class:`~cg_pipelines.sinks.base.StateSink`,
+:class:`~cg_pipelines.sinks.base.MaintainedSink`); a state read without ``app_id``, or outside
+a run, reads the latest version. ``docs/growth.md`` has the figures.
 
 Reads go through pyarrow datasets over a native pyarrow filesystem (local or ``S3FileSystem``),
 not delta-rs' default Python filesystem handler: with that handler the interpreter sometimes
@@ -90,6 +91,7 @@ from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.deltaread import TableStats
+from cg_pipelines.sinks.deltastate import TableView
 from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
 from cg_pipelines.sinks.maintenance import DeltaMaintenance, Maintenance
 from cg_pipelines.sinks.storage import mask_options, s3_options
@@ -197,7 +199,7 @@ class DeltaSink(DeltaMaintenance):
         # app id -> the version its snapshot was last loaded afresh at (see _caught_up).
         self._bases: dict[str, int] = {}
         self._app_locks: dict[str, threading.Lock] = {}
-        self._run_apps: dict[int, str] = {}
+        self._views: dict[str, TableView | None] = {}
         self._reader: DeltaTable | None = None
         self._reader_base = -1
         self._read_fs: pafs.FileSystem | None = None
@@ -254,7 +256,7 @@ class DeltaSink(DeltaMaintenance):
             with self._lock:
                 self._snapshots[app_id] = dt
                 self._bases[app_id] = base
-            self._remember_run(app_id)
+                self._views[app_id] = None  # a run of app_id is on (see _run_view)
             return _txn(dt, app_id)
 
     def watermarks(self, app_ids: Iterable[str]) -> dict[str, int]:
@@ -548,6 +550,7 @@ class DeltaSink(DeltaMaintenance):
             with self._lock:
                 self._snapshots.pop(app_id, None)
                 self._bases.pop(app_id, None)
+                self._views.pop(app_id, None)
                 self._versions.append(dt.version())
             self.last_rows_written = counted["rows"]
             return before

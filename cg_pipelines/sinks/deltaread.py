@@ -10,8 +10,8 @@ Reads go through pyarrow datasets over a native pyarrow filesystem
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -24,8 +24,8 @@ from deltalake.exceptions import TableNotFoundError
 from cg_pipelines.core.errors import ColumnNotFoundError
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, partition_of
-from cg_pipelines.sinks.deltastate import PartitionStates
+from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.deltastate import PartitionStates, TableView
 from cg_pipelines.sinks.storage import safe_uri, scrubbed, table_filesystem
 
 if TYPE_CHECKING:
@@ -74,10 +74,11 @@ class DeltaTableAccess:
     _lock: threading.Lock
     # app id -> the snapshot its next commit is fenced against (None: no table then).
     _snapshots: dict[str, DeltaTable | None]
-    # app id -> the lock its watermark, commits, state reads and upkeep take.
+    # app id -> the lock its watermark read, commits and upkeep take.
     _app_locks: dict[str, threading.Lock]
-    # partition -> the app id whose watermark was read last (see _partition_snapshot).
-    _run_apps: dict[int, str]
+    # app id -> the view of its run's snapshot (see _run_view): present from a watermark read
+    # to the run's upkeep; None until a state read takes it.
+    _views: dict[str, TableView | None]
 
     def exists(self) -> bool:
         """Whether the Delta table exists (has a log).
@@ -115,18 +116,7 @@ class DeltaTableAccess:
                     empty = self._schema.empty_table()
                     return empty.select(columns) if columns is not None else empty
                 return pa.table({c: pa.nulls(0) for c in columns or []})
-            try:
-                return ds.to_table(columns=columns, filter=filter)
-            except pa.ArrowNotImplementedError:
-                if filter is None:
-                    raise
-                # Files written by delta-rs' MERGE (DataFusion) store strings as string_view;
-                # pyarrow 2x cannot compare their statistics with a string literal while
-                # pruning. Scan unpruned, filter in memory (the result is the same).
-                names = list(dict.fromkeys([*(columns or ds.schema.names)]))
-                whole = ds.to_table(columns=None if columns is None else
-                                    list(dict.fromkeys([*names, *ds.schema.names])))
-                return whole.filter(filter).select(names)
+            return _to_table(ds, columns, filter)
 
     def last_rows(
         self,
@@ -135,6 +125,8 @@ class DeltaTableAccess:
         columns: Sequence[str],
         order_by: str,
         partition: int | None = None,
+        *,
+        app_id: str | None = None,
     ) -> pa.Table:
         """The last committed row (greatest ``order_by``) of each of ``keys``: the per-key state
         of :class:`~cg_pipelines.core.state.KeyedState` (the state-sink contract,
@@ -153,6 +145,12 @@ class DeltaTableAccess:
             partition: when given and the table has :data:`PARTITION_COLUMN`, only that
                 consumer-group partition's rows are read (its files alone, when the table is
                 partitioned by it).
+            app_id: the run's app id, which the engine passes (with ``partition``): the rows
+                then come from the snapshot the run's :meth:`watermark` read loaded, with no
+                reload (see :meth:`_run_view`); exact only under the engine's contract
+                (:meth:`StateSink.last_rows <cg_pipelines.sinks.base.StateSink.last_rows>`:
+                after that read, under the lease, never for a key the run committed since).
+                None (any other caller): the latest version.
 
         Returns:
             One row per key found, sorted by key; no rows when ``keys`` is empty or the table
@@ -166,8 +164,9 @@ class DeltaTableAccess:
         if not keys:
             return self.read(columns=cols).slice(0, 0) if self.exists() else pa.table(
                 {c: pa.nulls(0) for c in cols})
+        view = self._run_view(app_id) if partition is not None else None
         if partition is not None and not isinstance(self._write, Merge):
-            got = self._snapshot_rows(key, keys, cols, order_by, partition)
+            got = self._snapshot_rows(key, keys, cols, order_by, partition, view)
             if got is not None:
                 return got
         flt = pc.field(key).isin(list(keys))
@@ -177,8 +176,9 @@ class DeltaTableAccess:
         if isinstance(self._write, Merge):
             # The current table: one row per key, the partition's files read whole (pruned
             # by partition only: MERGE-written statistics are string_view, see read()).
-            rows = self._partition_read(list(dict.fromkeys([*cols, PARTITION_COLUMN]))
-                                        if part is not None else cols, part, partition)
+            wanted = list(dict.fromkeys([*cols, PARTITION_COLUMN])) if part is not None else cols
+            rows = _to_table(view.dataset, wanted, part) if view is not None \
+                else self.read(columns=wanted, filter=part)
             if rows.num_rows == 0:
                 return rows.select(cols)
             return last_per_key(rows.filter(flt).select(cols), key, order_by)
@@ -187,43 +187,29 @@ class DeltaTableAccess:
         return last_per_key(self.read(columns=cols, filter=flt), key, order_by)
 
     def _snapshot_rows(self, key: str, keys: Sequence[object], cols: list[str], order_by: str,
-                       partition: int) -> pa.Table | None:
-        """:meth:`last_rows` through the partition's state snapshot, or None when it does not
-        apply (no table, no native filesystem, not partitioned by :data:`PARTITION_COLUMN`)."""
+                       partition: int, view: TableView | None) -> pa.Table | None:
+        """:meth:`last_rows` through the partition's state snapshot, on ``view`` (else the
+        latest version), or None when it does not apply (no table, no native filesystem, not
+        partitioned by :data:`PARTITION_COLUMN`)."""
         states = self._partition_states()
         if states is None:
             return None
-        with self._guard(), self._partition_snapshot(partition, wait=False) as dt:
-            if dt is None:
+        with self._guard():
+            if view is None:
+                view = self._latest_view()
+            if view is None:
                 return None
-            missing = [c for c in (key, order_by) if c not in dt.schema().to_arrow().names]
+            missing = [c for c in (key, order_by) if c not in view.columns]
             if missing:
                 raise ColumnNotFoundError(f"columns {missing} not in the table")
-            return states.last_rows(dt, key, keys, cols, order_by, partition)
+            return states.last_rows(view, key, keys, cols, order_by, partition)
 
-    def _partition_read(self, columns: list[str], filter: pads.Expression | None,
-                        partition: int | None) -> pa.Table:
-        """Merge mode's state read: :meth:`read` of ``columns``, rows matching ``filter``,
-        from :meth:`_partition_snapshot` of ``partition`` when a run holds one, else from the
-        latest snapshot."""
-        with self._lock:
-            held = partition is not None and int(partition) in self._run_apps
-        if not held or partition is None:
-            return self.read(columns=columns, filter=filter)
-        with self._guard():
-            with self._partition_snapshot(partition, wait=False) as dt:
-                ds = dt.to_pyarrow_dataset(filesystem=self._filesystem()) \
-                    if dt is not None else None
-            if ds is None:  # no table: read() answers with the right empty shape
-                return self.read(columns=columns, filter=filter)
-            try:
-                return ds.to_table(columns=columns, filter=filter)
-            except pa.ArrowNotImplementedError:
-                if filter is None:
-                    raise
-                # string_view statistics of MERGE-written files: see read()
-                whole = ds.to_table(columns=list(dict.fromkeys([*columns, *ds.schema.names])))
-                return whole.filter(filter).select(columns)
+    def _latest_view(self) -> TableView | None:
+        """A view of the shared reader snapshot brought up to the latest version (None: no
+        table)."""
+        with self._read_lock:
+            dt = self._latest()
+            return TableView.of(dt, self._filesystem()) if dt is not None else None
 
     def _app_lock(self, app_id: str) -> threading.Lock:
         """The lock of ``app_id``'s snapshot (created on first use)."""
@@ -233,60 +219,39 @@ class DeltaTableAccess:
                 lock = self._app_locks[app_id] = threading.Lock()
             return lock
 
-    def _remember_run(self, app_id: str) -> None:
-        """Record that a run of ``app_id``'s partition read its watermark (see
-        :meth:`_partition_snapshot`); app ids not shaped by
-        :func:`~cg_pipelines.sinks.base.app_id_for` are not recorded."""
-        partition = partition_of(app_id)
-        if partition is not None:
+    def _run_view(self, app_id: str | None) -> TableView | None:
+        """The view of the snapshot the run of ``app_id`` reads its state from, or None (no
+        run of ``app_id`` on in this sink, no table yet, or ``app_id`` None).
+
+        A run is on from its :meth:`watermark` read to its upkeep (:meth:`maintain
+        <cg_pipelines.sinks.maintenance.DeltaMaintenance.maintain>`) or a
+        :meth:`replace_partition`. The view is taken once, by the run's first state read,
+        of the snapshot that read loaded as the run's commits advanced it (under ``app_id``'s
+        lock, so never in the middle of a commit), and then serves every state read of the
+        run with no lock and no reload. Exact under the engine's contract
+        (:class:`~cg_pipelines.sinks.base.StateSink`): every commit of the partition before
+        the watermark read is in it, and the run's own later commits hold none of the keys
+        asked for. What it saves: each delta-rs snapshot update lists ``_delta_log`` (on local
+        disk the whole directory, whose entries grow with the log retention)."""
+        if app_id is None:
+            return None
+        with self._lock:
+            if app_id not in self._views:
+                return None
+            view = self._views[app_id]
+        if view is not None:
+            return view
+        with self._app_lock(app_id):
             with self._lock:
-                self._run_apps[partition] = app_id
-
-    def _forget_runs(self, partition: int | None = None) -> None:
-        """Stop serving ``partition``'s state reads and upkeep (every partition's with None)
-        from a run's snapshot until its next :meth:`watermark`: after this sink rewrote the
-        partition's files (compaction) or deleted files (VACUUM), that snapshot may name
-        files that are gone."""
-        with self._lock:
-            if partition is None:
-                self._run_apps.clear()
-            else:
-                self._run_apps.pop(int(partition), None)
-
-    @contextmanager
-    def _partition_snapshot(self, partition: int, wait: bool = True
-                            ) -> Iterator[DeltaTable | None]:
-        """The snapshot a state read or the upkeep of consumer-group ``partition`` uses,
-        held for the ``with`` block (None: no table). ``wait=False`` (state reads): while the
-        run's snapshot is busy (a commit of the run's previous batch in flight on another
-        thread) use the latest version instead of waiting for the commit.
-
-        The run's snapshot when there is one: the one the latest :meth:`watermark` of the
-        partition's app id loaded, as that app id's commits advanced it, under that app id's
-        lock. Exact for the partition's rows: the engine reads state and runs the upkeep only
-        under the partition's lease, after the run's watermark read, so every commit of the
-        partition is in it except the run's own later ones, whose keys the run's state cache
-        holds (the upkeep runs after the last of them, which advanced this snapshot). It
-        costs no log listing: each delta-rs snapshot update lists ``_delta_log`` (on local
-        disk the whole directory: a cost that grows with the entries the log retention
-        keeps). Else (no watermark read through this sink for the partition, e.g. a caller
-        outside a run) the shared reader snapshot, brought up to the latest version, under
-        the read lock."""
-        with self._lock:
-            app_id = self._run_apps.get(int(partition))
-        if app_id is not None:
-            lock = self._app_lock(app_id)
-            if lock.acquire(blocking=wait):
-                try:
-                    with self._lock:
-                        dt = self._snapshots.get(app_id)
-                    if dt is not None:
-                        yield dt
-                        return
-                finally:
-                    lock.release()
-        with self._read_lock:
-            yield self._latest()
+                if app_id not in self._views:
+                    return None
+                view, dt = self._views[app_id], self._snapshots.get(app_id)
+            if view is None and dt is not None:
+                view = TableView.of(dt, self._filesystem())
+                with self._lock:
+                    if app_id in self._views:
+                        self._views[app_id] = view
+            return view
 
     def _partition_states(self) -> PartitionStates | None:
         """The table's state snapshots (None without a native pyarrow filesystem)."""
@@ -395,3 +360,20 @@ class DeltaTableAccess:
         """Re-raise errors whose message contains a secret option value, scrubbed
         (:class:`FenceConflictError` unchanged)."""
         return scrubbed(self._options, keep=(FenceConflictError,))
+
+
+def _to_table(ds: pads.Dataset, columns: list[str] | None,
+              filter: pads.Expression | None) -> pa.Table:
+    """``ds.to_table(columns, filter)``, also for files written by delta-rs' MERGE."""
+    try:
+        return ds.to_table(columns=columns, filter=filter)
+    except pa.ArrowNotImplementedError:
+        if filter is None:
+            raise
+        # Files written by delta-rs' MERGE (DataFusion) store strings as string_view; pyarrow
+        # 2x cannot compare their statistics with a string literal while pruning. Scan
+        # unpruned, filter in memory (the result is the same).
+        names = list(dict.fromkeys([*(columns or ds.schema.names)]))
+        whole = ds.to_table(columns=None if columns is None else
+                            list(dict.fromkeys([*names, *ds.schema.names])))
+        return whole.filter(filter).select(names)

@@ -20,12 +20,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as pads  # imports pandas: annotations only
 
 from cg_pipelines.core.errors import InvariantError
 from cg_pipelines.core.state import last_per_key
@@ -33,22 +36,49 @@ from cg_pipelines.core.statesnap import after_rewrite, catch_up_files
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.statesnapshot import KeyedSnapshot, SnapshotStore
 
-__all__ = ["PERSIST_EVERY", "PartitionStates", "partition_files"]
+__all__ = ["PERSIST_EVERY", "PartitionStates", "TableView"]
 
 PERSIST_EVERY: Final = 64
 """Caught-up data files after which a state read writes the snapshot itself (so a sink whose
 maintenance never runs still reads at most this many files beyond the snapshot)."""
 
 
-def partition_files(dt: DeltaTable, partition: int) -> list[tuple[str, int]] | None:
-    """``(path, size in bytes)`` of the live data files of ``partition`` in snapshot ``dt``, or
-    None when the table is not partitioned by exactly :data:`PARTITION_COLUMN`."""
-    if dt.metadata().partition_columns != [PARTITION_COLUMN]:
-        return None
-    actions = pa.table(dt.get_add_actions(flatten=True))
-    col = f"partition.{PARTITION_COLUMN}"
-    mine = actions.filter(pc.equal(actions[col].cast(pa.int64()), int(partition)))
-    return list(zip(mine["path"].to_pylist(), mine["size_bytes"].to_pylist(), strict=True))
+@dataclass(frozen=True)
+class TableView:
+    """What state reads and upkeep need of one Delta snapshot, taken once (:meth:`of`) so
+    they can go on without the ``DeltaTable`` (and its lock) while commits advance it.
+
+    Attributes:
+        table_id: the Delta metadata id. version: the snapshot's version.
+        columns: the table's column names. partitioned: partitioned by exactly
+        :data:`PARTITION_COLUMN`. actions: the live files' add actions (flattened).
+        dataset: the snapshot's pyarrow dataset (fragments named by their log paths).
+    """
+
+    table_id: str
+    version: int
+    columns: list[str]
+    partitioned: bool
+    actions: pa.Table
+    dataset: pads.Dataset
+
+    @classmethod
+    def of(cls, dt: DeltaTable, fs: pafs.FileSystem | None) -> TableView:
+        """The view of snapshot ``dt`` (its dataset read through ``fs``)."""
+        meta = dt.metadata()
+        return cls(meta.id, dt.version(), dt.schema().to_arrow().names,
+                   meta.partition_columns == [PARTITION_COLUMN],
+                   pa.table(dt.get_add_actions(flatten=True)),
+                   dt.to_pyarrow_dataset(filesystem=fs))
+
+    def files(self, partition: int) -> list[tuple[str, int]] | None:
+        """``(path, size in bytes)`` of the live data files of ``partition``, or None when the
+        table is not partitioned by exactly :data:`PARTITION_COLUMN`."""
+        if not self.partitioned:
+            return None
+        col = f"partition.{PARTITION_COLUMN}"
+        mine = self.actions.filter(pc.equal(self.actions[col].cast(pa.int64()), int(partition)))
+        return list(zip(mine["path"].to_pylist(), mine["size_bytes"].to_pylist(), strict=True))
 
 
 @dataclass
@@ -73,24 +103,24 @@ class PartitionStates:
     def store(self) -> SnapshotStore:
         return self._store
 
-    def last_rows(self, dt: DeltaTable, key: str, keys: Sequence[object], columns: list[str],
+    def last_rows(self, view: TableView, key: str, keys: Sequence[object], columns: list[str],
                   order_by: str, partition: int) -> pa.Table | None:
-        """The last row of each of ``keys`` in snapshot ``dt`` (sorted by key; ``columns``),
-        or None when the table is not partitioned by :data:`PARTITION_COLUMN` alone."""
-        live = partition_files(dt, partition)
+        """The last row of each of ``keys`` in the snapshot ``view`` shows (``columns``), or
+        None when the table is not partitioned by :data:`PARTITION_COLUMN` alone."""
+        live = view.files(partition)
         if live is None:
             return None
-        state = self._current(dt, key, columns, order_by, partition, [p for p, _ in live])
+        state = self._current(view, key, columns, order_by, partition, [p for p, _ in live])
         rows = state.snap.rows
         if not keys or rows.num_rows == 0:
             return rows.slice(0, 0)
         want = pa.array(list(keys)).cast(rows[key].type)
         return rows.filter(pc.is_in(rows[key], value_set=want))
 
-    def _current(self, dt: DeltaTable, key: str, columns: list[str], order_by: str,
+    def _current(self, view: TableView, key: str, columns: list[str], order_by: str,
                  partition: int, live: list[str]) -> _State:
         ident = (key, order_by, int(partition))
-        table_id = dt.metadata().id
+        table_id = view.table_id
         with self._lock:
             state = self._mem.get(ident)
         if state is not None and (state.snap.table_id != table_id
@@ -103,27 +133,27 @@ class PartitionStates:
         todo = catch_up_files(state.snap.covered, live) if state is not None else None
         if state is None or todo is None:
             self.full_reads += 1
-            rows = last_per_key(self._read(dt, live, columns), key, order_by)
-            state = _State(KeyedSnapshot(rows, frozenset(live), table_id, dt.version()), None)
+            rows = last_per_key(self._read(view, live, columns), key, order_by)
+            state = _State(KeyedSnapshot(rows, frozenset(live), table_id, view.version), None)
         elif todo:
-            new = last_per_key(self._read(dt, todo, columns), key, order_by)
+            new = last_per_key(self._read(view, todo, columns), key, order_by)
             old = state.snap.rows
             rows = new if old.num_rows == 0 else last_per_key(
                 pa.concat_tables([old, new.cast(old.schema)]), key, order_by)
             state = _State(KeyedSnapshot(rows, state.snap.covered | set(todo), table_id,
-                                         dt.version()), state.stored)
+                                         view.version), state.stored)
         with self._lock:
             self._mem[ident] = state
         if state.stored is None or len(state.snap.covered - state.stored) >= PERSIST_EVERY:
             self._persist(ident, state)
         return state
 
-    def _read(self, dt: DeltaTable, files: Collection[str], columns: list[str]) -> pa.Table:
-        """``columns`` of the rows of ``files`` (data files of snapshot ``dt``)."""
+    def _read(self, view: TableView, files: Collection[str], columns: list[str]) -> pa.Table:
+        """``columns`` of the rows of ``files`` (data files of the snapshot ``view`` shows)."""
         import pyarrow.dataset as pads  # imports pandas: only when a read needs it
 
         self.files_read += len(files)
-        ds = dt.to_pyarrow_dataset(filesystem=self._fs)
+        ds = view.dataset
         wanted = set(files)
         frags = [f for f in ds.get_fragments() if f.path in wanted]
         if len(frags) != len(wanted):
@@ -176,11 +206,11 @@ class PartitionStates:
             for ident in [i for i in self._mem if i[2] == int(partition)]:
                 del self._mem[ident]
 
-    def load_stored(self, dt: DeltaTable, partition: int) -> int:
+    def load_stored(self, view: TableView, partition: int) -> int:
         """Load the stored snapshots of ``partition`` not in memory yet (every state spec a
         run of any process wrote), so :meth:`refresh` and a compaction carry them too.
         Returns how many were loaded."""
-        table_id = dt.metadata().id
+        table_id = view.table_id
         loaded = 0
         for key, order_by, columns in self._store.specs(partition):
             ident = (key, order_by, int(partition))
@@ -194,9 +224,10 @@ class PartitionStates:
                 loaded += 1
         return loaded
 
-    def refresh(self, dt: DeltaTable, partition: int) -> int:
-        """Catch every known state of ``partition`` up to snapshot ``dt``. Returns how many."""
-        live = partition_files(dt, partition)
+    def refresh(self, view: TableView, partition: int) -> int:
+        """Catch every known state of ``partition`` up to the snapshot ``view`` shows.
+        Returns how many."""
+        live = view.files(partition)
         if live is None:
             return 0
         with self._lock:
@@ -205,6 +236,6 @@ class PartitionStates:
             with self._lock:
                 state = self._mem.get((key, order_by, p))
             if state is not None:
-                self._current(dt, key, state.snap.rows.column_names, order_by, p,
+                self._current(view, key, state.snap.rows.column_names, order_by, p,
                               [path for path, _ in live])
         return len(idents)

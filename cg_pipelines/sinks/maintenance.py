@@ -54,7 +54,7 @@ from cg_pipelines.core.statesnap import needs_compaction
 from cg_pipelines.core.write import Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.deltaread import DeltaTableAccess
-from cg_pipelines.sinks.deltastate import partition_files
+from cg_pipelines.sinks.deltastate import TableView
 from cg_pipelines.sinks.deltawrite import COMMIT_HOOKS
 from cg_pipelines.sinks.statesnapshot import STATE_DIR
 
@@ -236,15 +236,13 @@ class DeltaMaintenance(DeltaTableAccess):
     def _maintain(self, partition: int, app_id: str, pol: Maintenance,
                   out: dict[str, int | float | str]) -> None:
         states = self._partition_states() if pol.snapshots else None
-        # The run's snapshot (no log listing, see DeltaTableAccess._partition_snapshot): the
-        # upkeep runs under the lease after the run's last commit, which advanced it.
-        with self._partition_snapshot(partition) as dt:
-            if dt is None:
-                return
-            if states is not None and not isinstance(self._write, Merge):
-                states.load_stored(dt, partition)
-                states.refresh(dt, partition)
-            live = partition_files(dt, partition)
+        view = self._upkeep_view(app_id)
+        if view is None:
+            return
+        if states is not None and not isinstance(self._write, Merge):
+            states.load_stored(view, partition)
+            states.refresh(view, partition)
+        live = view.files(partition)
         if live is None:
             out["files_live"] = -1
         elif pol.compact and needs_compaction([s for _, s in live], pol.compact_min_files,
@@ -252,7 +250,7 @@ class DeltaMaintenance(DeltaTableAccess):
             self._compact(partition, app_id, pol, out)
             dt = self._load()
             if dt is not None:
-                live = partition_files(dt, partition)
+                live = TableView.of(dt, self._filesystem()).files(partition)
         if live is not None:
             out["files_live"] = len(live)
         if states is not None:
@@ -261,9 +259,24 @@ class DeltaMaintenance(DeltaTableAccess):
                 and self._vacuum_due(pol):
             self._vacuum(app_id, pol, out)
 
+    def _upkeep_view(self, app_id: str) -> TableView | None:
+        """The snapshot the upkeep works on, and the end of ``app_id``'s run (see
+        :meth:`_run_view`): during a run, the snapshot its watermark read loaded as its commits
+        advanced it, with no reload (the upkeep comes after the run's last commit, under its
+        lease); else the latest version. None: no table."""
+        with self._lock:
+            on = app_id in self._views
+            self._views.pop(app_id, None)
+        if on:
+            with self._app_lock(app_id):
+                with self._lock:
+                    dt = self._snapshots.get(app_id)
+                if dt is not None:
+                    return TableView.of(dt, self._filesystem())
+        return self._latest_view()
+
     def _compact(self, partition: int, app_id: str, pol: Maintenance,
                  out: dict[str, int | float | str]) -> None:
-        self._forget_runs(partition)
         for attempt in range(COMPACT_ATTEMPTS):
             dt = self._load()
             if dt is None:
@@ -324,7 +337,6 @@ class DeltaMaintenance(DeltaTableAccess):
         if dt is None:
             return
         fs = self._filesystem()
-        self._forget_runs()
         self._vacuumed_at = time.time()
         if fs is not None:  # first: a slow vacuum is not started again by every run meanwhile
             fs.create_dir(STATE_DIR, recursive=True)
