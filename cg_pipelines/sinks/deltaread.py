@@ -177,7 +177,8 @@ class DeltaTableAccess:
             # The current table: one row per key, the partition's files read whole (pruned
             # by partition only: MERGE-written statistics are string_view, see read()).
             wanted = list(dict.fromkeys([*cols, PARTITION_COLUMN])) if part is not None else cols
-            rows = _to_table(view.dataset, wanted, part) if view is not None \
+            rows = _to_table(view.dataset, wanted, part) \
+                if view is not None and view.dataset is not None \
                 else self.read(columns=wanted, filter=part)
             if rows.num_rows == 0:
                 return rows.select(cols)

@@ -52,7 +52,9 @@ class TableView:
         table_id: the Delta metadata id. version: the snapshot's version.
         columns: the table's column names. partitioned: partitioned by exactly
         :data:`PARTITION_COLUMN`. actions: the live files' add actions (flattened).
-        dataset: the snapshot's pyarrow dataset (fragments named by their log paths).
+        dataset: the snapshot's pyarrow dataset over the native filesystem (fragments named
+        by their log paths); None without one (delta-rs' own filesystem handler is not
+        used, see :mod:`cg_pipelines.sinks.delta`).
     """
 
     table_id: str
@@ -60,7 +62,7 @@ class TableView:
     columns: list[str]
     partitioned: bool
     actions: pa.Table
-    dataset: pads.Dataset
+    dataset: pads.Dataset | None
 
     @classmethod
     def of(cls, dt: DeltaTable, fs: pafs.FileSystem | None) -> TableView:
@@ -69,7 +71,7 @@ class TableView:
         return cls(meta.id, dt.version(), dt.schema().to_arrow().names,
                    meta.partition_columns == [PARTITION_COLUMN],
                    pa.table(dt.get_add_actions(flatten=True)),
-                   dt.to_pyarrow_dataset(filesystem=fs))
+                   dt.to_pyarrow_dataset(filesystem=fs) if fs is not None else None)
 
     def files(self, partition: int) -> list[tuple[str, int]] | None:
         """``(path, size in bytes)`` of the live data files of ``partition``, or None when the
@@ -154,6 +156,8 @@ class PartitionStates:
 
         self.files_read += len(files)
         ds = view.dataset
+        if ds is None:
+            raise InvariantError("state read: a table view without a dataset")
         wanted = set(files)
         frags = [f for f in ds.get_fragments() if f.path in wanted]
         if len(frags) != len(wanted):
