@@ -207,10 +207,15 @@ class DeltaTableAccess:
 
     def _latest_view(self) -> TableView | None:
         """A view of the shared reader snapshot brought up to the latest version (None: no
-        table)."""
+        table), its dataset made at once (under the read lock: the reader snapshot is shared
+        and moves)."""
         with self._read_lock:
             dt = self._latest()
-            return TableView.of(dt, self._filesystem()) if dt is not None else None
+            if dt is None:
+                return None
+            ds = dt.to_pyarrow_dataset(filesystem=self._filesystem()) \
+                if self._filesystem() is not None else None
+            return TableView.of(dt, self._filesystem(), lambda: ds)
 
     def _app_lock(self, app_id: str) -> threading.Lock:
         """The lock of ``app_id``'s snapshot (created on first use)."""
@@ -219,6 +224,15 @@ class DeltaTableAccess:
             if lock is None:
                 lock = self._app_locks[app_id] = threading.Lock()
             return lock
+
+    def _run_dataset(self, app_id: str) -> pads.Dataset | None:
+        """The dataset of ``app_id``'s run snapshot as it is now (under its lock: not in the
+        middle of a commit); None without a native filesystem or a snapshot."""
+        fs = self._filesystem()
+        with self._app_lock(app_id):
+            with self._lock:
+                dt = self._snapshots.get(app_id)
+            return dt.to_pyarrow_dataset(filesystem=fs) if dt is not None and fs else None
 
     def _run_view(self, app_id: str | None) -> TableView | None:
         """The view of the snapshot the run of ``app_id`` reads its state from, or None (no
@@ -229,7 +243,9 @@ class DeltaTableAccess:
         :meth:`replace_partition`. The view is taken once, by the run's first state read,
         of the snapshot that read loaded as the run's commits advanced it (under ``app_id``'s
         lock, so never in the middle of a commit), and then serves every state read of the
-        run with no lock and no reload. Exact under the engine's contract
+        run with no reload; its dataset, made only when a read must read data files, is
+        taken under that lock too (the files the view names are still in the snapshot:
+        nothing rewrites the partition's files during its run). Exact under the engine's contract
         (:class:`~cg_pipelines.sinks.base.StateSink`): every commit of the partition before
         the watermark read is in it, and the run's own later commits hold none of the keys
         asked for. What it saves: each delta-rs snapshot update lists ``_delta_log`` (on local
@@ -248,7 +264,7 @@ class DeltaTableAccess:
                     return None
                 view, dt = self._views[app_id], self._snapshots.get(app_id)
             if view is None and dt is not None:
-                view = TableView.of(dt, self._filesystem())
+                view = TableView.of(dt, self._filesystem(), lambda: self._run_dataset(app_id))
                 with self._lock:
                     if app_id in self._views:
                         self._views[app_id] = view

@@ -18,8 +18,9 @@ are then known from the Delta log without reading them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
@@ -52,9 +53,10 @@ class TableView:
         table_id: the Delta metadata id. version: the snapshot's version.
         columns: the table's column names. partitioned: partitioned by exactly
         :data:`PARTITION_COLUMN`. actions: the live files' add actions (flattened).
-        dataset: the snapshot's pyarrow dataset over the native filesystem (fragments named
-        by their log paths); None without one (delta-rs' own filesystem handler is not
-        used, see :mod:`cg_pipelines.sinks.delta`).
+        datasets: makes the table's pyarrow dataset over the native filesystem (fragments
+        named by their log paths), or None without one (delta-rs' own filesystem handler is
+        not used, see :mod:`cg_pipelines.sinks.delta`); called once, by the first read of
+        :attr:`dataset` (most state reads need no data file read: no dataset is made).
     """
 
     table_id: str
@@ -62,16 +64,25 @@ class TableView:
     columns: list[str]
     partitioned: bool
     actions: pa.Table
-    dataset: pads.Dataset | None
+    datasets: Callable[[], pads.Dataset | None]
 
     @classmethod
-    def of(cls, dt: DeltaTable, fs: pafs.FileSystem | None) -> TableView:
-        """The view of snapshot ``dt`` (its dataset read through ``fs``)."""
+    def of(cls, dt: DeltaTable, fs: pafs.FileSystem | None,
+           datasets: Callable[[], pads.Dataset | None] | None = None) -> TableView:
+        """The view of snapshot ``dt``; its dataset is ``dt``'s over ``fs`` unless
+        ``datasets`` makes it (e.g. under a lock, from a snapshot a commit may advance: the
+        data files the view names are still in it)."""
         meta = dt.metadata()
         return cls(meta.id, dt.version(), dt.schema().to_arrow().names,
                    meta.partition_columns == [PARTITION_COLUMN],
                    pa.table(dt.get_add_actions(flatten=True)),
-                   dt.to_pyarrow_dataset(filesystem=fs) if fs is not None else None)
+                   datasets or (lambda: dt.to_pyarrow_dataset(filesystem=fs)
+                                if fs is not None else None))
+
+    @cached_property
+    def dataset(self) -> pads.Dataset | None:
+        """The table's dataset (see ``datasets``; made on first use)."""
+        return self.datasets()
 
     def files(self, partition: int) -> list[tuple[str, int]] | None:
         """``(path, size in bytes)`` of the live data files of ``partition``, or None when the
