@@ -36,6 +36,10 @@ Compressed-time ageing, append + ``KeyedState`` and merge + ``KeyedState``:
    periodic VACUUM + log cleanup is left out of the timed runs and timed once per table
    afterwards (``upkeep s``, aged/control): in compressed time an hourly upkeep would fall
    every few runs, where a real table pays it once every few dozen (or thousand) runs.
+   Before the cycles the aged table's partitions are compacted (``compact s``, all four), so
+   both tables start at the same compaction phase: the ageing leaves every partition a few
+   small files short of ``compact_min_files``, and the first timed runs would otherwise all
+   compact, where a table of any age compacts once every ``compact_min_files`` runs.
 
 The control table is fresh (created just before the timed cycles, one warm-up cycle).
 
@@ -219,6 +223,18 @@ def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part:
             return
 
 
+def compact_all(path: str, write: Append | Merge, pol: Maintenance) -> float:
+    """Compact every partition's small files (2 or more) as the ageing's holder of each
+    partition would; returns the seconds it took."""
+    sink = DeltaSink(path, write=write, schema=SCHEMA,
+                     maintenance=replace(pol, compact_min_files=2))
+    t = time.perf_counter()
+    for p in range(PARTS):
+        figures = sink.maintain(p, f"aging/{p}")
+        assert "error" not in figures, figures
+    return time.perf_counter() - t
+
+
 def upkeep_seconds(path: str, write: Append | Merge, pol: Maintenance, app_id: str) -> float:
     """Seconds of one VACUUM + log cleanup of the table (what ``maintain`` adds once per
     ``vacuum_interval_s``), with ``pol``'s retention."""
@@ -302,6 +318,10 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
     # The timed runs do no VACUUM / log cleanup (timed once each below): in compressed time
     # the hourly upkeep would fall every few runs instead of every few dozen or thousand.
     timed_pol = replace(pol, vacuum_interval_s=float("inf"))
+    # Same compaction phase as the fresh control: the ageing leaves every partition a few
+    # small files short of compaction, so the first timed runs would all compact (once every
+    # compact_min_files runs in steady state, on day 1 as on day 30); compact them now.
+    compact_s = await asyncio.to_thread(compact_all, paths["aged"], write, timed_pol)
     sinks = {g: TimedSink(paths[g], write=write, schema=SCHEMA, maintenance=timed_pol)
              for g in ("aged", "control")}
     api = JetStreamAPI(nc)
@@ -334,7 +354,8 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
     figs = table_figures(paths["aged"], sinks["aged"])
     return {**figs, "state_s": statistics.median(state_s), "aged_s": aged,
             "control_s": control, "ratio": aged / control, "policy": retention_line(pol, args),
-            "upkeep_aged_s": upkeep["aged"], "upkeep_control_s": upkeep["control"]}
+            "upkeep_aged_s": upkeep["aged"], "upkeep_control_s": upkeep["control"],
+            "compact_s": compact_s}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -355,14 +376,15 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{'mode':<7}{'versions':>9}{'live':>6}{'/part':>6}{'on disk':>9}{'log n':>7}"
           f"{'log KiB':>9}{'ckpts':>7}"
           f"{'state s':>9}{'load s':>8}{'aged s':>8}{'ctrl s':>8}{'ratio':>7}"
-          f"{'upkeep s':>16}")
+          f"{'upkeep s':>16}{'compact s':>10}")
     for mode, r in results.items():
         print(f"{mode:<7}{r['versions']:>9,}{r['live']:>6}{r['live_part']:>6}{r['on_disk']:>9,}"
               f"{r['log_entries']:>7,}{r['log_bytes'] / 1024:>9,.0f}{r['checkpoints']:>7}"
               f"{r['state_s']:>9.3f}"
               f"{r['load_s']:>8.3f}"
               f"{r['aged_s']:>8.3f}{r['control_s']:>8.3f}{r['ratio']:>7.2f}"
-              f"{r['upkeep_aged_s']:>9.3f}/{r['upkeep_control_s']:.3f}")
+              f"{r['upkeep_aged_s']:>9.3f}/{r['upkeep_control_s']:.3f}"
+              f"{r['compact_s']:>10.3f}")
     parts = [f"{m} x{r['ratio']:.2f} at {r['versions']:,} versions" for m, r in results.items()]
     files = results.get("append") or next(iter(results.values()))
     print(f"aging: {', '.join(parts)}, files {files['live']}/{files['on_disk']}, "
