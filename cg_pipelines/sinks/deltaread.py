@@ -213,9 +213,9 @@ class DeltaTableAccess:
             dt = self._latest()
             if dt is None:
                 return None
-            ds = dt.to_pyarrow_dataset(filesystem=self._filesystem()) \
-                if self._filesystem() is not None else None
-            return TableView.of(dt, self._filesystem(), lambda: ds)
+            view = TableView.of(dt, self._filesystem())
+            _ = view.dataset  # made now, while the shared snapshot cannot move
+            return view
 
     def _app_lock(self, app_id: str) -> threading.Lock:
         """The lock of ``app_id``'s snapshot (created on first use)."""

@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
@@ -31,14 +30,6 @@ from tests.support import keyed
 FAST = dict(ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=6.0)
 HERE = Path(__file__).resolve().parent
 BATCH = 20
-
-
-@pytest.fixture(params=["local", "s3"])
-def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str] | None]:
-    if request.param == "local":
-        return str(tmp_path / "t"), None
-    moto = request.getfixturevalue("moto_s3")
-    return f"s3://{moto.bucket}/t", moto.options
 
 
 def _worker(url: str, stream: str, where, step: str, at: int,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -26,14 +25,6 @@ SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64()), ("_seq", pa.int64()),
 COLS = ["k", "_seq", "v"]
 KEYS = [f"k{i}" for i in range(30)]
 NO_VACUUM = Maintenance(compact_min_files=4, vacuum_retention_hours=None, log_cleanup=False)
-
-
-@pytest.fixture(params=["local", "s3"])
-def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str]]:
-    if request.param == "local":
-        return str(tmp_path / "t"), {}
-    moto = request.getfixturevalue("moto_s3")
-    return f"s3://{moto.bucket}/t", moto.options
 
 
 @pytest.fixture

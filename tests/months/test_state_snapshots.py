@@ -25,14 +25,6 @@ KEYS = [f"k{i}" for i in range(40)]
 EAGER = Maintenance(compact_min_files=3, vacuum_retention_hours=0, vacuum_interval_s=0)
 
 
-@pytest.fixture(params=["local", "s3"])
-def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str]]:
-    if request.param == "local":
-        return str(tmp_path / "t"), {}
-    moto = request.getfixturevalue("moto_s3")
-    return f"s3://{moto.bucket}/t", moto.options
-
-
 def sink_at(where: tuple[str, dict[str, str]], **kw: object) -> DeltaSink:
     return DeltaSink(where[0], storage_options=where[1] or None, schema=SCHEMA, **kw)  # type: ignore[arg-type]
 
