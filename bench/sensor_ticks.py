@@ -13,14 +13,14 @@ Each tick is evaluated as the daemon evaluates it (``build_sensor_context(instan
 cursor=..., definitions=defs)`` + ``evaluate_tick``), with the definitions' own resources (a
 fresh NATS connection per tick, as in production) and Dagster's log output sent to
 ``/dev/null``. The first tick (no cursor: every partition's lag observed, every partition's
-checks recorded, at most ``CHECKS_PER_TICK`` of them), up to ``--max-converge`` ticks that
-record the remaining checks, and then steady ticks (the cursor carried: nothing changed, run
-keys requested less than 300 s ago not requested again; at 4096 partitions, 8,192 checks,
-they still store ``CHECKS_PER_TICK`` leftover check evaluations each) are timed; Dagster
-storage calls per tick are counted (run-records queries, per-run event reads, check-state
-reads, event writes, check evaluations stored) and a steady tick's time is split into its
-parts (:class:`Phases`: NATS read, run history, check states, check writes, the rest of the
-sensor, Dagster's own processing).
+first check results recorded run-less, at most ``CHECKS_PER_TICK`` of them), the ticks that
+record the remaining first results (up to ``--max-converge``; at 4096 partitions, 8,192
+checks), and then steady ticks (the cursor carried: nothing changed, so nothing recorded and
+no check run requested; run keys requested less than 300 s ago not requested again) are
+timed; Dagster storage calls per tick are counted (run-records queries, per-run event reads,
+check-state reads, run-less event writes, check results recorded) and a steady tick's time
+is split into its parts (:class:`Phases`: NATS read, run history, check states, check writes,
+the rest of the sensor, Dagster's own processing).
 
 Prints, per instance and size, ``sensor tick <n> partitions: <s> s`` (SQLite; the line
 ``bench/scale.py`` reads) or ``sensor tick <n> partitions (postgres): <s> s`` (the median
@@ -29,7 +29,7 @@ lag observations per day at a 30 s tick (the bound the sensor keeps, and what th
 one-observation-per-changed-partition-per-tick rule gave under steady traffic).
 
 Run: ``.venv/bin/python bench/sensor_ticks.py [--smoke] [--no-max] [--repeats 5]
-[--messages 20000] [--history 2] [--no-postgres]``
+[--messages 20000] [--history 2] [--max-converge 200] [--no-postgres]``
 """
 
 from __future__ import annotations
@@ -75,11 +75,10 @@ from cg_pipelines.dagster import (  # noqa: E402
     NatsResource,
     PartitionRunsResource,
     build_definitions,
-    history,
     sensors,  # noqa: E402
 )
 from cg_pipelines.dagster.history import CODE_TAG  # noqa: E402
-from cg_pipelines.dagster.sensors import CHECKS_PER_TICK  # noqa: E402
+from cg_pipelines.dagster.sensors import CHECK_RUNS_PER_TICK, CHECKS_PER_TICK  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
@@ -200,12 +199,11 @@ def quiet_stderr() -> Iterator[None]:
 
 
 class StorageCalls:
-    """Counts a Dagster instance's storage calls made by a tick, and the check evaluations
-    it stores (``history.store_check_evaluations``: rows, and the seconds it took)."""
+    """Counts a Dagster instance's storage calls made by a tick, and the first check results
+    it records (``sensors.record_first_checks``: results, and the seconds it took)."""
 
-    NAMES = ("get_run_records", "get_records_for_run", "report_dagster_event",
-             "get_latest_storage_id_by_partition", "fetch_materializations")
-    STORED = "check evaluations stored"
+    NAMES = ("get_run_records", "get_records_for_run", "report_runless_asset_event")
+    STORED = "check results recorded"
 
     def __init__(self, instance: DagsterInstance) -> None:
         self.instance, self.counts = instance, dict.fromkeys(
@@ -214,17 +212,18 @@ class StorageCalls:
         for name in self.NAMES:
             self._wrap(instance, name)
         self._wrap(instance.event_log_storage, "get_asset_check_partition_info")
-        real = history.store_check_evaluations
+        real = sensors.record_first_checks
 
-        def stored(inst: DagsterInstance, entries: Any) -> None:
-            self.counts[self.STORED] += len(entries)
+        def stored(inst: DagsterInstance, evaluations: Any, log: Any) -> int:
             t0 = time.perf_counter()
             try:
-                real(inst, entries)
+                done = real(inst, evaluations, log)
+                self.counts[self.STORED] += done
+                return done
             finally:
                 self.write_s += time.perf_counter() - t0
 
-        history.store_check_evaluations = stored  # type: ignore[assignment]
+        sensors.record_first_checks = stored  # type: ignore[assignment]
 
     def _wrap(self, obj: Any, name: str) -> None:
         real = getattr(obj, name)
@@ -249,13 +248,13 @@ class StorageCalls:
 class Phases:
     """Wall-clock seconds a tick spends in each part: ``read`` (the NATS session:
     ``sensors.read_group``), ``history`` (run history: ``sensors.partition_runs``), ``check
-    states`` (``sensors.check_states``), ``check writes`` (``sensors.record_partition_checks``),
+    states`` (``sensors.check_states``), ``check writes`` (``sensors.record_first_checks``),
     ``other`` (the rest of ``sensors.backlog_tick``: planning, run requests, observations,
     cursor) and ``dagster`` (the rest of the tick: Dagster resolving the run requests and the
     result)."""
 
     WRAPPED = {"read_group": "read", "partition_runs": "history",
-               "check_states": "check states", "record_partition_checks": "check writes",
+               "check_states": "check states", "record_first_checks": "check writes",
                "backlog_tick": "tick"}
 
     def __init__(self) -> None:
@@ -293,10 +292,19 @@ def fmt_phases(parts: dict[str, float]) -> str:
 def backlog_tick(defs: Definitions, name: str, instance: DagsterInstance,
                  cursor: str | None) -> tuple[int, list[Any], str | None]:
     """One tick as the daemon evaluates it: (run requests, asset events, next cursor)."""
+    reqs, events, cursor, _ = backlog_tick_checks(defs, name, instance, cursor)
+    return reqs, events, cursor
+
+
+def backlog_tick_checks(defs: Definitions, name: str, instance: DagsterInstance,
+                        cursor: str | None) -> tuple[int, list[Any], str | None, int]:
+    """:func:`backlog_tick`, plus how many check-only runs it requested."""
     with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
                               resources=dict(defs.resources or {})) as ctx:
         data = defs.resolve_sensor_def(name).evaluate_tick(ctx)
-    return len(data.run_requests or []), list(data.asset_events or []), data.cursor
+    reqs = list(data.run_requests or [])
+    checks = sum(1 for r in reqs if (r.job_name or "").endswith("_checks"))
+    return len(reqs), list(data.asset_events or []), data.cursor, checks
 
 
 def measure(instance: DagsterInstance, label: str, s: ConsumerGroupAsset, url: str,
@@ -322,7 +330,7 @@ def measure(instance: DagsterInstance, label: str, s: ConsumerGroupAsset, url: s
         t_write = time.perf_counter() - t0
         calls.take()
         calls.take_write_s()
-        # The next ticks record the checks the first one left (CHECKS_PER_TICK a tick).
+        # The next ticks record the first results the first one left (CHECKS_PER_TICK a tick).
         converge, t_converge = 0, 0.0
         while converge < max_converge:
             t0 = time.perf_counter()
@@ -334,25 +342,28 @@ def measure(instance: DagsterInstance, label: str, s: ConsumerGroupAsset, url: s
         calls.take_write_s()
         steady, steady_w, steady_calls = [], [], {}
         steady_stored: list[int] = []
+        check_runs: list[int] = []
         parts: list[dict[str, float]] = []
         for _ in range(repeats):
             phases.take(0.0)
             t0 = time.perf_counter()
-            reqs, ev2, cursor = backlog_tick(defs, name, instance, cursor)
+            reqs, ev2, cursor, n_checks = backlog_tick_checks(defs, name, instance, cursor)
             steady.append(time.perf_counter() - t0)
             parts.append(phases.take(steady[-1]))
             steady_w.append(calls.take_write_s())
             steady_calls = calls.take()
             steady_stored.append(steady_calls.get(StorageCalls.STORED, 0))
+            check_runs.append(n_checks)
     n = s.partitions
     tag = "" if label == "sqlite" else f" ({label})"
     med = statistics.median(steady)
     med_w = statistics.median(steady_w)
     med_parts = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
     return (f"sensor tick {n} partitions{tag}: {med:.3f} s"
-            + (f" ({med - med_w:.3f} s without storing its "
-               f"{statistics.median(steady_stored):g} check evaluations)" if med_w else "")
-            + "\n"
+            + (f" ({med - med_w:.3f} s without recording its "
+               f"{statistics.median(steady_stored):g} check results)" if med_w else "")
+            + f"; steady ticks recorded {sum(steady_stored)} check results and requested "
+            f"{sum(check_runs)} check runs\n"
             f"  detail {label} {n}: first tick {first:.3f} s, {first - first_w:.3f} s without "
             f"its check writes (storage calls {first_calls}); the daemon writes "
             f"{len(written)} of its {len(first_events)} observations: {t_write:.1f} s; "
@@ -389,8 +400,8 @@ def main() -> None:
     ap.add_argument("--history", type=int, default=2,
                     help="successful runs per partition in each instance's history")
     ap.add_argument("--no-max", action="store_true", help="16, 64, 256 partitions")
-    ap.add_argument("--max-converge", type=int, default=3,
-                    help="ticks recording the first tick's leftover checks, at most")
+    ap.add_argument("--max-converge", type=int, default=200,
+                    help="ticks recording the first tick's leftover first results, at most")
     ap.add_argument("--no-postgres", action="store_true", help="SQLite instance only")
     ap.add_argument("--smoke", action="store_true", help="16 and 64 partitions, one repeat")
     args = ap.parse_args()
@@ -404,7 +415,8 @@ def main() -> None:
         pg = None if args.no_postgres else stack.enter_context(PostgresServer())
         asyncio.run(setup(srv.url, sizes, args.messages))
         print(f"setup {time.perf_counter() - t_start:.1f} s: {args.messages} messages per "
-              f"stream (every partition has a backlog); CHECKS_PER_TICK {CHECKS_PER_TICK}",
+              f"stream (every partition has a backlog); CHECKS_PER_TICK {CHECKS_PER_TICK}, "
+              f"CHECK_RUNS_PER_TICK {CHECK_RUNS_PER_TICK}",
               flush=True)
         kinds = ["sqlite"] + ([] if pg is None else ["postgres"])
         for kind in kinds:

@@ -8,11 +8,12 @@ and the check page shows each partition's state.
   ``PartitionRunsResource.retry_max_failures`` runs in a row (such a partition is no longer
   retried until a run succeeds or new code is loaded; the check names it and its last error).
 
-The backlog sensor evaluates both for every served partition at each tick and records a
-partition's result when its outcome changed or a new materialization made the last one stale
-(:func:`cg_pipelines.dagster.history.record_partition_checks` says how, given Dagster 1.13's
-one-run-less-result-per-partition limit). They can also be executed by hand (the asset's
-Checks tab, "Execute", per partition): that computes the check of that partition only
+The backlog sensor evaluates both for every served partition at each tick and records only
+what changed (:func:`cg_pipelines.dagster.sensors.plan_partition_checks`): a partition's first
+result run-less (Dagster 1.13 allows one run-less result per check and partition), a later
+change by a check-only run of that partition (the ``<asset>_checks`` job, which executes these
+checks as "Execute" does). They can also be executed by hand (the asset's Checks tab,
+"Execute", per partition): that computes the check of that partition only
 (:func:`cg_pipelines.dagster.sensors.evaluate_check`), not a tick. The checks each run
 evaluates (``backlog_drained``, ``no_unexplained_fence_conflicts``, ``no_new_dead_letters``)
 are declared on the asset (:mod:`cg_pipelines.dagster.assets`).
@@ -28,7 +29,12 @@ from dagster import (
 )
 
 from cg_pipelines.dagster.sensors import LAG_CHECK, RUNS_CHECK, evaluate_check
-from cg_pipelines.dagster.spec import TICK_ERRORS, ConsumerGroupAsset, asset_key_of
+from cg_pipelines.dagster.spec import (
+    TICK_ERRORS,
+    ConsumerGroupAsset,
+    asset_key_of,
+    partitioned_checks_preview,
+)
 
 __all__ = ["build_group_checks"]
 
@@ -59,6 +65,11 @@ def _evaluate(context: AssetCheckExecutionContext, spec: ConsumerGroupAsset,
 def build_group_checks(spec: ConsumerGroupAsset) -> list[AssetChecksDefinition]:
     """The partitioned ``lag_within_objective`` (when ``spec.lag_objective_s`` is set) and
     ``partition_runs_succeeding`` checks of ``spec``'s asset."""
+    with partitioned_checks_preview():  # Dagster's preview warning for partitioned checks
+        return _group_checks(spec)
+
+
+def _group_checks(spec: ConsumerGroupAsset) -> list[AssetChecksDefinition]:
     keys = {spec.nats_resource_key, spec.runs_resource_key}
     key = asset_key_of(spec)
     parts = StaticPartitionsDefinition(spec.partition_keys())

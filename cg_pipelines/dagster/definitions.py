@@ -21,12 +21,12 @@ from dagster import (
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.dagster.assets import build_group_asset
 from cg_pipelines.dagster.checks import build_group_checks
-from cg_pipelines.dagster.history import MODE_TAG
+from cg_pipelines.dagster.history import CHECK_MODE, MODE_TAG
 from cg_pipelines.dagster.io_manager import DeltaTableIOManager
 from cg_pipelines.dagster.reconcile import build_reconcile_check
 from cg_pipelines.dagster.resources import PartitionRunsResource, SparkResource
 from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
-from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.spec import ConsumerGroupAsset, partitioned_checks_preview
 from cg_pipelines.engine.processor import with_defaults
 
 __all__ = ["GroupDefinitions", "build_definitions", "build_group_definitions"]
@@ -37,7 +37,9 @@ class GroupDefinitions:
     """The Dagster parts of one consumer group: ``asset`` (partitioned, with its checks),
     ``job`` (the asset job: one partition per run, draining), ``rebuild_job`` (the same asset,
     each run rebuilding its partition from the origin stream: backfill it over the partitions
-    to recompute), ``sensors`` (membership, backlog), ``schedule`` (drain-all, or ``None``)."""
+    to recompute), ``sensors`` (membership, backlog), ``schedule`` (drain-all, or ``None``),
+    ``checks`` (the operational checks), ``checks_job`` (the partitioned operational checks of
+    one partition per run, no materialization: the backlog sensor's check-only runs)."""
 
     asset: AssetsDefinition
     job: Any
@@ -45,10 +47,11 @@ class GroupDefinitions:
     sensors: list[SensorDefinition]
     schedule: ScheduleDefinition | None
     checks: list[AssetChecksDefinition]
+    checks_job: Any = None
 
     @property
     def jobs(self) -> list[Any]:
-        return [self.job, self.rebuild_job]
+        return [self.job, self.rebuild_job, *([self.checks_job] if self.checks_job else [])]
 
     @property
     def schedules(self) -> list[ScheduleDefinition]:
@@ -56,13 +59,16 @@ class GroupDefinitions:
 
 
 def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
-    """The asset, its jobs (``<name>_job`` drains, ``<name>_rebuild`` rebuilds), sensors
+    """The asset, its jobs (``<name>_job`` drains, ``<name>_rebuild`` rebuilds,
+    ``<name>_checks`` records a partition's partitioned operational checks), sensors
     (``<name>_membership``, ``<name>_backlog``), schedule (``<name>_drain``) and operational
     checks (:mod:`cg_pipelines.dagster.checks`) of one group;
     use these parts to compose your own ``Definitions``, or :func:`build_definitions` for all
     of it."""
-    asset = build_group_asset(spec)
-    checks = [*build_group_checks(spec), build_reconcile_check(spec)]
+    with partitioned_checks_preview():  # the asset's partitioned checks: a Dagster preview
+        asset = build_group_asset(spec)
+    partitioned = build_group_checks(spec)
+    checks = [*partitioned, build_reconcile_check(spec)]
     # The operational checks are evaluated by the backlog sensor (or by hand), not by each run.
     selection = AssetSelection.assets(asset) - AssetSelection.checks(*checks)
     job = define_asset_job(f"{spec.name}_job", selection=selection,
@@ -74,8 +80,19 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
         tags={MODE_TAG: "rebuild"},
         description=f"Rebuild one partition of {spec.stream}.{spec.group} per run from the "
         "origin stream's history, replacing its rows atomically (backfill it to recompute).")
-    return GroupDefinitions(asset, job, rebuild, build_sensors(spec, job),
-                            build_drain_schedule(spec, job), checks)
+    # Check-only runs: the sensor requests this job with no asset selected and the partitioned
+    # checks only (as the Checks tab's "Execute" does). A job selecting checks alone has no
+    # partitions in Dagster 1.13 (they are inferred from its assets), so the asset is in the
+    # selection; launched whole, its run fails at once: the asset refuses cg/mode=check.
+    checks_job = define_asset_job(
+        f"{spec.name}_checks",
+        selection=AssetSelection.assets(asset) - AssetSelection.checks(checks[-1]),
+        tags={MODE_TAG: CHECK_MODE},
+        description=f"Record the partitioned operational checks of one partition of "
+        f"{spec.stream}.{spec.group} (the backlog sensor runs it with the checks only "
+        "selected, for a partition whose results changed; it never materializes).")
+    return GroupDefinitions(asset, job, rebuild, build_sensors(spec, job, checks_job),
+                            build_drain_schedule(spec, job), checks, checks_job)
 
 
 def _check_resources(groups: Sequence[ConsumerGroupAsset], resources: Mapping[str, Any]) -> None:

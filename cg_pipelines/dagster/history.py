@@ -8,52 +8,41 @@
   :func:`fail_lost_runs`, so the per-partition run limit frees the partition at the next tick
   instead of after Dagster's ``max_runtime`` (the default run launcher has no run-worker health
   check of its own).
+- The backlog sensor's partitioned checks: :func:`check_states` (what Dagster shows per check
+  and partition), :func:`record_first_checks` (a partition's first results, run-less). Later
+  results go through check-only runs (:data:`CHECK_MODE`); ``docs/signals.md`` says why.
+
+Public Dagster APIs only (``dagster`` top-level names, ``DagsterInstance`` methods, the public
+``EventLogStorage`` interface): nothing here writes Dagster's tables itself.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-import sqlalchemy
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckKey,
     AssetKey,
-    AssetRecordsFilter,
-    DagsterEvent,
     DagsterEventType,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
+    Failure,
     RunRecord,
     RunsFilter,
 )
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData,
-)
-from dagster._core.events.log import EventLogEntry
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
-from dagster._core.storage.event_log.schema import (
-    AssetCheckExecutionsTable,
-    SqlEventLogStorageTable,
-)
-from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
-from dagster._serdes import serialize_value
 
-from cg_pipelines.core.errors import InvariantError, one_line
+from cg_pipelines.core.errors import one_line
 from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy
 
-__all__ = ["CODE_TAG", "SIGNALS_RUN_ID", "WORKER_TAG", "CheckState", "check_states",
-           "fail_lost_runs", "partition_runs", "record_partition_checks", "run_worker_tags",
-           "store_check_evaluations"]
+__all__ = ["CHECK_MODE", "CODE_TAG", "MODE_TAG", "WORKER_TAG", "CheckState", "check_states",
+           "fail_lost_runs", "finished_runs", "partition_runs", "record_first_checks",
+           "run_worker_tags"]
 
 CODE_TAG = "cg/code_version"
 """Run tag: the code version (:func:`~cg_pipelines.core.fingerprint.code_version` or the
@@ -72,7 +61,8 @@ PARTITION_TAG = "dagster/partition"
 _QUEUED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
            DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 _FAILED = {DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
-_FAILURE_PREFIX = "dagster._core.definitions.events.Failure: "
+_FAILURE_PREFIX = f"{Failure.__module__}.{Failure.__qualname__}: "
+"""How Dagster's error text of a raised ``Failure`` starts (its qualified class name)."""
 
 
 def run_worker_tags() -> dict[str, str]:
@@ -143,7 +133,8 @@ window counts as having none."""
 
 
 def partition_runs(instance: DagsterInstance, partition_keys: dict[int, str], code: str,
-                   policy: RetryPolicy, *, exclude_tag: tuple[str, str] | None = None,
+                   policy: RetryPolicy, *,
+                   exclude_tag: tuple[str, str | Collection[str]] | None = None,
                    errors: dict[str, str] | None = None) -> dict[int, PartitionRuns]:
     """The run history of each partition (``{partition: its Dagster partition key}``).
 
@@ -156,7 +147,8 @@ def partition_runs(instance: DagsterInstance, partition_keys: dict[int, str], co
     used, so it stays bounded by the partitions: pass the same dict from tick to tick, e.g.
     kept in a sensor cursor) does not hold it yet.
 
-    Runs carrying ``exclude_tag`` (e.g. rebuild runs) are ignored; a failed run counts only
+    Runs carrying ``exclude_tag`` (``(tag, value)`` or ``(tag, values)``: e.g. rebuild and
+    check-only runs) are ignored; a failed run counts only
     when it was made with ``code`` (:data:`CODE_TAG`); counting stops at the newest successful
     run and at a failure under another code.
     """
@@ -164,8 +156,13 @@ def partition_runs(instance: DagsterInstance, partition_keys: dict[int, str], co
     if not keys:
         return {}
 
+    excluded: tuple[str, Collection[str]] | None = None
+    if exclude_tag is not None:
+        tag, values = exclude_tag
+        excluded = (tag, {values} if isinstance(values, str) else set(values))
+
     def kept(run: DagsterRun) -> bool:
-        return exclude_tag is None or run.tags.get(exclude_tag[0]) != exclude_tag[1]
+        return excluded is None or run.tags.get(excluded[0]) not in excluded[1]
 
     unsuccessful = [r for r in instance.get_run_records(
         RunsFilter(tags={PARTITION_TAG: list(keys)}, statuses=[*_QUEUED, *_FAILED]),
@@ -249,180 +246,92 @@ def _error_of(instance: DagsterInstance, run_id: str) -> str:
 # Partitioned asset checks evaluated outside runs (by the backlog sensor)
 # --------------------------------------------------------------------------------------------
 
-SIGNALS_RUN_ID = "cg-signals"
-"""The run id under which the backlog sensor records its partitioned check evaluations (no
-such run exists: the check page's run link for them leads nowhere)."""
+CHECK_MODE = "check"
+""":data:`MODE_TAG` value of the ``<asset>_checks`` job's runs (check-only runs that record a
+partition's operational checks again): not partition runs, so :func:`partition_runs` leaves
+them out as it leaves out rebuilds."""
 
 
 @dataclass(frozen=True)
 class CheckState:
-    """The latest recorded evaluation of one check on one partition: ``passed`` (``None``
-    while only planned), whether it targets the partition's latest materialization
-    (``current``), and the run id it was recorded under."""
+    """The latest execution of one check on one partition, as Dagster shows it.
+
+    Attributes:
+        passed: its outcome; ``None`` while only planned (a run that will evaluate it is in
+            progress, or ended before it did).
+        current: whether it targets the partition's latest materialization (Dagster shows
+            the partition's check status only then; a run-less evaluation targets none, so it
+            is current only while the partition was never materialized).
+        run_id: the run it belongs to (``""`` for a run-less evaluation).
+        storage_id: the event log storage id of its latest event (planned or evaluated):
+            grows whenever anything is recorded for this check and partition.
+    """
 
     passed: bool | None
     current: bool
     run_id: str
+    storage_id: int
 
 
 def check_states(instance: DagsterInstance, asset_key: AssetKey, names: Iterable[str]
                  ) -> dict[tuple[str, str], CheckState]:
     """``{(check name, partition key): CheckState}`` of these partitioned checks of
-    ``asset_key`` (partitions never evaluated are missing). One storage call (Dagster's
-    per-partition check info, as the UI reads it)."""
-    infos = instance.event_log_storage.get_asset_check_partition_info(
-        [AssetCheckKey(asset_key, n) for n in names])
+    ``asset_key`` (partitions never evaluated are missing).
+
+    One storage call: ``EventLogStorage.get_asset_check_partition_info``, the per-partition
+    check state Dagster's UI reads. ``EventLogStorage`` is a public class (``@public``,
+    Dagster's API docs, "Internals"), reached as ``DagsterInstance.event_log_storage``; this
+    method is one of its abstract methods, implemented by every storage (SQLite, PostgreSQL,
+    MySQL, in memory) since partitioned checks came (1.13.0); no ``@public`` method of
+    ``DagsterInstance`` reads asset check executions. The status is read by its enum value
+    (``"PLANNED"``, ``"SUCCEEDED"``, ``"FAILED"``), whose class is not exported by ``dagster``.
+    """
+    keys = [AssetCheckKey(asset_key, n) for n in names]
+    if not keys:
+        return {}
     out = {}
-    for i in infos:
+    for i in instance.event_log_storage.get_asset_check_partition_info(keys):
         if i.partition_key is None:
             continue
-        status = i.latest_execution_status
-        passed = None if status == AssetCheckExecutionRecordStatus.PLANNED else (
-            status == AssetCheckExecutionRecordStatus.SUCCEEDED)
+        status = i.latest_execution_status.value
+        passed = None if status == "PLANNED" else status == "SUCCEEDED"
         out[(i.check_key.name, i.partition_key)] = CheckState(
-            passed, i.is_current, i.latest_planned_run_id)
+            passed, i.is_current, i.latest_planned_run_id or "", i.latest_check_event_storage_id)
     return out
 
 
-def record_partition_checks(instance: DagsterInstance, asset_key: AssetKey,
-                            evaluations: Sequence[AssetCheckEvaluation],
-                            states: Mapping[tuple[str, str], CheckState]) -> int:
-    """Record partitioned check evaluations made outside a run. Returns how many.
+def finished_runs(instance: DagsterInstance, run_ids: Iterable[str]) -> set[str]:
+    """Those of ``run_ids`` whose run has ended (succeeded, failed or canceled) or does not
+    exist (any more): one run-records query, none for no ids."""
+    ids = {r for r in run_ids if r}
+    if not ids:
+        return set()
+    alive = {rec.dagster_run.run_id for rec in instance.get_run_records(
+        RunsFilter(run_ids=list(ids), statuses=_QUEUED))}
+    return ids - alive
 
-    Why not ``SensorResult(asset_events=...)``: Dagster 1.13.27 stores a run-less evaluation
-    under run id ``""``, and its unique index on (asset key, check name, run id, partition)
-    refuses a second one for the same check and partition (``IntegrityError``, SQLite and
-    Postgres alike). Stored under a run id instead, an evaluation updates the row of that
-    run id, check and partition (Dagster's "planned, then evaluated" path), and inserts one when
-    there is none. So each evaluation is written under the run id of the partition's latest
-    row when that row is ours (:data:`SIGNALS_RUN_ID` or ``<it>-<n>``: updated in place, one
-    row per check and partition), under :data:`SIGNALS_RUN_ID` when the partition has none,
-    and under a new ``<SIGNALS_RUN_ID>-<ns>`` when a run's evaluation is the latest (a new row,
-    newer than it: the latest row per partition is what Dagster shows).
 
-    Each evaluation targets the partition's latest materialization (so the check page counts it
-    as current): one query for the partitions' latest materialization ids and one for those
-    materializations.
+def record_first_checks(instance: DagsterInstance, evaluations: Sequence[AssetCheckEvaluation],
+                        log: Any) -> int:
+    """Record each of ``evaluations`` as a run-less event
+    (``DagsterInstance.report_runless_asset_event``, public: what a sensor's
+    ``SensorResult(asset_events=[...])`` becomes under the daemon). Returns how many were
+    recorded.
+
+    Only for a check and partition with no execution at all yet: Dagster stores a run-less
+    evaluation under run id ``""`` and its unique index on (asset key, check name, run id,
+    partition) refuses a second one for the same check and partition (``IntegrityError``,
+    SQLite and PostgreSQL; checked on 1.13.27 and in the 1.13.29 source). Later results of that
+    check and partition are recorded by a check-only run (the sensors' ``<asset>_checks`` job).
+    One that fails anyway (e.g. someone recorded one meanwhile) is logged, not raised: the
+    tick goes on, and the next one sees the partition's row and requests a run instead.
     """
-    if not evaluations:
-        return 0
-    latest = instance.get_latest_storage_id_by_partition(
-        asset_key, DagsterEventType.ASSET_MATERIALIZATION,
-        {e.partition for e in evaluations if e.partition is not None})
-    targets: dict[str, AssetCheckEvaluationTargetMaterializationData] = {}
-    if latest:
-        records = instance.fetch_materializations(
-            AssetRecordsFilter(asset_key=asset_key, storage_ids=list(latest.values())),
-            limit=len(latest)).records
-        by_id = {r.storage_id: r for r in records}
-        for part, sid in latest.items():
-            if sid in by_id:
-                targets[part] = AssetCheckEvaluationTargetMaterializationData(
-                    storage_id=sid, run_id=by_id[sid].run_id, timestamp=by_id[sid].timestamp)
-    fresh = f"{SIGNALS_RUN_ID}-{time.time_ns()}"
-    now = time.time()
-    entries = []
+    done = 0
     for ev in evaluations:
-        part = ev.partition or ""
-        st = states.get((ev.check_name, part))
-        run_id = SIGNALS_RUN_ID if st is None else (
-            st.run_id if st.run_id.startswith(SIGNALS_RUN_ID) else fresh)
-        stored = AssetCheckEvaluation(
-            asset_key=ev.asset_key, check_name=ev.check_name, passed=ev.passed,
-            metadata=ev.metadata, severity=ev.severity, description=ev.description,
-            partition=ev.partition, target_materialization_data=targets.get(part))
-        entries.append(EventLogEntry(
-            user_message="", level=logging.INFO, job_name="", run_id=run_id, error_info=None,
-            timestamp=now, step_key=None, dagster_event=DagsterEvent(
-                event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION.value, job_name="",
-                event_specific_data=stored,
-                message=f"Asset check '{ev.check_name}' on '{asset_key.to_user_string()}' "
-                f"partition '{part}' {'passed' if ev.passed else 'failed'}.")))
-    store_check_evaluations(instance, entries)
-    return len(evaluations)
-
-
-def store_check_evaluations(instance: DagsterInstance, entries: Sequence[EventLogEntry]) -> None:
-    """Store asset check evaluation events (each under its run id) in one transaction per
-    database instead of one per event.
-
-    What ``instance.report_dagster_event`` does for one such event, done for all of them
-    together (Dagster 1.13's SQL event log storages: SQLite, its per-run sharded variant,
-    PostgreSQL): the event rows (in the run's shard too, for the sharded SQLite storage), then
-    the check's execution row of each (asset, check, run id, partition) replaced (deleted and
-    inserted where Dagster updates it in place or inserts it: still one row, now the newest),
-    in a handful of statements whatever their number. Each ``report_dagster_event`` costs
-    ~0.1 s (several connections and commits), so 100 of them were most of a 4096-partition
-    tick. Another event log storage gets the events one by one
-    (``instance.handle_new_event``).
-
-    Raises:
-        InvariantError: an entry is not an asset check evaluation (a bug of the caller).
-    """
-    if not entries:
-        return
-    for e in entries:
-        if e.dagster_event_type != DagsterEventType.ASSET_CHECK_EVALUATION:
-            raise InvariantError(
-                f"store_check_evaluations: not an asset check evaluation: "
-                f"{e.dagster_event_type}")
-    storage = instance.event_log_storage
-    if not isinstance(storage, SqlEventLogStorage) or not storage.supports_asset_checks:
-        for e in entries:
-            instance.handle_new_event(e)
-        return
-    rows = [_event_row(e) for e in entries]
-    if isinstance(storage, SqliteEventLogStorage):  # sharded: the run's shard holds it too
-        by_run: dict[str, list[dict[str, Any]]] = {}
-        for row in rows:
-            by_run.setdefault(row["run_id"], []).append(row)
-        for run_id, run_rows in by_run.items():
-            with storage.run_connection(run_id) as conn:
-                conn.execute(SqlEventLogStorageTable.insert(), run_rows)
-    table = AssetCheckExecutionsTable
-    with storage.index_transaction() as conn:
-        # All the events in one statement, their ids returned in the order given.
-        ids = [int(r[0]) for r in conn.execute(SqlEventLogStorageTable.insert().returning(
-            SqlEventLogStorageTable.c.id, sort_by_parameter_order=True), rows)]
-        executions = [_execution_row(e, i) for e, i in zip(entries, ids, strict=True)]
-        # The rows they replace: one delete per (asset, check, run id), then one insert.
-        doomed: dict[tuple[str, str, str], list[str | None]] = {}
-        for x in executions:
-            doomed.setdefault((x["asset_key"], x["check_name"], x["run_id"]), []).append(
-                x["partition"])
-        for (asset, check, run_id), parts in doomed.items():
-            named = [q for q in parts if q is not None]
-            conn.execute(table.delete().where(
-                table.c.asset_key == asset, table.c.check_name == check,
-                table.c.run_id == run_id,
-                sqlalchemy.or_(table.c.partition.in_(named), table.c.partition.is_(None))
-                if None in parts else table.c.partition.in_(named)))
-        conn.execute(table.insert(), executions)
-
-
-def _event_row(entry: EventLogEntry) -> dict[str, Any]:
-    """The ``event_logs`` row of an event (the columns ``SqlEventLogStorage`` writes)."""
-    event = entry.get_dagster_event()
-    return {"run_id": entry.run_id, "event": serialize_value(entry),
-            "dagster_event_type": event.event_type_value,
-            "timestamp": datetime.fromtimestamp(entry.timestamp, UTC).replace(tzinfo=None),
-            "step_key": event.step_key,
-            "asset_key": event.asset_key.to_string() if event.asset_key else None,
-            "partition": event.partition or None}
-
-
-def _execution_row(entry: EventLogEntry, event_id: int) -> dict[str, Any]:
-    """The ``asset_check_executions`` row of a check evaluation stored as event ``event_id``
-    (the values ``SqlEventLogStorage._update_asset_check_evaluation`` writes)."""
-    ev = entry.get_dagster_event().event_specific_data
-    assert isinstance(ev, AssetCheckEvaluation)
-    target = ev.target_materialization_data
-    return {"asset_key": ev.asset_key.to_string(), "check_name": ev.check_name,
-            "run_id": entry.run_id, "partition": ev.partition,
-            "execution_status": (AssetCheckExecutionRecordStatus.SUCCEEDED if ev.passed
-                                 else AssetCheckExecutionRecordStatus.FAILED).value,
-            "evaluation_event": serialize_value(entry),
-            "evaluation_event_timestamp": datetime.fromtimestamp(entry.timestamp, UTC)
-            .replace(tzinfo=None),
-            "evaluation_event_storage_id": event_id,
-            "materialization_event_storage_id": target.storage_id if target else None}
+        try:
+            instance.report_runless_asset_event(ev)
+            done += 1
+        except Exception as e:  # noqa: BLE001 - one refused result must not fail the tick
+            log.warning(f"check {ev.check_name} of {ev.partition} not recorded: "
+                        f"{type(e).__name__}: {one_line(str(e))[:300]}")
+    return done

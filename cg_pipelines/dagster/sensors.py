@@ -16,7 +16,10 @@ partitions only, read as :mod:`cg_pipelines.jetstream.backlog` describes: a cons
 stream requests plus one direct get per partition that may hold messages, on one reply
 subscription); a tick logs at most ``_LOG_LINES`` per-partition lines; the Dagster instance is
 asked a constant number of times (run history: :func:`cg_pipelines.dagster.history.partition_runs`;
-check states: one read); at most :data:`CHECKS_PER_TICK` check evaluations are written.
+check states: one read). A tick writes only check results that changed: at most
+:data:`CHECKS_PER_TICK` first results (run-less events), and at most
+:data:`CHECK_RUNS_PER_TICK` check-only runs requested for partitions whose results changed
+(:func:`plan_partition_checks`); a steady tick writes nothing.
 ``bench/sensor_ticks.py`` measures ticks at 256 and 4096 partitions (SQLite and Postgres).
 Signals, their meaning and volume: ``docs/signals.md``.
 """
@@ -29,6 +32,7 @@ from typing import Any, TypeVar
 
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckKey,
     AssetCheckSeverity,
     AssetObservation,
     DagsterInstance,
@@ -68,12 +72,15 @@ from cg_pipelines.core.triggers import (
     summary_lines,
 )
 from cg_pipelines.dagster.history import (
+    CHECK_MODE,
     CODE_TAG,
     MODE_TAG,
+    CheckState,
     check_states,
     fail_lost_runs,
+    finished_runs,
     partition_runs,
-    record_partition_checks,
+    record_first_checks,
 )
 from cg_pipelines.dagster.reconcile import reconcile_evaluation
 from cg_pipelines.dagster.resources import (
@@ -98,8 +105,8 @@ from cg_pipelines.jetstream.backlog import (
 )
 from cg_pipelines.sinks.base import app_id_for
 
-__all__ = ["BacklogTick", "backlog_tick", "build_drain_schedule", "build_sensors",
-           "evaluate_check"]
+__all__ = ["BacklogTick", "PartitionChecks", "backlog_tick", "build_drain_schedule",
+           "build_sensors", "evaluate_check", "plan_partition_checks"]
 
 CursorT = TypeVar("CursorT", MembershipCursor, BacklogCursor)
 
@@ -122,10 +129,22 @@ BACKLOG_CHECK_NAMES = ("lag_within_objective", "partition_runs_succeeding")
 
 LAG_CHECK, RUNS_CHECK = BACKLOG_CHECK_NAMES
 
-CHECKS_PER_TICK = 100
-"""Partitioned check evaluations a tick records at most (failing ones first); the others are
-recorded by the next ticks (they are still "changed" then). Keeps the first tick of a large
-group (two checks per partition) well inside the 60 s tick limit."""
+CHECKS_PER_TICK = 400
+"""First (run-less) partitioned check results a tick records at most (failing ones first);
+the others are recorded by the next ticks (they still have none then). One Dagster event
+write each (~15 ms on SQLite): keeps the first ticks of a large group (two checks per
+partition: 21 ticks at 4,096 partitions) well inside the 60 s tick limit."""
+
+CHECK_RUNS_PER_TICK = 16
+"""Check-only runs (one per partition whose recorded results changed) a tick requests at
+most (failing first); the others are requested by the next ticks (still changed then)."""
+
+CHECK_RETRY_S = 300.0
+"""Seconds before a partition whose check-only run ended without recording its results
+(e.g. it failed) gets another one."""
+
+EXCLUDED_RUNS = (MODE_TAG, ("rebuild", CHECK_MODE))
+"""Runs that are not partition runs for the run history: rebuilds and check-only runs."""
 
 RECONCILE_TIMEOUT_S = 30.0
 """Seconds a tick gives the ``origin_reconciled`` evaluation (the tick limit is 60 s)."""
@@ -136,14 +155,17 @@ class BacklogTick:
     """What one backlog tick decided: ``run_requests``; ``skip_reason`` when there are none;
     ``asset_events`` (per-partition lag and dead-letter observations, the unpartitioned
     ``origin_reconciled`` evaluation; the drain schedule drops them); the sensor's next
-    ``cursor``; ``check_evaluations``: the partitioned check evaluations whose outcome changed
-    (already recorded when the tick had an instance)."""
+    ``cursor``; ``check_evaluations``: with an instance, the partitioned check results
+    recorded run-less (first results), without one all of them; ``check_requests``: the
+    check-only runs requested (partitions whose recorded results changed), apart from
+    ``run_requests`` (the partition runs) and never reasons for a skip."""
 
     run_requests: list[RunRequest] = field(default_factory=list)
     skip_reason: str | None = None
     asset_events: list[AssetObservation | AssetCheckEvaluation] = field(default_factory=list)
     cursor: str | None = None
     check_evaluations: list[AssetCheckEvaluation] = field(default_factory=list)
+    check_requests: list[RunRequest] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -298,14 +320,80 @@ def _dead_letter_observations(spec: ConsumerGroupAsset, changed: list[DeadLetter
     return out
 
 
+@dataclass(frozen=True)
+class PartitionChecks:
+    """What a tick does about the partitioned checks: ``first``, the ``(check, partition
+    key)`` results to record run-less (nothing recorded for them yet); ``rerun``,
+    ``{partition key: why}`` of the partitions whose checks a check-only run records again;
+    ``run_keys``, each such partition's run key."""
+
+    first: list[tuple[str, str]] = field(default_factory=list)
+    rerun: dict[str, str] = field(default_factory=dict)
+    run_keys: dict[str, str] = field(default_factory=dict)
+
+
+def plan_partition_checks(group: str, want: dict[tuple[str, str], bool],
+                          states: dict[tuple[str, str], CheckState], ended: set[str],
+                          now: float) -> PartitionChecks:
+    """Which results to write, from the wanted outcomes ``{(check, partition key): passed}``
+    and what Dagster shows (``states``, :func:`~cg_pipelines.dagster.history.check_states`).
+    ``ended``: the run ids of those PLANNED states whose run has ended. Pure.
+
+    - no execution recorded for (check, partition): a first result, recorded run-less (Dagster
+      allows one run-less result per check and partition);
+    - the recorded outcome differs from the wanted one, or it fails and a newer
+      materialization made it stale (a failure stays visible against the latest
+      materialization): the partition's checks are recorded again by a check-only run (its
+      run key: the partition and the newest storage id of its checks, so one run per recorded
+      state: Dagster never runs a sensor's run key twice);
+    - planned only (a check run is in progress): nothing until it ends; if it ended without a
+      result, another check run at most every :data:`CHECK_RETRY_S` seconds;
+    - anything else (same outcome; a passing result made stale by a materialization: Dagster
+      then shows no status for that partition until its next result): nothing.
+
+    At most :data:`CHECKS_PER_TICK` first results and :data:`CHECK_RUNS_PER_TICK` partitions,
+    failing ones first.
+    """
+    first: list[tuple[str, str]] = []
+    rerun: dict[str, list[str]] = {}
+    retry: set[str] = set()
+    for (name, key), ok in want.items():
+        st = states.get((name, key))
+        if st is None:
+            first.append((name, key))
+        elif st.passed is None:
+            if st.run_id in ended:
+                rerun.setdefault(key, []).append(
+                    f"{name}: its check run {st.run_id} ended without a result")
+                retry.add(key)
+        elif st.passed is not ok:
+            change = "passed -> failed" if st.passed else "failed -> passed"
+            rerun.setdefault(key, []).append(f"{name} {change}")
+        elif not ok and not st.current:
+            rerun.setdefault(key, []).append(
+                f"{name} still failing, recorded before the partition's latest materialization")
+    failing = {key for (_, key), ok in want.items() if not ok}
+    chosen = sorted(rerun, key=lambda k: k not in failing)[:CHECK_RUNS_PER_TICK]
+    first = [k for k in sorted(first, key=lambda k: want[k]) if k[1] not in rerun
+             ][:CHECKS_PER_TICK]
+    keys: dict[str, str] = {}
+    for key in chosen:
+        newest = max((st.storage_id for (_, k), st in states.items() if k == key), default=0)
+        keys[key] = f"{group}:checks:{key}:{newest}" + (
+            f":{int(now // CHECK_RETRY_S)}" if key in retry else "")
+    return PartitionChecks(first, {k: "; ".join(rerun[k]) for k in chosen}, keys)
+
+
 def _partition_checks(spec: ConsumerGroupAsset, reading: GroupReading, exhausted: list[RetryWait],
-                      policy: RetryPolicy, instance: DagsterInstance | None
-                      ) -> list[AssetCheckEvaluation]:
-    """The partitioned check evaluations of the served partitions whose outcome differs from
-    the recorded one, that have none, or whose recorded one predates the partition's latest
-    materialization (all of them without an instance), at most :data:`CHECKS_PER_TICK`,
-    failing ones first; recorded when there is an instance. Outcomes are compared first
-    (booleans): only the evaluations to record are built."""
+                      policy: RetryPolicy, instance: DagsterInstance | None, log: Any,
+                      now: float, check_job: str | None
+                      ) -> tuple[list[AssetCheckEvaluation], list[RunRequest]]:
+    """The served partitions' partitioned checks: without an instance, every evaluation
+    (nothing recorded, no run); with one, :func:`plan_partition_checks` from one check-state
+    read (plus one run-records query when a check run's result is still planned): the first
+    results recorded run-less (returned), and one check-only run requested (``check_job``)
+    per partition whose results changed. Outcomes are compared first (booleans): only the
+    evaluations to record are built. Returns (evaluations recorded, check run requests)."""
     served = set(reading.served)
     backlog = [b for b in reading.backlog if b.partition in served]
     given_up = {w.partition for w in exhausted}
@@ -316,21 +404,36 @@ def _partition_checks(spec: ConsumerGroupAsset, reading: GroupReading, exhausted
                 b.pending > 0 and b.age_s > spec.lag_objective_s)
     for p in sorted(served):
         want[(RUNS_CHECK, spec.partition_key(p))] = p not in given_up
-    states = check_states(instance, asset_key_of(spec), {n for n, _ in want}) \
-        if instance is not None and want else {}
-    todo = [k for k, ok in want.items() if instance is None or (
-        (st := states.get(k)) is None or st.passed is not ok or not st.current)]
-    if instance is not None:
-        todo = sorted(todo, key=lambda k: want[k])[:CHECKS_PER_TICK]  # stable: failing first
-    keys = set(todo)
+    if instance is None or not want:
+        keys = set(want)
+    else:
+        states = check_states(instance, asset_key_of(spec), {n for n, _ in want})
+        planned = {st.run_id for k, st in states.items() if k in want and st.passed is None}
+        todo = plan_partition_checks(spec.group, want, states,
+                                     finished_runs(instance, planned), now)
+        keys = set(todo.first)
     out = [*lag_evaluations(spec, [b for b in backlog
                                    if (LAG_CHECK, spec.partition_key(b.partition)) in keys]),
            *runs_evaluations(spec, [p for p in sorted(served)
                                     if (RUNS_CHECK, spec.partition_key(p)) in keys],
                              exhausted, policy)]
-    if instance is not None and out:
-        record_partition_checks(instance, asset_key_of(spec), out, states)
-    return out
+    if instance is None or not want:
+        return out, []
+    recorded = record_first_checks(instance, out, log) if out else 0
+    if recorded < len(out):
+        out = []  # which ones were refused is logged; the next tick reads them again
+    requests = []
+    if check_job is not None:
+        for line in summary_lines([f"partition {k}: checks recorded again by a check run "
+                                   f"({why})" for k, why in todo.rerun.items()], _LOG_LINES):
+            log.info(line)
+        # The checks only (no asset: nothing materialized), as the Checks tab's "Execute".
+        names = [LAG_CHECK, RUNS_CHECK] if spec.lag_objective_s is not None else [RUNS_CHECK]
+        selected = [AssetCheckKey(asset_key_of(spec), n) for n in names]
+        requests = [RunRequest(run_key=todo.run_keys[k], partition_key=k, job_name=check_job,
+                               asset_selection=[], asset_check_keys=selected,
+                               tags={MODE_TAG: CHECK_MODE}) for k in todo.rerun]
+    return out, requests
 
 
 def evaluate_check(spec: ConsumerGroupAsset, name: str, partition_key: str,
@@ -366,7 +469,7 @@ def evaluate_check(spec: ConsumerGroupAsset, name: str, partition_key: str,
     code = spec.current_code_version()
     pending = {b.partition: partition_key for b in reading.backlog if b.pending > 0}
     history = partition_runs(instance, pending, code, policy,
-                             exclude_tag=(MODE_TAG, "rebuild")) if pending else {}
+                             exclude_tag=EXCLUDED_RUNS) if pending else {}
     plan = plan_backlog_runs(spec.group, reading.backlog, history, policy,
                              time.time() if now is None else now, code=code,
                              min_pending=runs.min_pending, max_age_s=runs.max_age_s,
@@ -379,7 +482,8 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                  instance: DagsterInstance | None = None,
                  warehouse: DeltaWarehouseResource | None = None,
                  cursor: str | None = None, observe: bool = False,
-                 now: float | None = None) -> BacklogTick:
+                 now: float | None = None, job_name: str | None = None,
+                 check_job: str | None = None) -> BacklogTick:
     """One backlog tick: read the group (:func:`read_group`), mark failed the runs whose
     worker process is gone, plan the runs with retries
     (:func:`~cg_pipelines.core.triggers.plan_backlog_runs`, run history from ``instance``:
@@ -389,12 +493,15 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     (:func:`~cg_pipelines.core.triggers.lag_observations_due`, every
     ``spec.lag_refresh_s`` seconds at most), dead-letter observations of the partitions whose
     count changed, and the partitioned ``lag_within_objective`` and
-    ``partition_runs_succeeding`` checks of each served partition whose outcome changed,
-    written to ``instance`` (:func:`~cg_pipelines.dagster.history.record_partition_checks`;
-    all of them are returned in ``check_evaluations`` instead without an instance; a check
-    executed by hand is :func:`evaluate_check`, not a tick). Repeated run requests are
-    dropped (:func:`~cg_pipelines.core.triggers.drop_repeated_requests`). ``now``: Unix
-    seconds (default the clock). Never raises for NATS or config trouble: the skip reason says it.
+    ``partition_runs_succeeding`` checks of the served partitions, only where they changed
+    (:func:`plan_partition_checks`: first results recorded run-less in ``instance``, later
+    ones by check-only runs of ``check_job`` in ``check_requests``, none without
+    ``check_job``; all evaluations are returned in ``check_evaluations`` instead without an
+    instance; a check executed by hand is :func:`evaluate_check`, not a tick). Repeated run
+    requests are dropped (:func:`~cg_pipelines.core.triggers.drop_repeated_requests`).
+    ``now``: Unix seconds (default the clock). ``job_name``: the partition runs' job, set on
+    their requests (needed when the sensor targets several jobs). Never raises for NATS or
+    config trouble: the skip reason says it.
     """
     now = time.time() if now is None else now
     state, warning = _read_cursor(cursor, BacklogCursor, log) if observe else (
@@ -417,7 +524,7 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
         for run_id in fail_lost_runs(instance, keys.values()):
             log.warning(f"run {run_id}: its run worker process is gone; marked failed")
         history = partition_runs(instance, keys, code, policy,
-                                 exclude_tag=(MODE_TAG, "rebuild"), errors=errors)
+                                 exclude_tag=EXCLUDED_RUNS, errors=errors)
     plan = plan_backlog_runs(spec.group, reading.backlog, history, policy, now,
                              code=code, min_pending=runs.min_pending, max_age_s=runs.max_age_s,
                              partitions=reading.served)
@@ -435,7 +542,7 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     tags = {CODE_TAG: code, "dagster/max_runtime": str(int(runs.run_timeout_s + 120))}
     out = BacklogTick(
         run_requests=[RunRequest(run_key=r.run_key, partition_key=spec.partition_key(
-            r.partition), tags=tags) for r in send],
+            r.partition), tags=tags, job_name=job_name) for r in send],
         cursor=cursor)
     if not out.run_requests:
         out.skip_reason = _with_warning(
@@ -447,8 +554,8 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
         *_lag_observations(spec, due, warehouse, log),
         *_dead_letter_observations(spec, reading.dead_changed)]
     try:
-        out.check_evaluations = _partition_checks(spec, reading, plan.exhausted, policy,
-                                                  instance)
+        out.check_evaluations, out.check_requests = _partition_checks(
+            spec, reading, plan.exhausted, policy, instance, log, now, check_job)
     except Exception as e:  # noqa: BLE001 - the runs and the lag still matter; next tick
         log.warning(f"partitioned checks not recorded: {type(e).__name__}: {e}")
     reconciled_at = state.reconciled_at
@@ -481,8 +588,11 @@ def _instance_of(context: SensorEvaluationContext | ScheduleEvaluationContext
         return None
 
 
-def build_sensors(spec: ConsumerGroupAsset, job: Job) -> list[SensorDefinition]:
-    """The membership and backlog sensors of ``spec`` (both stopped by default)."""
+def build_sensors(spec: ConsumerGroupAsset, job: Job, check_job: Job | None = None
+                  ) -> list[SensorDefinition]:
+    """The membership and backlog sensors of ``spec`` (both stopped by default). The backlog
+    sensor also targets ``check_job`` (the ``<asset>_checks`` job: the partitioned checks
+    only) when given, and then requests its check-only runs (:func:`backlog_tick`)."""
     keys = {spec.nats_resource_key, spec.runs_resource_key}
     backlog_keys = {*keys, spec.warehouse_resource_key}
 
@@ -526,7 +636,9 @@ def build_sensors(spec: ConsumerGroupAsset, job: Job) -> list[SensorDefinition]:
                 f"members served here", warning),
         )
 
-    @sensor(name=f"{spec.name}_backlog", job=job,
+    backlog_jobs = [job] if check_job is None else [job, check_job]
+
+    @sensor(name=f"{spec.name}_backlog", jobs=backlog_jobs,
             minimum_interval_seconds=spec.sensor_interval_s,
             default_status=DefaultSensorStatus.STOPPED, required_resource_keys=backlog_keys,
             description="Runs each served partition whose backlog is above the threshold or "
@@ -535,14 +647,20 @@ def build_sensors(spec: ConsumerGroupAsset, job: Job) -> list[SensorDefinition]:
             "Records the lag (pending, oldest pending age, last committed sequence) of each "
             "partition with a backlog as asset observations, at most every lag_refresh_s; "
             "dead-letter counts when they change; and the partitioned lag_within_objective "
-            "and partition_runs_succeeding checks of each partition whose outcome changed.")
+            "and partition_runs_succeeding checks of each partition whose outcome changed "
+            "(a partition's first results run-less, later ones by a run of its checks job).")
     def backlog_sensor(context: SensorEvaluationContext) -> SensorResult:
         got = backlog_tick(spec, getattr(context.resources, spec.nats_resource_key),
                            getattr(context.resources, spec.runs_resource_key), context.log,
                            instance=_instance_of(context),
                            warehouse=getattr(context.resources, spec.warehouse_resource_key),
-                           cursor=context.cursor, observe=True)
-        return SensorResult(run_requests=got.run_requests, skip_reason=got.skip_reason,
+                           cursor=context.cursor, observe=True, job_name=job.name,
+                           check_job=None if check_job is None else check_job.name)
+        requests = [*got.run_requests, *got.check_requests]
+        if requests and got.skip_reason:
+            context.log.info(f"no partition run requested: {got.skip_reason}")
+        return SensorResult(run_requests=requests,
+                            skip_reason=None if requests else got.skip_reason,
                             asset_events=got.asset_events, cursor=got.cursor)
 
     return [membership_sensor, backlog_sensor]

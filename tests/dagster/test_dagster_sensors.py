@@ -388,9 +388,10 @@ async def test_backlog_sensor_records_lag_checks_and_reconciles(
         instance: DagsterInstance) -> None:
     """Each tick observes the lag of partitions with a backlog at most every
     ``lag_refresh_s`` (a stuck partition's age is refreshed, an idle one is never observed),
-    records the partitioned lag and runs checks of each partition whose outcome changed or
-    whose result a new materialization made stale, and the origin reconciliation at most
-    every ``reconcile_interval_s``."""
+    records the partitioned lag and runs checks only where they changed (first results
+    run-less; later ones by a check-only run of the partition, whose results target its latest
+    materialization), and the origin reconciliation at most every
+    ``reconcile_interval_s``."""
     stream = unique_name
     await h.create_group(js, stream)
     info = await js.stream_info(stream)  # the reconciliation reads the origin by direct get
@@ -440,8 +441,9 @@ async def test_backlog_sensor_records_lag_checks_and_reconciles(
     d2b = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)  # no cursor
     assert h.partitions_of(list(d2b.run_requests or [])) == ["g-1", "g-3"]
 
-    # Partition 1 drained (a run): its lag check passes, both of its checks are current
-    # again; partition 3, stuck, gets its age refreshed (older than at the first tick).
+    # Partition 1 drained (a run): its lag check passes, recorded by a check-only run of g-1
+    # that makes both of its checks current again; partition 3, stuck, gets its age
+    # refreshed (older than at the first tick).
     job = defs.resolve_job_def(JOB)
     assert (await asyncio.to_thread(job.execute_in_process, partition_key="g-1",
                                     instance=instance)).success
@@ -452,6 +454,14 @@ async def test_backlog_sensor_records_lag_checks_and_reconciles(
     assert obs3["g-1"]["last_committed_seq"].value > 0
     assert obs3["g-3"]["oldest_pending_age_s"].value > obs["g-3"]["oldest_pending_age_s"].value
     assert obs3["g-3"]["pending"].value == pending[3]
+    checks_job = f"{ASSET}_checks"
+    (req,) = [r for r in d3.run_requests or [] if r.job_name == checks_job]
+    assert req.partition_key == "g-1" and req.asset_selection == []
+    assert states()[("lag_within_objective", "g-1")][0] is False  # until the check run
+    sub = defs.resolve_job_def(checks_job).get_subset(
+        asset_selection=set(), asset_check_selection=set(req.asset_check_keys or []))
+    assert (await asyncio.to_thread(sub.execute_in_process, partition_key="g-1",
+                                    instance=instance, tags=dict(req.tags))).success
     now = states()
     assert now[("lag_within_objective", "g-1")] == (True, True)
     assert now[("partition_runs_succeeding", "g-1")] == (True, True)

@@ -6,6 +6,7 @@ in a constant number of queries, a failed run's check results, dead letters in t
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -14,12 +15,15 @@ import pyarrow as pa
 import pytest
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckKey,
     AssetKey,
     AssetMaterialization,
+    DagsterEventType,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
     Failure,
+    RunRequest,
     instance_for_test,
 )
 from nats.aio.client import Client
@@ -37,10 +41,17 @@ from cg_pipelines.dagster import build_definitions
 from cg_pipelines.dagster.assets import failed_run_checks
 from cg_pipelines.dagster.history import (
     CODE_TAG,
-    SIGNALS_RUN_ID,
+    CheckState,
     check_states,
     partition_runs,
-    record_partition_checks,
+    record_first_checks,
+)
+from cg_pipelines.dagster.sensors import (
+    CHECK_RETRY_S,
+    CHECK_RUNS_PER_TICK,
+    CHECKS_PER_TICK,
+    PartitionChecks,
+    plan_partition_checks,
 )
 from cg_pipelines.engine.deadletter import dead_letter_headers, ensure_dlq_stream
 from cg_pipelines.jetstream.api import JetStreamAPI
@@ -75,51 +86,75 @@ def _ev(partition: str, passed: bool, name: str = CHECK) -> AssetCheckEvaluation
                                 partition=partition, description=f"{partition} {passed}")
 
 
-def _record(instance: DagsterInstance, evs: list[AssetCheckEvaluation]) -> None:
-    states = check_states(instance, ASSET, {e.check_name for e in evs})
-    record_partition_checks(instance, ASSET, evs, states)
-
-
 def _passed(instance: DagsterInstance) -> dict[str, bool | None]:
     return {p: s.passed for (n, p), s in check_states(instance, ASSET, [CHECK]).items()}
 
 
-def test_partitioned_check_re_evaluated_outside_runs(any_instance: DagsterInstance) -> None:
-    """The 1.13.27 fact (a second run-less evaluation of one check and partition is refused)
-    and the way around it: evaluations recorded again and again per partition, the latest
-    shown, current against the partition's latest materialization, newer than a run's."""
+def test_first_results_recorded_run_less(any_instance: DagsterInstance) -> None:
+    """The Dagster fact the design rests on (1.13.27; unchanged in the 1.13.29 source): a
+    second run-less evaluation of one check and partition is refused, on SQLite and Postgres.
+    So only first results are recorded run-less (one per check and partition, under run id
+    ""), and a refusal is logged without failing the caller."""
     inst = any_instance
     inst.report_runless_asset_event(_ev("g-9", True))
     with pytest.raises(IntegrityError):
         inst.report_runless_asset_event(_ev("g-9", False))
 
-    _record(inst, [_ev(f"g-{p}", True) for p in range(4)])
-    assert _passed(inst) == {"g-0": True, "g-1": True, "g-2": True, "g-3": True, "g-9": True}
-    for passed in (False, True, False):  # the same partition, again and again
-        _record(inst, [_ev("g-2", passed)])
-        assert _passed(inst)["g-2"] is passed
+    log = logging.getLogger("test")
+    assert record_first_checks(inst, [_ev(f"g-{p}", p != 2) for p in range(4)], log) == 4
+    assert _passed(inst) == {"g-0": True, "g-1": True, "g-2": False, "g-3": True, "g-9": True}
     states = check_states(inst, ASSET, [CHECK])
-    assert states[(CHECK, "g-2")].run_id == SIGNALS_RUN_ID  # one row per partition, updated
+    assert {s.run_id for s in states.values()} == {""}  # run-less: no run id at all
+    assert states[(CHECK, "g-2")].current  # never materialized: nothing newer to target
+    assert record_first_checks(inst, [_ev("g-2", True)], log) == 0  # refused, not raised
+    assert _passed(inst)["g-2"] is False
 
-    # A materialization of g-1 makes its result stale; recording targets the new one.
+    # A materialization makes the run-less result stale (it targets none).
     inst.report_runless_asset_event(AssetMaterialization(asset_key=ASSET, partition="g-1"))
     assert not check_states(inst, ASSET, [CHECK])[(CHECK, "g-1")].current
-    _record(inst, [_ev("g-1", True)])
-    assert check_states(inst, ASSET, [CHECK])[(CHECK, "g-1")].current
 
-    # A newer result of a run (e.g. executed by hand) on g-3: the next recording is newer.
-    run_ev = _ev("g-3", False)
-    inst.report_dagster_event(
-        __import__("dagster").DagsterEvent(
-            event_type_value="ASSET_CHECK_EVALUATION", job_name="by_hand",
-            event_specific_data=run_ev), run_id=str(uuid.uuid4()))
-    assert _passed(inst)["g-3"] is False
-    _record(inst, [_ev("g-3", True)])
-    st = check_states(inst, ASSET, [CHECK])[(CHECK, "g-3")]
-    assert st.passed is True and st.run_id.startswith(SIGNALS_RUN_ID + "-")
-    _record(inst, [_ev("g-3", False)])  # and that row is then updated in place
-    assert check_states(inst, ASSET, [CHECK])[(CHECK, "g-3")].run_id == st.run_id
-    assert _passed(inst)["g-3"] is False
+
+def _st(passed: bool | None, current: bool = True, run_id: str = "", sid: int = 1
+        ) -> CheckState:
+    return CheckState(passed, current, run_id, sid)
+
+
+def test_plan_partition_checks_writes_only_changes() -> None:
+    """What a tick writes, from wanted outcomes and recorded states: nothing for a steady
+    state; first results run-less; a changed outcome (or a failure made stale by a newer
+    materialization) by one check run per partition, keyed by its recorded state; nothing
+    while a check run is planned; a retry per CHECK_RETRY_S after one ended without result."""
+    lag, runs = "lag_within_objective", "partition_runs_succeeding"
+    want = {(lag, "g-0"): True, (runs, "g-0"): True, (lag, "g-1"): False,
+            (runs, "g-1"): True}
+    steady = {(lag, "g-0"): _st(True, sid=3), (runs, "g-0"): _st(True, False, sid=4),
+              (lag, "g-1"): _st(False, sid=5), (runs, "g-1"): _st(True, False, sid=6)}
+    assert plan_partition_checks("g", want, steady, set(), 0.0) == PartitionChecks()
+
+    first = plan_partition_checks("g", want, {}, set(), 0.0)
+    assert first.first == [(lag, "g-1"), (lag, "g-0"), (runs, "g-0"), (runs, "g-1")]
+    assert not first.rerun
+
+    changed = {**steady, (lag, "g-0"): _st(False, sid=7), (lag, "g-1"): _st(False, False, "r1",
+                                                                           sid=8)}
+    plan = plan_partition_checks("g", want, changed, set(), 0.0)
+    assert list(plan.rerun) == ["g-1", "g-0"]  # failing first
+    assert "lag_within_objective failed -> passed" in plan.rerun["g-0"]
+    assert "still failing" in plan.rerun["g-1"]
+    assert plan.run_keys == {"g-0": "g:checks:g-0:7", "g-1": "g:checks:g-1:8"}
+    assert plan.first == []
+
+    planned = {**steady, (lag, "g-1"): _st(None, run_id="r2", sid=9)}
+    assert plan_partition_checks("g", want, planned, set(), 0.0) == PartitionChecks()
+    retry = plan_partition_checks("g", want, planned, {"r2"}, 1000.0)
+    assert retry.run_keys == {"g-1": f"g:checks:g-1:9:{int(1000 // CHECK_RETRY_S)}"}
+
+    many = {(runs, f"g-{p}"): False for p in range(CHECK_RUNS_PER_TICK + 5)}
+    plan = plan_partition_checks("g", many, {k: _st(True) for k in many}, set(), 0.0)
+    assert len(plan.rerun) == CHECK_RUNS_PER_TICK
+    big = {(runs, f"g-{p}"): p % 2 == 0 for p in range(CHECKS_PER_TICK + 50)}
+    plan = plan_partition_checks("g", big, {}, set(), 0.0)
+    assert len(plan.first) == CHECKS_PER_TICK and not big[plan.first[0]]
 
 
 # ------------------------------------------------------------------------------ lag volume
@@ -326,12 +361,39 @@ def test_docs_automation_condition_example_loads() -> None:
     assert dg.AssetKey("keyed_events") in graph.get(dg.AssetKey("big_orders")).parent_keys
 
 
+def _execute(defs: object, instance: DagsterInstance, req: RunRequest) -> str:
+    """Run a check-only run request as the daemon would launch it (the job subset it
+    selects); returns the run id."""
+    job = defs.resolve_job_def(req.job_name)  # type: ignore[attr-defined]
+    sub = job.get_subset(asset_selection=set(req.asset_selection or []),
+                         asset_check_selection=set(req.asset_check_keys or []))
+    result = sub.execute_in_process(partition_key=req.partition_key, instance=instance,
+                                    tags=dict(req.tags))
+    assert result.success
+    assert not result.get_asset_materialization_events()  # checks only
+    return result.run_id
+
+
+def _writes(instance: DagsterInstance) -> tuple[int, int, int, int]:
+    """What the signals could have written, through Dagster's public read APIs: run-less
+    events (check evaluations and observations), check executions of both checks (every
+    partition), runs."""
+    of = {DagsterEventType.ASSET_CHECK_EVALUATION, DagsterEventType.ASSET_OBSERVATION}
+    runless = len(instance.get_records_for_run("", of_type=of, limit=10_000).records)
+    executions = sum(len(instance.event_log_storage.get_asset_check_execution_history(
+        AssetCheckKey(ASSET_KEYED, n), limit=10_000)) for n in (
+        "lag_within_objective", "partition_runs_succeeding"))
+    observations = len(instance.fetch_observations(ASSET_KEYED, limit=10_000).records)
+    return runless, executions, observations, len(instance.get_run_records())
+
+
 async def test_backlog_sensor_re_evaluates_a_partition(
         nc: Client, js: JetStreamContext, nats_server: NatsServer, unique_name: str,
         warehouse: str, any_instance: DagsterInstance) -> None:
-    """Through the sensor, on SQLite and Postgres: a partition's lag check fails, then (its
-    backlog gone) passes — the second evaluation of the same check and partition that a
-    run-less event could not record."""
+    """Through the sensor, on SQLite and Postgres: a partition's lag check fails (its first
+    result: run-less), then, its backlog gone, passes — the second result a run-less event
+    could not record: the tick requests one check-only run of that partition, which records
+    both of its checks. A steady tick then writes nothing at all."""
     stream = unique_name
     await th.create_group(js, stream)
     defs = build_definitions([replace(make_spec(stream), lag_objective_s=0.1)],
@@ -347,7 +409,32 @@ async def test_backlog_sensor_re_evaluates_a_partition(
 
     d1 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, any_instance)
     assert lag() == {"g-0": True, "g-1": False, "g-2": True, "g-3": True}
+    assert not d1.run_requests  # first results: run-less, no run
     async with JetStreamAPI(nc) as api:
         await api.purge(work_queue_stream_name(stream, GROUP), filter="1.>")
-    await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, any_instance, cursor=d1.cursor)
+    d2 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, any_instance,
+                                 cursor=d1.cursor)
+    assert lag()["g-1"] is False  # a run-less result cannot be replaced ...
+    (req,) = d2.run_requests or []  # ... so a check-only run of g-1 is requested
+    assert (req.job_name, req.partition_key, req.asset_selection) == (
+        f"{KEYED_ASSET}_checks", "g-1", [])
+    assert {k.name for k in req.asset_check_keys or []} == {
+        "lag_within_objective", "partition_runs_succeeding"}
+    run_id = await asyncio.to_thread(_execute, defs, any_instance, req)
     assert lag() == {"g-0": True, "g-1": True, "g-2": True, "g-3": True}
+    states = check_states(any_instance, ASSET_KEYED,
+                          ["lag_within_objective", "partition_runs_succeeding"])
+    assert {k: s.run_id for k, s in states.items() if k[1] == "g-1"} == {
+        ("lag_within_objective", "g-1"): run_id, ("partition_runs_succeeding", "g-1"): run_id}
+    assert any_instance.get_run_by_id(run_id) is not None  # a real run, no phantom run id
+
+    # Steady: nothing changed, so two more ticks write nothing (no event, no run, no row).
+    before = _writes(any_instance)
+    d3 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, any_instance,
+                                 cursor=d2.cursor)
+    d4 = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, any_instance,
+                                 cursor=d3.cursor)
+    for d in (d3, d4):
+        assert not d.run_requests and d.asset_events == []
+    assert _writes(any_instance) == before
+    assert before[1] == 4 * 2 + 2  # 8 first results, then g-1's two from its check run
