@@ -3,12 +3,19 @@ moto S3 — the library's own fixtures, :mod:`cg_pipelines.testing.fixtures`, wh
 enable the same way — plus per-test NATS connections, unique names and a figures report.
 
 A missing nats-server binary fails the run (the fixture raises): nothing here ever skips.
+
+No process outlives the suite: every process it starts inherits :data:`SESSION_TOKEN_VAR`
+(set here at import, before any fixture starts a server), and at the end of the session any
+such process still running after a short grace is listed, killed and fails the run.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import signal
+import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -20,11 +27,19 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.testing.s3 import MotoS3Server
+from tests.support.procs import end_gateway_jvm, kill, with_token
 
 pytest_plugins = ["cg_pipelines.testing.fixtures"]
 
 _REPORT: list[str] = []
 _COUNTER = itertools.count()
+
+SESSION_TOKEN_VAR = "CG_TEST_SESSION_TOKEN"
+"""Environment variable every process the suite starts inherits (one token per session)."""
+_SESSION_TOKEN = os.environ.setdefault(SESSION_TOKEN_VAR, uuid.uuid4().hex)
+LEFTOVER_GRACE_S = 10.0
+"""Seconds a process may take to exit after the session's fixtures stopped it."""
+_LEFTOVERS: list[str] = []
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -71,7 +86,27 @@ def report() -> list[str]:
     return _REPORT
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a process it started is still running (after every fixture's teardown
+    and a grace of :data:`LEFTOVER_GRACE_S`); kill such processes so none outlives the run.
+    Only in the controlling process (``xdist`` workers share its token and report there)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    end_gateway_jvm()  # a test's in-process Spark (the Spark fixture ends it too)
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := with_token(SESSION_TOKEN_VAR, _SESSION_TOKEN)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        _LEFTOVERS.extend(f"{pid} {cmd}" for pid, cmd in left)
+        kill([pid for pid, _ in left], signal.SIGKILL)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _LEFTOVERS:
+        terminalreporter.section("processes left running by the suite (killed; the run fails)")
+        for line in _LEFTOVERS:
+            terminalreporter.write_line(line)
     if _REPORT:
         terminalreporter.section("cg_pipelines figures")
         for line in _REPORT:

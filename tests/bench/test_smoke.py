@@ -37,6 +37,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import kill, with_token
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 TOKEN_VAR = "CG_BENCH_SMOKE_TOKEN"
@@ -124,31 +126,6 @@ class SmokeRun:
     leftovers: list[str]
 
 
-def _with_token(token: str) -> list[tuple[int, str]]:
-    """Processes (pid, command line) whose environment carries ``token``."""
-    found = []
-    needle = f"{TOKEN_VAR}={token}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                    "utf-8", "replace")
-                found.append((int(entry.name), cmd.strip()[:300]))
-        except OSError:  # gone, a zombie, or not ours
-            continue
-    return found
-
-
-def _kill(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 def run_smoke(script: Path, timeout_s: float = TIMEOUT_S,
               grace_s: float = LEFTOVER_GRACE_S) -> SmokeRun:
     """Run ``python <script> --smoke`` from the repository root to its end (or ``timeout_s``
@@ -180,10 +157,10 @@ def run_smoke(script: Path, timeout_s: float = TIMEOUT_S,
         stdout, stderr = out.read(), err.read()
     seconds = time.monotonic() - t0
     deadline = time.monotonic() + grace_s
-    while (left := _with_token(token)) and time.monotonic() < deadline:
+    while (left := with_token(TOKEN_VAR, token)) and time.monotonic() < deadline:
         time.sleep(0.5)
     if left:  # reported by the test; killed here so they do not outlive the run
-        _kill([pid for pid, _ in left], signal.SIGKILL)
+        kill([pid for pid, _ in left], signal.SIGKILL)
     return SmokeRun(returncode, stdout, stderr, seconds, [f"{pid} {cmd}" for pid, cmd in left])
 
 

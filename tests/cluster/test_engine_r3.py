@@ -197,9 +197,10 @@ async def test_kv_bucket_made_r1_is_raised_by_an_r3_group(cnc: Client,
 async def test_a_pull_ended_by_a_consumer_leader_change_is_sent_again(
         cnc: Client, cjs: JetStreamContext, nats_cluster: NatsCluster, tmp_path: Path) -> None:
     """The wire fact: a pull waiting at a clustered lease consumer whose leader steps down is
-    ended by the new leader with 409 ``Leadership Change`` (nothing delivered). The engine
-    sends such a pull again (a NATS retry), as it does after a 503, instead of failing the
-    run with it."""
+    ended with nothing delivered and an "unavailable" status: 409 ``Leadership Change`` from the
+    new leader, or 503 (no responders) when the pull reaches the consumer while it moves —
+    which of the two depends on timing, so either passes. The engine sends such a pull again
+    (a NATS retry) instead of failing the run with it."""
     stream = "ConsLeader"
     wq = work_queue_stream_name(stream, "g")
     api = JetStreamAPI(cnc, timeout=5)
@@ -211,7 +212,8 @@ async def test_a_pull_ended_by_a_consumer_leader_change_is_sent_again(
     await asyncio.sleep(0.5)  # the pull waits at the leader: the partition is empty
     await nats_cluster.step_down_consumer(wq, cname)
     got = await waiting
-    assert (got.status, got.description, got.unavailable) == (409, "Leadership Change", True)
+    assert got.unavailable and not got.messages, got
+    assert (got.status, got.description) == (409, "Leadership Change") or got.status == 503, got
 
     ctx = RunContext(cnc, stream, "g", 0, keyed.processor(),
                      DeltaSink(str(tmp_path / "t"), schema=keyed.OUT_SCHEMA), OPTIONS, None)
@@ -219,7 +221,7 @@ async def test_a_pull_ended_by_a_consumer_leader_change_is_sent_again(
     pulling = asyncio.create_task(holder.pull("pull the lease", batch=1, expires_s=3.0))
     await asyncio.sleep(0.5)
     await nats_cluster.step_down_consumer(wq, cname)
-    again = await pulling  # sent again after the 409, then expired with nothing to deliver
+    again = await pulling  # sent again after the unavailable answer, then expired empty
     assert again.status in (404, 408) and not again.messages, again
     assert ctx.res.nats_retries >= 1
     await ctx.api.close()

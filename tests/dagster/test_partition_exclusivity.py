@@ -46,7 +46,13 @@ def slow_transform(table: pa.Table, ctx: BatchContext) -> pa.Table:
 def _persistent_instance(tmp_path: Path) -> DagsterInstance:
     home = tmp_path / "home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    # No compute log capture: Dagster's local compute log manager mirrors each step's output
+    # with a `tail -F` process per stream, and in-process runs on threads side by side
+    # redirect the same file descriptors, which left those processes running after the test.
+    (home / "dagster.yaml").write_text(
+        "telemetry:\n  enabled: false\n"
+        "compute_logs:\n  module: dagster._core.storage.noop_compute_log_manager\n"
+        "  class: NoOpComputeLogManager\n")
     return DagsterInstance.from_config(str(home))
 
 

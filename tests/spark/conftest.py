@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.spark.session import get_spark, session_start_seconds, stop_spark
+from tests.support.procs import end_gateway_jvm
 
 _FIGURES: list[str] = []
 
@@ -26,6 +27,7 @@ def spark() -> Iterator[SparkSession]:
         yield session
     finally:
         stop_spark()
+        end_gateway_jvm()
 
 
 @pytest.fixture(scope="session")
