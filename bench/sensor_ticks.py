@@ -214,11 +214,11 @@ class StorageCalls:
         self._wrap(instance.event_log_storage, "get_asset_check_partition_info")
         real = sensors.record_first_checks
 
-        def stored(inst: DagsterInstance, evaluations: Any, log: Any) -> int:
+        def stored(inst: DagsterInstance, evaluations: Any, log: Any) -> list[Any]:
             t0 = time.perf_counter()
             try:
                 done = real(inst, evaluations, log)
-                self.counts[self.STORED] += done
+                self.counts[self.STORED] += len(done)
                 return done
             finally:
                 self.write_s += time.perf_counter() - t0

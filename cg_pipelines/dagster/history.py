@@ -312,11 +312,11 @@ def finished_runs(instance: DagsterInstance, run_ids: Iterable[str]) -> set[str]
 
 
 def record_first_checks(instance: DagsterInstance, evaluations: Sequence[AssetCheckEvaluation],
-                        log: Any) -> int:
+                        log: Any) -> list[AssetCheckEvaluation]:
     """Record each of ``evaluations`` as a run-less event
     (``DagsterInstance.report_runless_asset_event``, public: what a sensor's
-    ``SensorResult(asset_events=[...])`` becomes under the daemon). Returns how many were
-    recorded.
+    ``SensorResult(asset_events=[...])`` becomes under the daemon; ``log``: a logger, for the
+    refused ones). Returns those of ``evaluations`` recorded (all unless one was refused).
 
     Only for a check and partition with no execution at all yet: Dagster stores a run-less
     evaluation under run id ``""`` and its unique index on (asset key, check name, run id,
@@ -326,11 +326,11 @@ def record_first_checks(instance: DagsterInstance, evaluations: Sequence[AssetCh
     One that fails anyway (e.g. someone recorded one meanwhile) is logged, not raised: the
     tick goes on, and the next one sees the partition's row and requests a run instead.
     """
-    done = 0
+    done = []
     for ev in evaluations:
         try:
             instance.report_runless_asset_event(ev)
-            done += 1
+            done.append(ev)
         except Exception as e:  # noqa: BLE001 - one refused result must not fail the tick
             log.warning(f"check {ev.check_name} of {ev.partition} not recorded: "
                         f"{type(e).__name__}: {one_line(str(e))[:300]}")

@@ -337,7 +337,8 @@ def plan_partition_checks(group: str, want: dict[tuple[str, str], bool],
                           now: float) -> PartitionChecks:
     """Which results to write, from the wanted outcomes ``{(check, partition key): passed}``
     and what Dagster shows (``states``, :func:`~cg_pipelines.dagster.history.check_states`).
-    ``ended``: the run ids of those PLANNED states whose run has ended. Pure.
+    ``ended``: the run ids of those PLANNED states whose run has ended; ``now``: Unix seconds
+    (the retry's time bucket). Pure; raises nothing.
 
     - no execution recorded for (check, partition): a first result, recorded run-less (Dagster
       allows one run-less result per check and partition);
@@ -419,9 +420,7 @@ def _partition_checks(spec: ConsumerGroupAsset, reading: GroupReading, exhausted
                              exhausted, policy)]
     if instance is None or not want:
         return out, []
-    recorded = record_first_checks(instance, out, log) if out else 0
-    if recorded < len(out):
-        out = []  # which ones were refused is logged; the next tick reads them again
+    out = record_first_checks(instance, out, log) if out else []
     requests = []
     if check_job is not None:
         for line in summary_lines([f"partition {k}: checks recorded again by a check run "

@@ -1,15 +1,24 @@
 """Definition-time guarantees of the Dagster layer that need no server: every engine option is
-settable from :class:`PartitionRunsResource` and reaches the engine, and groups whose partition
-keys collide anywhere (not only at their first or last key) are refused."""
+settable from :class:`PartitionRunsResource` and reaches the engine, groups whose partition
+keys collide anywhere (not only at their first or last key) are refused, and the library's own
+partitioned checks load without Dagster's preview warning (a user's still warn)."""
 
 from __future__ import annotations
 
 import dataclasses
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dagster import (
+    AssetCheckResult,
+    Definitions,
+    PreviewWarning,
+    StaticPartitionsDefinition,
+    asset_check,
+)
 
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.dagster import (
@@ -96,3 +105,27 @@ def test_distinct_partition_keys_are_accepted(tmp_path: Path) -> None:
     defs = build_definitions([_group("wide", "a-", 20), _group("narrow", "a1-", 3)],
                              resources=_resources(tmp_path))
     assert {j.name for j in defs.jobs or []} >= {"wide_job", "narrow_job"}
+
+
+def test_no_preview_warning_from_the_library_only(tmp_path: Path) -> None:
+    """Loading a group's definitions (its partitioned checks, a Dagster 1.13 preview feature)
+    prints no ``PreviewWarning``; a user's own partitioned check, built afterwards outside the
+    library, still warns (the library's filter is not global). The group also gets its
+    ``<name>_checks`` job (the backlog sensor's check-only runs)."""
+    group = dataclasses.replace(_group("wide", "a-", 4), lag_objective_s=60.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        defs = build_definitions([group], resources=_resources(tmp_path))
+        Definitions.validate_loadable(defs)
+    assert [w for w in caught if issubclass(w.category, PreviewWarning)] == []
+    assert {j.name for j in defs.jobs or []} >= {"wide_job", "wide_rebuild", "wide_checks"}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        @asset_check(asset="wide", partitions_def=StaticPartitionsDefinition(["a-0"]))
+        def mine() -> AssetCheckResult:
+            return AssetCheckResult(passed=True)
+
+    assert any(issubclass(w.category, PreviewWarning) and "partitions_def" in str(w.message)
+               for w in caught)

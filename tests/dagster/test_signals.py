@@ -101,12 +101,13 @@ def test_first_results_recorded_run_less(any_instance: DagsterInstance) -> None:
         inst.report_runless_asset_event(_ev("g-9", False))
 
     log = logging.getLogger("test")
-    assert record_first_checks(inst, [_ev(f"g-{p}", p != 2) for p in range(4)], log) == 4
+    evs = [_ev(f"g-{p}", p != 2) for p in range(4)]
+    assert record_first_checks(inst, evs, log) == evs
     assert _passed(inst) == {"g-0": True, "g-1": True, "g-2": False, "g-3": True, "g-9": True}
     states = check_states(inst, ASSET, [CHECK])
     assert {s.run_id for s in states.values()} == {""}  # run-less: no run id at all
     assert states[(CHECK, "g-2")].current  # never materialized: nothing newer to target
-    assert record_first_checks(inst, [_ev("g-2", True)], log) == 0  # refused, not raised
+    assert record_first_checks(inst, [_ev("g-2", True)], log) == []  # refused, not raised
     assert _passed(inst)["g-2"] is False
 
     # A materialization makes the run-less result stale (it targets none).
