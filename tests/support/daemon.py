@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dagster import DagsterInstance, DagsterRun, RunsFilter
 
+from cg_pipelines.dagster.history import CHECK_MODE, MODE_TAG
 from tests.support.dagster_dev import default_signals, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,8 +83,10 @@ def start_sensor(home: Path, location: Path, env: Mapping[str, str], name: str) 
 
 
 def partition_runs(instance: DagsterInstance, key: str) -> list[DagsterRun]:
-    """The runs of Dagster partition ``key``, oldest first."""
-    return list(reversed(instance.get_runs(RunsFilter(tags={"dagster/partition": key}))))
+    """The partition runs of Dagster partition ``key``, oldest first (the backlog sensor's
+    check-only runs of the partition, tagged ``cg/mode=check``, left out)."""
+    runs = instance.get_runs(RunsFilter(tags={"dagster/partition": key}))
+    return [r for r in reversed(runs) if r.tags.get(MODE_TAG) != CHECK_MODE]
 
 
 def wait_until(what: str, cond, timeout_s: float, home: Path, poll_s: float = 1.0):  # noqa: ANN001, ANN201
