@@ -177,7 +177,7 @@ def test_same_resource_settings_share_one_object() -> None:
 
 def test_the_guide_shows_what_the_scaffold_writes() -> None:
     """The guide's defs.yaml is the scaffold's output for the guide's dg scaffold command."""
-    command = guide_block("pip install 'cg-pipelines[dg]'")
+    command = guide_block("pip install 'cg-pipelines[dg,ui,testing]'")
     assert "--stream orders --group totals --partitions 4 --processor " \
            "orders_project.transforms:totals" in command
     assert guide_block(f"type: {TYPE}") == SCAFFOLD_YAML.format(

@@ -1,95 +1,31 @@
-"""The documented examples run as written: every Python block and every ``cg``/``dagster``/
-``python`` command of ``docs/getting-started.md`` and of the README's example, in page order,
-in a fresh directory, against a real nats-server started for the page.
-
-Rules of the pages (checked here): a Python block whose first line is ``# <name>.py`` (or
-``# <name>.py: what it is``) is saved
-under that name and must be used by a command of the page (``python <name>.py`` or
-``dagster ... -f <name>.py``); any other Python block runs where it stands. In ``bash`` blocks,
-``pip install`` lines are the reader's (the test runs in this repo's venv), ``cg dev &`` is the
-server the test starts, ``export NATS_URL=...`` is set to it, and the README's repository
-commands (``bash scripts/setup.sh ...``) are CI's own.
+"""The documented paths run as written from a fresh install: the README's example, Getting
+started (Arrow, then Spark) and the Dagster Component guide, each in page order, in a new
+directory and a new virtual environment where the page's own ``pip install`` lines install the
+wheel built from this checkout, against a real nats-server started for the page. The rules of
+the pages and the few commands the runner stands in for are in :mod:`tests.docs.pages`.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
+from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.local.nats_server import NatsServer
+from tests.docs.pages import REPO, Page, blocks, build_wheel, make_venv
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
-RUNNABLE = ("cg", "dagster", "python")
-
-
-def blocks(page: Path) -> list[tuple[str, str]]:
-    """The fenced code blocks of a markdown page: ``(language, text)`` in page order."""
-    return [(m.group(1), m.group(2)) for m in FENCE.finditer(page.read_text())]
+# The Component guide's `dg dev` binds its default port (3000): this module's tests run one
+# after another (one xdist worker takes a whole file: `--dist loadfile`).
 
 
-def commands(bash: str) -> Iterator[list[str]]:
-    """The commands of a bash block this test runs (see the module docstring)."""
-    for line in bash.splitlines():
-        words = shlex.split(line, comments=True)
-        if not words or words[0] not in RUNNABLE:
-            assert not words or words[0] in ("pip", "export") or \
-                words[:2] == ["bash", "scripts/setup.sh"], f"unexpected command: {line}"
-            continue
-        if words[:2] == ["cg", "dev"]:
-            continue
-        yield words
-
-
-class Page:
-    """Runs one page's examples in ``cwd`` against the server at ``url``."""
-
-    def __init__(self, cwd: Path, url: str) -> None:
-        self.cwd, self.saved, self.used = cwd, set[str](), set[str]()
-        home = cwd / ".dagster"
-        home.mkdir()
-        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-        self.env = {**os.environ, "NATS_URL": url, "DAGSTER_HOME": str(home),
-                    "PYTHONPATH": str(REPO), "PATH": f"{BIN}:{os.environ['PATH']}"}
-
-    def run(self, words: list[str]) -> str:
-        exe = sys.executable if words[0] == "python" else str(BIN / words[0])
-        self.used.update(w for w in words[1:] if w in self.saved)
-        t0 = time.monotonic()
-        proc = subprocess.run([exe, *words[1:]], cwd=self.cwd, env=self.env,
-                              capture_output=True, text=True, timeout=300)
-        print(f"{time.monotonic() - t0:6.1f} s  {shlex.join(words)}")
-        assert proc.returncode == 0, f"{shlex.join(words)} failed:\n{proc.stdout[-3000:]}\n" \
-                                     f"{proc.stderr[-3000:]}"
-        return proc.stdout
-
-    def play(self, page: Path) -> list[str]:
-        """Every block of the page in order; the outputs of the commands run."""
-        outputs = []
-        for i, (lang, text) in enumerate(blocks(page)):
-            if lang == "python":
-                named = re.match(r"# ([\w.]+\.py)(:|$)", text.splitlines()[0])
-                name = named.group(1) if named else None
-                (self.cwd / (name or f"block{i}.py")).write_text(text)
-                if name:
-                    self.saved.add(name)
-                else:
-                    outputs.append(self.run(["python", f"block{i}.py"]))
-            elif lang == "bash":
-                outputs.extend(self.run(words) for words in commands(text))
-        unused = self.saved - self.used
-        assert not unused, f"{page.name}: Python blocks no command runs: {sorted(unused)}"
-        return outputs
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of this checkout, built once per session."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture
@@ -99,13 +35,20 @@ def server(tmp_path: Path) -> Iterator[NatsServer]:
         yield srv
 
 
-def test_getting_started_runs_as_written(server: NatsServer, tmp_path: Path) -> None:
-    page = REPO / "docs" / "getting-started.md"
-    langs = [lang for lang, _ in blocks(page)]
-    assert langs.count("python") >= 5 and "bash" in langs
+@pytest.fixture
+def page(server: NatsServer, wheel: Path, tmp_path: Path) -> Page:
+    """A page runner in a new directory with a new, empty venv (the page installs into it)."""
     cwd = tmp_path / "user"
     cwd.mkdir()
-    out = "".join(Page(cwd, server.url).play(page))
+    return Page(cwd, server.url, wheel, make_venv(tmp_path / "venv"))
+
+
+def test_getting_started_runs_as_written(page: Page) -> None:
+    path = REPO / "docs" / "getting-started.md"
+    langs = [lang for lang, _ in blocks(path)]
+    assert langs.count("python") >= 5 and "bash" in langs
+    cwd = page.cwd
+    out = page.play(path)
     assert "partition 0:" in out and "the same on Arrow and on Spark" in out, out[-2000:]
     # the pandas transform's running totals, checked against the published orders
     rows = DeltaTable(str(cwd / "warehouse" / "customer_totals")).to_pandas()
@@ -117,15 +60,31 @@ def test_getting_started_runs_as_written(server: NatsServer, tmp_path: Path) -> 
                                                           for k in range(len(want))]
 
 
-def test_readme_example_runs_as_written(server: NatsServer, tmp_path: Path) -> None:
-    page = REPO / "README.md"
-    cwd = tmp_path / "user"
-    cwd.mkdir()
-    out = "".join(Page(cwd, server.url).play(page))
+def test_readme_example_runs_as_written(page: Page) -> None:
+    cwd = page.cwd
+    out = page.play(REPO / "README.md")
     assert "latest_order" in out or "customer" in out, out[-2000:]
     rows = DeltaTable(str(cwd / "warehouse" / "latest_order")).to_pandas()
     assert sorted(rows["customer"]) == [f"c{i}" for i in range(10)]  # one row per customer
     assert sorted(rows["amount"]) == [i * 1.5 for i in range(90, 100)]  # each one's last
+
+
+def test_component_guide_runs_as_written(page: Page) -> None:
+    """create-dagster project, installing it, scaffolding the component, NATS, stream, group,
+    publishing, the environment (NATS_URL, WAREHOUSE, DAGSTER_HOME), dg check/list/launch and
+    dg dev answering: the guide's commands only."""
+    start = page.cwd
+    out = page.play(REPO / "docs" / "guides" / "component.md")
+    assert "All definitions loaded successfully" in out, out[-2000:]
+    assert "customer_totals" in out  # dg list defs lists the asset
+    assert page.cwd == start / "orders_project"
+    rows = DeltaTable(str(page.cwd / "warehouse" / "customer_totals")).to_pyarrow_table()
+    customers = set(rows.column("customer").to_pylist())
+    assert set(rows.column("_partition").to_pylist()) == {0}  # the one partition launched
+    assert customers and all(partition_for([c], 4) == 0 for c in customers), customers
+    # the launched run is in the instance the page set up (what `dg dev` shows)
+    runs = list((page.cwd / ".dagster_home" / "storage").iterdir())
+    assert runs, "the launched run was not recorded in DAGSTER_HOME"
 
 
 def test_readme_is_a_quickstart() -> None:
