@@ -68,8 +68,12 @@ def user_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         n for n in names if not n.startswith("cg_pipelines")][:5]
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # no PYTHONPATH: a checkout on it (with the egg-info `pip wheel` leaves there) would make
+    # pip take cg-pipelines for installed and install only its dependencies
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                    f"{wheel}[dagster,spark]"], check=True, timeout=1200, cwd=root)
+                    f"{wheel}[dagster,spark]"], check=True, timeout=1200, cwd=root, env=env)
+    assert (venv / "bin" / "cg").is_file(), "the wheel's `cg` command was not installed"
     return venv
 
 
