@@ -27,11 +27,11 @@ from nats.js import JetStreamContext
 
 from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.testing.s3 import MotoS3Server
+from tests.support.figures import FIGURES
 from tests.support.procs import end_gateway_jvm, kill, with_token
 
 pytest_plugins = ["cg_pipelines.testing.fixtures"]
 
-_REPORT: list[str] = []
 _COUNTER = itertools.count()
 
 SESSION_TOKEN_VAR = "CG_TEST_SESSION_TOKEN"
@@ -83,16 +83,18 @@ def moto_s3(moto_server: MotoS3Server, unique_name: str) -> MotoBucket:
 @pytest.fixture
 def report() -> list[str]:
     """Lines appended here are printed in the terminal summary ("cg_pipelines figures")."""
-    return _REPORT
+    return FIGURES
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own (also trylast) has ended its workers
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if a process it started is still running (after every fixture's teardown
     and a grace of :data:`LEFTOVER_GRACE_S`); kill such processes so none outlives the run.
     Only in the controlling process (``xdist`` workers share its token and report there)."""
-    if hasattr(session.config, "workerinput"):
-        return
     end_gateway_jvm()  # a test's in-process Spark (the Spark fixture ends it too)
+    if hasattr(session.config, "workerinput"):  # an xdist worker: its figures to the controller
+        session.config.workeroutput["cg_figures"] = list(FIGURES)  # type: ignore[attr-defined]
+        return
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := with_token(SESSION_TOKEN_VAR, _SESSION_TOKEN)) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -102,12 +104,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """pytest-xdist: a worker ended; keep the figures it collected."""
+    FIGURES.extend(getattr(node, "workeroutput", {}).get("cg_figures", []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _LEFTOVERS:
         terminalreporter.section("processes left running by the suite (killed; the run fails)")
         for line in _LEFTOVERS:
             terminalreporter.write_line(line)
-    if _REPORT:
+    if FIGURES:
         terminalreporter.section("cg_pipelines figures")
-        for line in _REPORT:
+        for line in FIGURES:
             terminalreporter.write_line(line)

@@ -11,9 +11,8 @@ from pyspark.sql import SparkSession
 
 from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.spark.session import get_spark, session_start_seconds, stop_spark
+from tests.support.figures import FIGURES
 from tests.support.procs import end_gateway_jvm
-
-_FIGURES: list[str] = []
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +21,7 @@ def spark() -> Iterator[SparkSession]:
     session = get_spark("local[2]", app_name="cg_pipelines-tests")
     started = session_start_seconds()
     if started is not None:
-        _FIGURES.append(f"spark session start: {started:.1f} s")
+        FIGURES.append(f"spark session start: {started:.1f} s")
     try:
         yield session
     finally:
@@ -40,9 +39,3 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         server.stop()
 
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if _FIGURES:
-        terminalreporter.section("cg_pipelines spark figures")
-        for line in _FIGURES:
-            terminalreporter.write_line(line)
