@@ -22,8 +22,9 @@ The page's rules (checked here):
   - ``cd``, ``export`` (``$VAR`` expanded) and ``mkdir`` change this runner's state;
   - the README's repository commands (``bash scripts/setup.sh ...``) are CI's own.
 
-``CG_DOCS_PIP_CONSTRAINTS`` (a constraints file) is added to every ``pip install`` when set:
-``scripts/stack_matrix.sh`` uses it to run a page at the oldest and newest allowed versions.
+``CG_DOCS_PIP_CONSTRAINTS`` (a constraints file) is added to every ``pip install`` when set,
+and ``CG_DOCS_WHEEL`` names a wheel already built: ``scripts/stack_matrix.sh`` uses them to run
+the README's example at the oldest allowed versions.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ SAVED = re.compile(r"# ([\w./-]+\.py)(:|$)")
 RUNNABLE = ("cg", "dagster", "dg", "create-dagster", "python", "pip", "mkdir")
 SERVERS = (["dg", "dev"], ["dagster", "dev"])
 CONSTRAINTS_VAR = "CG_DOCS_PIP_CONSTRAINTS"
+WHEEL_VAR = "CG_DOCS_WHEEL"
 COMMAND_TIMEOUT_S = 600.0
 SERVE_TIMEOUT_S = 180.0
 
@@ -65,7 +67,11 @@ def commands(bash: str) -> Iterator[list[str]]:
 
 
 def build_wheel(out: Path) -> Path:
-    """The wheel of this checkout (``pip wheel --no-deps``, PEP 517), built into ``out``."""
+    """The wheel of this checkout (``pip wheel --no-deps``, PEP 517), built into ``out``; or
+    the one ``CG_DOCS_WHEEL`` names (``scripts/stack_matrix.sh``, which runs these tests
+    from a copy outside the checkout)."""
+    if given := os.environ.get(WHEEL_VAR):
+        return Path(given)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
                     str(REPO)], check=True, capture_output=True, text=True, timeout=600)
     (wheel,) = out.glob("cg_pipelines-*.whl")
