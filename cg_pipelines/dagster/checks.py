@@ -9,12 +9,12 @@ and the check page shows each partition's state.
   retried until a run succeeds or new code is loaded; the check names it and its last error).
 
 The backlog sensor evaluates both for every served partition at each tick and records only
-what changed (:func:`cg_pipelines.dagster.sensors.plan_partition_checks`): a partition's first
-result run-less (Dagster 1.13 allows one run-less result per check and partition), a later
-change by a check-only run of that partition (the ``<asset>_checks`` job, which executes these
-checks as "Execute" does). They can also be executed by hand (the asset's Checks tab,
-"Execute", per partition): that computes the check of that partition only
-(:func:`cg_pipelines.dagster.sensors.evaluate_check`), not a tick. The checks each run
+what changed (:func:`cg_pipelines.dagster.partition_checks.plan_partition_checks`): a
+partition's first result run-less (Dagster 1.13 allows one run-less result per check and
+partition), a later change by a check-only run of that partition (the ``<asset>_checks`` job,
+which executes these checks as "Execute" does). They can also be executed by hand (the
+asset's Checks tab, "Execute", per partition): that computes the check of that partition only
+(:func:`cg_pipelines.dagster.partition_checks.evaluate_check`), not a tick. The checks each run
 evaluates (``backlog_drained``, ``no_unexplained_fence_conflicts``, ``no_new_dead_letters``)
 are declared on the asset (:mod:`cg_pipelines.dagster.assets`).
 """
@@ -28,7 +28,7 @@ from dagster import (
     asset_check,
 )
 
-from cg_pipelines.dagster.sensors import LAG_CHECK, RUNS_CHECK, evaluate_check
+from cg_pipelines.dagster.partition_checks import LAG_CHECK, RUNS_CHECK, evaluate_check
 from cg_pipelines.dagster.spec import (
     TICK_ERRORS,
     ConsumerGroupAsset,
@@ -42,7 +42,7 @@ __all__ = ["build_group_checks"]
 def _evaluate(context: AssetCheckExecutionContext, spec: ConsumerGroupAsset,
               name: str) -> AssetCheckResult:
     """Evaluate check ``name`` on the run's partition, and only that
-    (:func:`~cg_pipelines.dagster.sensors.evaluate_check`: no tick, no lost-run handling).
+    (:func:`~cg_pipelines.dagster.partition_checks.evaluate_check`: no tick, no lost-run handling).
 
     Raises:
         Failure: the group cannot be read, or the partition is not served here.

@@ -46,7 +46,7 @@ from cg_pipelines.dagster.history import (
     partition_runs,
     record_first_checks,
 )
-from cg_pipelines.dagster.sensors import (
+from cg_pipelines.dagster.partition_checks import (
     CHECK_RETRY_S,
     CHECK_RUNS_PER_TICK,
     CHECKS_PER_TICK,
