@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,8 +73,13 @@ def build_wheel(out: Path) -> Path:
     from a copy outside the checkout)."""
     if given := os.environ.get(WHEEL_VAR):
         return Path(given)
+    # from a copy of the sources: setuptools' build/ in the checkout may hold modules since
+    # deleted, which a wheel built there would still ship
+    src = out / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".state", "build", "dist", "*.egg-info", "__pycache__", "site"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
-                    str(REPO)], check=True, capture_output=True, text=True, timeout=600)
+                    str(src)], check=True, capture_output=True, text=True, timeout=600)
     (wheel,) = out.glob("cg_pipelines-*.whl")
     return wheel
 
