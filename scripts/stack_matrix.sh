@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Both ends of the supported dependency ranges, against the built distributions, not this
 # checkout's source:
+#   0. deptry: every import declared, each part of the package against its own extra;
 #   1. builds the sdist and the wheel once (python -m build) and runs `twine check --strict`;
 #   2. for each end, a fresh venv with
 #        <wheel>[dagster,ui,dg,postgres,spark,iceberg,testing] + the test-only deps
@@ -10,14 +11,14 @@
 #      then `pip check`, the installed versions of the core libraries (one line each), and the
 #      subset of tests below (TESTS), run from a copy of tests/ + docs/ outside the checkout so
 #      that `import cg_pipelines` is the installed wheel (checked, in and out of pytest).
-# Usage: bash scripts/stack_matrix.sh [lowest] [newest]   (default: both). Needs the dev venv
-# (bash scripts/setup.sh): its build, twine and uv. Set KEEP=1 to keep the temp dir.
+# Usage: bash scripts/stack_matrix.sh [lowest] [newest]   (default: both; `deptry`: step 0 only). Needs the dev venv
+# (bash scripts/setup.sh): its build, twine, uv and deptry. Set KEEP=1 to keep the temp dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 DEV=$REPO/.venv/bin
 PY=${PYTHON:-python3}
-for tool in python uv twine; do
+for tool in python uv twine deptry; do
   [ -x "$DEV/$tool" ] || { echo "stack_matrix: $DEV/$tool missing: run bash scripts/setup.sh" >&2; exit 1; }
 done
 ENDS=("$@")
@@ -67,6 +68,33 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/cg-stack.XXXXXX")
 if [ "${KEEP:-0}" = 1 ]; then echo "stack_matrix: keeping $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
 T0=$SECONDS
 log() { echo "stack_matrix: [$((SECONDS - T0)) s] $*"; }
+
+# 0. Every import declared ([tool.deptry] in pyproject.toml), and each part of the package
+# importing only what its own extra declares: deptry with the other extras taken as dev-only
+# (an import of one of them is DEP004). TYPE_CHECKING imports do not count.
+DEPTRY=("$DEV/deptry" cg_pipelines)
+"${DEPTRY[@]}" 2>&1 | { grep -v '^Assuming' || true; }
+EXTRAS_ALL=$("$DEV/python" -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]))')
+deptry_area() {  # <name> <allowed extras> <exclude regex: everything outside the area>
+  local dev="" e
+  for e in $EXTRAS_ALL; do case " $2 " in *" $e "*) ;; *) dev="$dev,$e" ;; esac; done
+  echo "stack_matrix: deptry $1 (extras: ${2:-none})"
+  "${DEPTRY[@]}" --extend-exclude "$3" --optional-dependencies-dev-groups "${dev#,}" \
+    --ignore DEP002 2>&1 | { grep -v '^Assuming\|^Scanning\|^$' || true; }
+}
+TOP='cg_pipelines/[a-z_]+\.py$'
+NOT_ICEBERG=$(ls cg_pipelines/dagster/*.py cg_pipelines/sinks/*.py | grep -v /iceberg | sed 's/\./\\./g' | paste -sd'|')
+deptry_area core "" "cg_pipelines/(dagster|spark|testing|local)/|cg_pipelines/sinks/iceberg"
+deptry_area dagster "dagster" \
+  "cg_pipelines/(core|engine|jetstream|cli|spark|testing|local|sinks)/|cg_pipelines/dagster/iceberg\.py|$TOP"
+deptry_area spark "spark" "cg_pipelines/(core|engine|jetstream|cli|dagster|testing|local|sinks)/|$TOP"
+deptry_area iceberg "iceberg dagster" \
+  "cg_pipelines/(core|engine|jetstream|cli|spark|testing|local)/|$TOP|$NOT_ICEBERG"
+deptry_area testing "testing" \
+  "cg_pipelines/(core|engine|jetstream|cli|spark|dagster|sinks)/|cg_pipelines/local/spark_cluster\.py|$TOP"
+deptry_area local-spark "spark" \
+  "cg_pipelines/(core|engine|jetstream|cli|spark|dagster|sinks|testing)/|cg_pipelines/local/(__init__|nats_server|postgres)\.py|$TOP"
+[ "${ENDS[*]}" != deptry ] || exit 0   # `stack_matrix.sh deptry`: this step only
 
 # 1. The distributions, once.
 log "building sdist and wheel"
