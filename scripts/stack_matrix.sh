@@ -192,8 +192,13 @@ for name in sys.argv[1:]:
 PYEOF
   (cd "$RUN" && "$V/bin/python" -c 'import cg_pipelines; print("stack_matrix: cg_pipelines from", cg_pipelines.__file__)')
   # the dg entry point (dagster_dg_cli.registry_modules) finds the Component
-  (cd "$RUN" && "$V/bin/dg" list components --json 2>&1 | grep -q '"cg_pipelines.dagster.ConsumerGroupAssetComponent"') \
-    || { echo "stack_matrix: $end: dg list components does not list ConsumerGroupAssetComponent" >&2; exit 1; }
+  listed=$(cd "$RUN" && "$V/bin/dg" list components --json 2>&1) || true
+  case "$listed" in
+    *'"cg_pipelines.dagster.ConsumerGroupAssetComponent"'*) ;;
+    *) echo "$listed" | tail -20
+       echo "stack_matrix: $end: dg list components does not list ConsumerGroupAssetComponent" >&2
+       exit 1 ;;
+  esac
   "$V/bin/python" -c 'import dagster_webserver, dagster_postgres, dagster_dg_cli'
   log "$end: tests"
   (cd "$RUN" && PATH="$V/bin:$PATH" "$V/bin/python" -m pytest -q -x -p no:cacheprovider \
