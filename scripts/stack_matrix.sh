@@ -10,7 +10,9 @@
 #      newest: the newest releases that resolve together (no constraints file);
 #      then `pip check`, the installed versions of the core libraries (one line each), and the
 #      subset of tests below (TESTS), run from a copy of tests/ + docs/ outside the checkout so
-#      that `import cg_pipelines` is the installed wheel (checked, in and out of pytest).
+#      that `import cg_pipelines` is the installed wheel (checked, in and out of pytest);
+#      lowest also runs the README's example from its own `pip install` line in a new venv,
+#      constrained to the lowest versions (tests/docs/pages.py).
 # Usage: bash scripts/stack_matrix.sh [lowest] [newest]   (default: both; `deptry`: step 0 only). Needs the dev venv
 # (bash scripts/setup.sh): its build, twine, uv and deptry. Set KEEP=1 to keep the temp dir.
 set -euo pipefail
@@ -116,7 +118,7 @@ PYEOF
 # less pythonpath.
 RUN=$WORK/run
 mkdir -p "$RUN"
-cp -r "$REPO/tests" "$REPO/docs" "$RUN/"
+cp -r "$REPO/tests" "$REPO/docs" "$REPO/README.md" "$RUN/"
 find "$RUN" -name __pycache__ -prune -exec rm -rf {} +
 "$DEV/python" - "$REPO/pyproject.toml" "$RUN/pytest.ini" <<'PYEOF'
 import sys, tomllib
@@ -204,6 +206,16 @@ PYEOF
   (cd "$RUN" && PATH="$V/bin:$PATH" "$V/bin/python" -m pytest -q -x -p no:cacheprovider \
     --import-mode=importlib -p installed_wheel_check "${TESTS[@]}" "${DESELECT[@]}" \
     $([ "$end" != lowest ] || echo "${LOWEST_DESELECT[@]}"))
+  if [ "$end" = lowest ]; then
+    # The README's example as a reader installs it (pip, its own install line, a new venv),
+    # held to the lowest versions: the main suite's run of it gets the newest.
+    grep -vi '^cg-pipelines' "$WORK/lowest.txt" >"$WORK/lowest-constraints.txt"
+    log "lowest: the README's example from a fresh pip install at the lowest versions"
+    (cd "$RUN" && CG_DOCS_WHEEL="$WHEEL" CG_DOCS_PIP_CONSTRAINTS="$WORK/lowest-constraints.txt" \
+      PATH="$V/bin:$PATH" "$V/bin/python" -m pytest -q -x -p no:cacheprovider \
+      --import-mode=importlib -p installed_wheel_check \
+      tests/docs/test_examples.py::test_readme_example_runs_as_written)
+  fi
   log "$end: ok"
 done
 log "done (${ENDS[*]})"

