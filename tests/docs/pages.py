@@ -33,7 +33,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -41,6 +40,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.dagster_dev import stop_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
@@ -181,7 +182,7 @@ class Page:
             assert status == 200, f"{shlex.join(words)} did not answer on port {port}:\n" \
                                   f"{log.read_text(errors='replace')[-3000:]}"
         finally:
-            _stop_group(proc)
+            stop_process_group(proc, timeout_s=20.0)
 
     # -- the page ---------------------------------------------------------------------------
 
@@ -213,20 +214,3 @@ def _used(name: str, words: set[str]) -> bool:
     module = name.removeprefix("src/").removesuffix(".py").replace("/", ".")
     return name in words or any(w.split(":")[0] == module for w in words)
 
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the process group, SIGKILL after 20 s (dagster's own processes included)."""
-    for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            if sig == signal.SIGTERM:  # the leader is gone: the rest of the group too
-                os.killpg(proc.pid, signal.SIGKILL)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
