@@ -272,6 +272,39 @@ def elastic_delete_mapping(c: Ctx, stream: str, group: str) -> None:
     _show_config(c, "elastic", stream, group, v)
 
 
+def _set_group(text: str) -> tuple[str, str]:
+    stream, sep, group = text.partition("/")
+    if not (sep and stream and group):
+        fail(f"groups: {text!r} must look like 'STREAM/GROUP'", 2)
+    return stream, group
+
+
+def _set_text(r: admin.SetMembership, names: list[str]) -> str:
+    lines = [f"co-partitioned set {', '.join(names)}: the member mappings of every group"]
+    lines += [f"  {m}: {','.join(map(str, ps))}" for m, ps in r.assignment.items()]
+    moved = [f"{p} {old or '-'} -> {new or '-'}" for p, (old, new) in r.moved.items()]
+    lines.append(f"moved: {'; '.join(moved) or 'none'}")
+    return "\n".join(lines)
+
+
+@elastic.command("set-members")
+@click.argument("groups", nargs=-1, required=True)
+@click.option("--members", "-m", multiple=True, required=True,
+              help="Member name(s); repeat or comma separate.")
+@click.pass_obj
+def elastic_set_members(c: Ctx, groups: tuple[str, ...], members: tuple[str, ...]) -> None:
+    """Give a co-partitioned set GROUPS (two or more STREAM/GROUP) the same --members: partition
+    p of every group goes to one member, as few partitions as possible move (sticky), written
+    as each group's member mappings. Refused, nothing written, unless the groups have the same
+    max members and every partitioning filter selects the same number of key wildcards."""
+    pairs = [_set_group(g) for g in groups]
+    r = c.run(lambda js: admin.set_set_mappings(js, pairs, _split(members), timeout=c.timeout))
+    names = [f"{s}/{g}" for s, g in pairs]
+    c.out({"groups": names, "assignment": r.assignment, "previous": r.previous,
+           "moved": {str(p): {"from": old, "to": new} for p, (old, new) in r.moved.items()},
+           "revisions": {f"{s}/{g}": v.revision for (s, g), v in r.configs.items()}},
+          _set_text(r, names))
+
 
 # --------------------------------------------------------------------------------------- stream
 

@@ -27,7 +27,13 @@ from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 
-from cg_pipelines.core.assignment import as_mappings, assignment, sticky_assignment
+from cg_pipelines.core.assignment import (
+    Assignment,
+    as_mappings,
+    assignment,
+    moved_partitions,
+    sticky_assignment,
+)
 from cg_pipelines.core.config import (
     ELASTIC_BUCKET,
     PRIORITY_GROUP,
@@ -40,7 +46,13 @@ from cg_pipelines.core.config import (
     with_members,
     work_queue_stream_name,
 )
-from cg_pipelines.core.errors import ConfigError, GroupExistsError, MembershipError
+from cg_pipelines.core.copartition import SetGroup, previous_set_assignment, set_assignment
+from cg_pipelines.core.errors import (
+    ConcurrentUpdateError,
+    ConfigError,
+    GroupExistsError,
+    MembershipError,
+)
 from cg_pipelines.core.subjects import name_error, transform_destination
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.errors import (
@@ -384,6 +396,70 @@ async def delete_member_mappings(
     return await ConfigStore(js, "elastic", timeout).update(
         stream, group, lambda c: with_members(c, []) if c.member_mappings else c
     )
+
+
+@dataclass(frozen=True, slots=True)
+class SetMembership:
+    """What :func:`set_set_mappings` did: the set's assignment before (as
+    :func:`~cg_pipelines.core.copartition.previous_set_assignment` reads it) and after, and
+    every group's config as written, by ``(stream, group)`` in the order given."""
+
+    previous: Assignment
+    assignment: Assignment
+    configs: dict[tuple[str, str], Versioned[ElasticConfig]]
+
+    @property
+    def moved(self) -> dict[int, tuple[str | None, str | None]]:
+        """``{partition: (old_owner, new_owner)}`` for the partitions that changed owner."""
+        return moved_partitions(self.previous, self.assignment)
+
+
+async def set_set_mappings(
+    js: JetStreamContext,
+    groups: Sequence[tuple[str, str]],
+    members: Sequence[str],
+    *,
+    timeout: float = 5.0,
+) -> SetMembership:
+    """Give a co-partitioned set of elastic groups ``members``: partition ``p`` of every group
+    to the same member, sticky (:func:`~cg_pipelines.core.copartition.set_assignment`),
+    written as each group's ``member_mappings`` (``members`` cleared: the reference allows
+    members or mappings, not both) so reference members compute the same partitions.
+
+    Every config is read and the set checked before anything is written
+    (:func:`~cg_pipelines.core.copartition.check_copartitioned`); then each group is written
+    in the given order, compare-and-set, a group already holding the mappings not at all. The
+    groups are not written atomically: between two writes, and if a write fails, members of
+    the groups written so far already follow the new mappings. Running the same call again
+    completes the set (the first group's owners win when groups disagree). Raises
+    ``ConfigError`` (a bad name, no member: nothing written), ``CoPartitionError`` (nothing
+    written), ``GroupNotFoundError``, ``ConcurrentUpdateError`` (a group was recreated with
+    another shape while the set was written).
+    """
+    if not members:
+        raise ConfigError("members", "give at least one member name")
+    for m in members:
+        _check_names(member=m)
+    for stream, group in groups:
+        _check_names(stream=stream, group=group)
+    store: ConfigStore[ElasticConfig] = ConfigStore(js, "elastic", timeout)
+    read = [SetGroup(s, g, (await store.get(s, g)).config) for s, g in groups]
+    new = set_assignment(read, members)
+    mappings = as_mappings(new)
+    written = {}
+    for sg in read:
+        written[(sg.stream, sg.group)] = await store.update(
+            sg.stream, sg.group, lambda c, sg=sg: _set_membership(c, sg, mappings))
+    return SetMembership(previous_set_assignment(read), new, written)
+
+
+def _set_membership(cfg: ElasticConfig, read: SetGroup,
+                    mappings: Sequence[MemberMapping]) -> ElasticConfig:
+    if not cfg.same_shape(read.config):
+        raise ConcurrentUpdateError(
+            f"elastic consumer group {read.stream}.{read.group} was recreated with another "
+            "config while its co-partitioned set was written; check the set and run again")
+    return with_mappings(cfg, mappings)
 
 
 async def elastic_step_down(
