@@ -14,7 +14,8 @@ family, by layer:
   :class:`PartitionRunError`;
 - core: ``OutputContractError`` (a :class:`ContractError`), ``CursorError`` (a sensor cursor
   that does not decode; a :class:`DecodeError`), ``BadMessage`` (a payload a transform cannot
-  decode; dead-lettered);
+  decode; dead-lettered), ``CoPartitionError`` (a :class:`ConfigError`: groups declared as
+  a co-partitioned set that cannot be shown to partition alike);
 - JetStream: ``JetStreamError`` and one subclass per server error it tells apart
   (``StreamNotFoundError``, ``ConsumerNotFoundError``, ``ConsumerAlreadyExistsError``,
   ``WorkQueueConsumerNotUniqueError``, ``NoMessageFoundError``, ``NotPinnedError``,

@@ -9,10 +9,12 @@ Optional capabilities are further protocols, checked with ``isinstance`` before 
 
 - :class:`MaintainedSink` (``maintain``): the table's upkeep at the end of a run;
 - :class:`StateSink` (``last_rows``): per-key state for processors that declare it;
-- :class:`ReplaceSink` (``replace_partition``, ``stats``, ``write``): what a rebuild needs.
+- :class:`ReplaceSink` (``replace_partition``, ``stats``, ``write``): what a rebuild needs;
+- :class:`JoinSink` (``commit_inputs``): one commit fenced on several watermarks, what a
+  co-partitioned run (:mod:`cg_pipelines.engine.join`) needs.
 
 :class:`~cg_pipelines.sinks.delta.DeltaSink` and :class:`~cg_pipelines.sinks.iceberg.
-IcebergSink` implement all four. Also here: the watermark keys the engine commits under
+IcebergSink` implement all five. Also here: the watermark keys the engine commits under
 (:func:`app_id_for`, :func:`origin_marker`) and the partition column it adds to every row
 (:data:`PARTITION_COLUMN`, :func:`with_partition_column`).
 
@@ -29,18 +31,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cg_pipelines.core.errors import CgError, ContractError
+from cg_pipelines.core.errors import CgError, ContractError, UsageError
 from cg_pipelines.core.write import Append, Merge
 
 __all__ = [
     "PARTITION_COLUMN",
     "FenceConflictError",
+    "JoinSink",
     "MaintainedSink",
     "ReplaceSink",
     "Sink",
     "StateSink",
     "TableShape",
     "app_id_for",
+    "check_watermarks",
     "origin_marker",
     "with_partition_column",
 ]
@@ -187,6 +191,55 @@ class StateSink(Sink, Protocol):
             Storage errors: the batch's processing fails, so does the run (nothing committed).
         """
         ...
+
+
+@runtime_checkable
+class JoinSink(Sink, Protocol):
+    """A sink that commits several inputs' progress at once: the rows of a co-partitioned run
+    (partition ``p`` of several groups, :func:`~cg_pipelines.engine.join.run_copartitioned`)
+    and every input's watermark in ONE commit, fenced on all of them."""
+
+    def commit_inputs(self, table: pa.Table | None, watermarks: Mapping[str, tuple[int, int]],
+                      markers: Mapping[str, int] | None = None, *,
+                      lineage: Mapping[str, object] | None = None) -> None:
+        """Atomically write ``table`` and set each app id of ``watermarks`` (``{app id:
+        (expected, version)}``, one per input, in the run's input order) to its ``version``,
+        only if every one is still its ``expected``. An input with nothing in the batch keeps
+        its version (``version == expected``) and is fenced all the same: a commit of another
+        holder that moved only that input must refuse this one (the rows were computed from
+        state that commit changed).
+
+        Called: once per batch of a co-partitioned run, under every input's lease, after
+        the batch's dead letters were published and before anything is acknowledged; the
+        first app id's :meth:`~Sink.watermark` was read at the start of the batch.
+
+        Raises:
+            FenceConflictError: one of the watermarks moved (the first found is named);
+                nothing written.
+            UsageError: no watermark, a ``version < expected``, or no version moves
+                (:func:`check_watermarks`).
+            Other errors: as :meth:`Sink.commit`.
+        """
+        ...
+
+
+def check_watermarks(watermarks: Mapping[str, tuple[int, int]]) -> str:
+    """Check a :meth:`JoinSink.commit_inputs` argument and return the first app id whose
+    version moves (``expected < version``).
+
+    Raises:
+        UsageError: empty, a negative ``expected``, a ``version < expected``, or no version
+            moves.
+    """
+    if not watermarks:
+        raise UsageError("commit_inputs needs at least one watermark")
+    bad = {a: ev for a, ev in watermarks.items() if not 0 <= ev[0] <= ev[1]}
+    if bad:
+        raise UsageError(f"commit_inputs: need 0 <= expected <= version, got {bad}")
+    moving = [a for a, (e, v) in watermarks.items() if v > e]
+    if not moving:
+        raise UsageError(f"commit_inputs: no watermark moves in {dict(watermarks)}")
+    return moving[0]
 
 
 class TableShape(Protocol):

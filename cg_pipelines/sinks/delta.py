@@ -89,7 +89,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from cg_pipelines.core.coverage import COVERAGE_KEY
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, check_watermarks
 from cg_pipelines.sinks.deltaread import TableStats
 from cg_pipelines.sinks.deltastate import TableView
 from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
@@ -110,6 +110,17 @@ LINEAGE_PREFIX: Final = "cg."
 def _lineage_key(name: str) -> str:
     """``name`` with the ``cg.`` prefix (kept when present)."""
     return name if name.startswith(LINEAGE_PREFIX) else LINEAGE_PREFIX + name
+
+
+def _moved(dt: DeltaTable | None, watermarks: Mapping[str, tuple[int, int]]
+           ) -> tuple[str, int, int] | None:
+    """``(app id, expected, found)`` of the first app id whose watermark in snapshot ``dt`` is
+    not its expected one (``watermarks``: ``{app id: (expected, version)}``), or None."""
+    for app_id, (expected, _) in watermarks.items():
+        found = _txn(dt, app_id)
+        if found != expected:
+            return app_id, expected, found
+    return None
 
 
 def _txn(dt: DeltaTable | None, app_id: str) -> int:
@@ -305,6 +316,29 @@ class DeltaSink(DeltaMaintenance):
         if not 0 <= expected < version:
             raise UsageError(f"commit of {app_id}: need 0 <= expected < version, "
                              f"got expected={expected} version={version}")
+        self.commit_inputs(table, {app_id: (expected, version)}, markers, lineage=lineage)
+
+    def commit_inputs(self, table: pa.Table | None, watermarks: Mapping[str, tuple[int, int]],
+                      markers: Mapping[str, int] | None = None, *,
+                      lineage: Mapping[str, object] | None = None) -> None:
+        """Write ``table`` and move every watermark of ``watermarks`` (``{app id: (expected,
+        version)}``) in ONE Delta commit, only if each is still its ``expected``: the
+        co-partitioned run's commit (:class:`~cg_pipelines.sinks.base.JoinSink`). An app id
+        whose input had nothing in the batch keeps its version (``version == expected``) and
+        is fenced all the same. The first app id is the commit's ``cg.app_id`` and the one
+        whose remembered snapshot (:meth:`watermark`) the commit is fenced against; every app
+        id is an application transaction of the commit, so delta-rs rejects it when a commit
+        after that snapshot carries any of them. :meth:`commit` is this with one app id.
+
+        Raises:
+            FenceConflictError: one of the watermarks is not its ``expected`` (the first found
+                is named); nothing was written.
+            UsageError: no watermark, a ``version < expected``, or no version moves.
+            Otherwise as :meth:`commit`.
+        """
+        moving = check_watermarks(watermarks)
+        app_id = next(iter(watermarks))
+        version = watermarks[app_id][1]
         with self._guard(), self._app_lock(app_id):
             with self._lock:
                 remembered = app_id in self._snapshots
@@ -312,15 +346,16 @@ class DeltaSink(DeltaMaintenance):
                 base = self._bases.get(app_id, -1)
             if not remembered or self._stale(dt, base):
                 dt, base = self._fresh()  # see SNAPSHOT_RELOAD_VERSIONS; safe as below
-            elif _txn(dt, app_id) != expected:
+            elif _moved(dt, watermarks) is not None:
                 # The remembered snapshot may just be older than the caller's ``expected`` (it
                 # read the watermark elsewhere): decide on the latest snapshot. Safe because an
                 # app id's versions only grow (``expected < version`` is enforced), so a
                 # watermark that moved away from ``expected`` never comes back to it.
                 dt, base = self._fresh()
             if dt is None:
-                if expected != 0:
-                    raise FenceConflictError(app_id, expected, 0)
+                if any(exp for exp, _ in watermarks.values()):
+                    first = next(a for a, (exp, _) in watermarks.items() if exp)
+                    raise FenceConflictError(first, watermarks[first][0], 0)
                 schema = table.schema if table is not None and table.num_columns else self._schema
                 if schema is not None and isinstance(self._write, Merge) and table is not None \
                         and table.num_columns:
@@ -332,16 +367,16 @@ class DeltaSink(DeltaMaintenance):
                 dt, base = self._fresh()
                 if dt is None:  # ensure_table returned, so someone deleted it since
                     raise TableNotFoundError(f"{self._safe_uri()}: table vanished after creation")
-            found = _txn(dt, app_id)
-            if found != expected:
+            conflict = _moved(dt, watermarks)
+            if conflict is not None:
                 with self._lock:
                     self._snapshots[app_id] = dt
                     self._bases[app_id] = base
-                raise FenceConflictError(app_id, expected, found)
+                raise FenceConflictError(*conflict)
             empty = table is None or table.num_rows == 0
             merge = isinstance(self._write, Merge) and not empty
             props = CommitProperties(app_transactions=[
-                Transaction(app_id, version),
+                *(Transaction(a, v) for a, (_, v) in watermarks.items()),
                 *(Transaction(k, v) for k, v in (markers or {}).items())],
                 custom_metadata=self._lineage(app_id, version, "merge" if merge else (
                     "empty" if empty else "append"), lineage))
@@ -353,7 +388,7 @@ class DeltaSink(DeltaMaintenance):
                     elif merge:
                         assert table is not None and isinstance(self._write, Merge)
                         merge_into(dt, table, self._write, props, self._safe_uri(), hooks)
-                        if _txn(dt, app_id) != version:
+                        if _txn(dt, moving) != watermarks[moving][1]:
                             # delta-rs commits no version for a merge that changes no row: record
                             # the watermark alone, fenced against the same snapshot.
                             self._empty_commit(dt, props)
@@ -363,14 +398,14 @@ class DeltaSink(DeltaMaintenance):
                     break
                 except CommitFailedError as e:
                     fresh, base = self._fresh()
-                    found = _txn(fresh, app_id)
+                    conflict = _moved(fresh, watermarks)
                     with self._lock:
                         self._snapshots[app_id] = fresh
                         self._bases[app_id] = base
-                    if "concurrent transaction failed" in str(e).lower() or found != expected:
-                        raise FenceConflictError(
-                            app_id, expected, None if found == expected else found
-                        ) from e
+                    if conflict is not None:
+                        raise FenceConflictError(*conflict) from e
+                    if "concurrent transaction failed" in str(e).lower():
+                        raise FenceConflictError(app_id, watermarks[app_id][0], None) from e
                     if attempt == CONFLICT_RETRIES or fresh is None:
                         raise
                     # The watermark did not move: a commit that is not a data commit of this
@@ -379,10 +414,10 @@ class DeltaSink(DeltaMaintenance):
                     dt = fresh
             # write_deltalake and merge advance dt in place to the version they wrote,
             # create_write_transaction does not.
-            if _txn(dt, app_id) != version:
+            if _txn(dt, moving) != watermarks[moving][1]:
                 before = dt.version()
                 dt.update_incremental()
-                written = self._find_version(dt, before, app_id, version)
+                written = self._find_version(dt, before, moving, watermarks[moving][1])
             else:
                 written = dt.version()
             with self._lock:

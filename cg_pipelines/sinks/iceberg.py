@@ -78,7 +78,7 @@ from pyiceberg.table import Table
 
 from cg_pipelines.core.errors import ContractError, UsageError
 from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
-from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
+from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, check_watermarks
 from cg_pipelines.sinks.deltawrite import conform, current_of
 from cg_pipelines.sinks.iceberg_read import (
     IcebergTableAccess,
@@ -246,13 +246,35 @@ class IcebergSink(IcebergTableAccess):
         if not 0 <= expected < version:
             raise UsageError(f"commit of {app_id}: need 0 <= expected < version, "
                              f"got expected={expected} version={version}")
+        self.commit_inputs(table, {app_id: (expected, version)}, markers, lineage=lineage)
+
+    def commit_inputs(self, table: pa.Table | None, watermarks: Mapping[str, tuple[int, int]],
+                      markers: Mapping[str, int] | None = None, *,
+                      lineage: Mapping[str, object] | None = None) -> None:
+        """Write ``table`` and move every watermark of ``watermarks`` (``{app id: (expected,
+        version)}``) in ONE catalog commit, only if each is still its ``expected``: the
+        co-partitioned run's commit (:class:`~cg_pipelines.sinks.base.JoinSink`; an input
+        with nothing in the batch keeps its version and is fenced all the same). The commit
+        is based on the table state the first app id's :meth:`watermark` loaded; the catalog
+        refuses it when the table moved since (``AssertRefSnapshotId``), and it is then
+        decided again on the new state. :meth:`commit` is this with one app id.
+
+        Raises:
+            FenceConflictError: one of the watermarks is not its ``expected``; nothing written.
+            UsageError: no watermark, a ``version < expected``, or no version moves.
+            Otherwise as :meth:`commit`.
+        """
+        check_watermarks(watermarks)
+        app_id = next(iter(watermarks))
+        version = watermarks[app_id][1]
         with self._lock:
             tbl = self._tables.get(app_id)
-        if tbl is None or _wm(tbl, app_id) != expected:
+        if tbl is None or _moved(tbl, watermarks) is not None:
             tbl = self.load()
         if tbl is None:
-            if expected != 0:
-                raise FenceConflictError(app_id, expected, 0)
+            if any(exp for exp, _ in watermarks.values()):
+                first = next(a for a, (exp, _) in watermarks.items() if exp)
+                raise FenceConflictError(first, watermarks[first][0], 0)
             schema = table.schema if table is not None and table.num_columns else self._schema
             if schema is None:
                 raise UsageError(f"{self._ident}: no table yet and no schema to create it "
@@ -266,15 +288,15 @@ class IcebergSink(IcebergTableAccess):
         merge = isinstance(self._write, Merge) and not empty
         summary = self._summary(app_id, version, "merge" if merge else (
             "empty" if empty else "append"), lineage)
-        props = {WATERMARK_PREFIX + app_id: str(version),
+        props = {**{WATERMARK_PREFIX + a: str(v) for a, (_, v) in watermarks.items()},
                  **{WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}}
         for attempt in range(self._retries + 1):
             tbl = self._no_pyiceberg_retry(tbl)
-            found = _wm(tbl, app_id)
-            if found != expected:
+            conflict = _moved(tbl, watermarks)
+            if conflict is not None:
                 with self._lock:
                     self._tables[app_id] = tbl
-                raise FenceConflictError(app_id, expected, found)
+                raise FenceConflictError(*conflict)
             # built on THIS table state (a partition rewrite reads the partition's rows)
             target = tbl.schema().as_arrow()
             delete: BooleanExpression | None = None
@@ -495,6 +517,16 @@ class IcebergSink(IcebergTableAccess):
             figures["error"] = f"{type(e).__name__}: {e}"
         figures["iceberg_expire_seconds"] = round(time.monotonic() - t0, 3)
         return figures
+
+
+def _moved(tbl: Table, watermarks: Mapping[str, tuple[int, int]]) -> tuple[str, int, int] | None:
+    """``(app id, expected, found)`` of the first app id whose watermark in ``tbl`` is not its
+    expected one (``watermarks``: ``{app id: (expected, version)}``), or None."""
+    for app_id, (expected, _) in watermarks.items():
+        found = _wm(tbl, app_id)
+        if found != expected:
+            return app_id, expected, found
+    return None
 
 
 def _wm(tbl: Table, app_id: str) -> int:
