@@ -36,6 +36,7 @@ from cg_pipelines.dagster.definitions import (
     build_group_definitions,
 )
 from cg_pipelines.dagster.io_manager import DeltaTableIOManager
+from cg_pipelines.dagster.joins import CoPartitionedAsset, build_copartitioned_definitions
 from cg_pipelines.dagster.resources import (
     DeltaWarehouseResource,
     NatsResource,
@@ -48,6 +49,7 @@ from cg_pipelines.dagster.spec import ConsumerGroupAsset
 # factories, the backlog tick, run config) stay importable from their submodules:
 # cg_pipelines.dagster.{assets,sensors,checks,history,spec,resources,io_manager,definitions}.
 __all__ = [
+    "CoPartitionedAsset",
     "ConsumerGroupAsset",
     "ConsumerGroupAssetComponent",
     "DeltaTableIOManager",
@@ -56,6 +58,7 @@ __all__ = [
     "NatsResource",
     "PartitionRunsResource",
     "SparkResource",
+    "build_copartitioned_definitions",
     "build_definitions",
     "build_group_definitions",
 ]

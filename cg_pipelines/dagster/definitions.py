@@ -23,6 +23,7 @@ from cg_pipelines.dagster.assets import build_group_asset
 from cg_pipelines.dagster.checks import build_group_checks
 from cg_pipelines.dagster.history import CHECK_MODE, MODE_TAG
 from cg_pipelines.dagster.io_manager import DeltaTableIOManager
+from cg_pipelines.dagster.joins import CoPartitionedAsset, build_copartitioned_definitions
 from cg_pipelines.dagster.reconcile import build_reconcile_check
 from cg_pipelines.dagster.resources import PartitionRunsResource, SparkResource
 from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
@@ -95,7 +96,10 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
                             build_drain_schedule(spec, job), checks, checks_job)
 
 
-def _check_resources(groups: Sequence[ConsumerGroupAsset], resources: Mapping[str, Any]) -> None:
+_Spec = ConsumerGroupAsset | CoPartitionedAsset
+
+
+def _check_resources(groups: Sequence[_Spec], resources: Mapping[str, Any]) -> None:
     """Definition-time checks: the resources each group needs are given, a Spark resource where
     a processor uses Spark, and a state-capable warehouse where a processor declares state."""
     for g in groups:
@@ -106,7 +110,8 @@ def _check_resources(groups: Sequence[ConsumerGroupAsset], resources: Mapping[st
         if missing:
             raise ConfigError("resources", f"{g.name} needs resource(s) {missing} "
                               f"(given: {sorted(resources)})")
-        state = with_defaults(g.processor).state
+        state = g.processor.state if isinstance(g, CoPartitionedAsset) else \
+            with_defaults(g.processor).state
         warehouse = resources[g.warehouse_resource_key]
         if state is not None and not getattr(warehouse, "supports_state", False):
             raise ConfigError("resources", f"{g.name} declares per-key state on "
@@ -115,7 +120,7 @@ def _check_resources(groups: Sequence[ConsumerGroupAsset], resources: Mapping[st
                               "last_rows): use DeltaWarehouseResource")
 
 
-def _check_partition_keys(groups: Sequence[ConsumerGroupAsset]) -> None:
+def _check_partition_keys(groups: Sequence[_Spec]) -> None:
     """Partition keys must tell groups apart: the ``dagster/partition`` run tag is what keeps
     two runs of one partition from running at once. Every key of every group is compared
     (prefixes ``"a"`` and ``"a1"`` collide in the middle: ``a10`` is both ``a``'s partition 10
@@ -138,6 +143,7 @@ def build_definitions(
     groups: Sequence[ConsumerGroupAsset],
     *,
     resources: Mapping[str, Any],
+    joins: Sequence[CoPartitionedAsset] = (),
     assets: Sequence[Any] = (),
     jobs: Sequence[Any] = (),
     sensors: Sequence[SensorDefinition] = (),
@@ -150,6 +156,9 @@ def build_definitions(
 
     Args:
         groups: the consumer-group assets.
+        joins: the co-partitioned assets (:class:`~cg_pipelines.dagster.joins.
+            CoPartitionedAsset`: partition p of several groups per run, one commit), each
+            with its job and backlog sensor.
         resources: your resources under the keys the groups name (defaults ``nats``,
             ``warehouse``, and ``spark`` for Spark processors). A
             :class:`~cg_pipelines.dagster.PartitionRunsResource` (serve every member, default
@@ -165,9 +174,10 @@ def build_definitions(
             warehouse, or two groups whose partition keys collide.
     """
     res = dict(resources)
-    _check_resources(groups, res)
-    _check_partition_keys(groups)
-    for g in groups:
+    specs: list[_Spec] = [*groups, *joins]
+    _check_resources(specs, res)
+    _check_partition_keys(specs)
+    for g in specs:
         res.setdefault(g.runs_resource_key, PartitionRunsResource())
         if g.io_manager_key not in res:
             spark = res.get(g.spark_resource_key)
@@ -179,12 +189,14 @@ def build_definitions(
             res[g.io_manager_key] = own(sp) if callable(own) else DeltaTableIOManager(
                 warehouse=warehouse, spark=sp)
     parts = [build_group_definitions(g) for g in groups]
+    joined = [build_copartitioned_definitions(j) for j in joins]
     kwargs["asset_checks"] = [*(c for p in parts for c in p.checks),
                               *kwargs.get("asset_checks", ())]
     return Definitions(
-        assets=[*(p.asset for p in parts), *assets],
-        jobs=[*(j for p in parts for j in p.jobs), *jobs],
-        sensors=[*(s for p in parts for s in p.sensors), *sensors],
+        assets=[*(p.asset for p in parts), *(j.asset for j in joined), *assets],
+        jobs=[*(j for p in parts for j in p.jobs), *(j.job for j in joined), *jobs],
+        sensors=[*(s for p in parts for s in p.sensors), *(s for j in joined for s in j.sensors),
+                 *sensors],
         schedules=[*(s for p in parts for s in p.schedules), *schedules],
         resources=res,
         executor=executor,

@@ -1,0 +1,594 @@
+"""A co-partitioned set of consumer groups as ONE partitioned Dagster asset: partition ``p`` of
+every group in one run, one commit (:func:`cg_pipelines.engine.join.run_copartitioned`).
+
+What a user declares: :class:`CoPartitionedAsset` (the inputs, their shared partition count, a
+:class:`~cg_pipelines.engine.join_processor.JoinProcessor`). What it builds
+(:func:`build_copartitioned_definitions`, or ``build_definitions(..., joins=[...])``):
+
+- the partitioned asset (keys ``<prefix><p>``), each run draining partition ``p`` of every input
+  and committing the output with every input's watermark at once; its metadata names each
+  input's sequence range, messages, dead letters and watermark (``<input>/first_seq`` ...), and
+  its checks say whether the run drained, was fenced, or dead-lettered;
+- ``<name>_job`` and the ``<name>_backlog`` sensor: a run for partition ``p`` is requested when
+  ANY input has a backlog at ``p`` (with the group asset's retry rule, lost-run detection and
+  repeat suppression, :mod:`cg_pipelines.core.triggers`), and each input's lag per partition is
+  observed at a bounded rate (``<input>/pending``, ``<input>/oldest_pending_age_s``).
+
+Every run first checks, from the groups' KV configs, that the set is still co-partitioned
+(:func:`~cg_pipelines.core.copartition.check_copartitioned`) with the declared partition count.
+Runs of one partition are exclusive as for a group asset (the ``dagster/partition`` tag limit,
+:mod:`cg_pipelines.dagster.assets`); the leases and the fence on every input stay the last line.
+"""
+
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetKey,
+    AssetObservation,
+    AssetsDefinition,
+    DefaultSensorStatus,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    RunRequest,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    StaticPartitionsDefinition,
+    asset,
+    define_asset_job,
+    sensor,
+)
+
+from cg_pipelines.core.assignment import assignment
+from cg_pipelines.core.copartition import SetGroup, check_copartitioned
+from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.fingerprint import code_version
+from cg_pipelines.core.triggers import (
+    PartitionBacklog,
+    drop_repeated_requests,
+    lag_observations_due,
+    plan_backlog_runs,
+    served_partitions,
+)
+from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.dagster.assets import (
+    DEAD_LETTER_CHECK,
+    DRAINED_CHECK,
+    FENCE_CHECK,
+    _stats,
+    _table_metadata,
+    failed_run_checks,
+    run_failure,
+    trim_traceback,
+    wait_for_earlier_runs,
+)
+from cg_pipelines.dagster.history import (
+    CODE_TAG,
+    fail_lost_runs,
+    partition_runs,
+    run_worker_tags,
+)
+from cg_pipelines.dagster.resources import (
+    NatsResource,
+    PartitionRunsResource,
+    run_spark_session,
+    stopping_foreign_spark,
+)
+from cg_pipelines.dagster.spec import TICK_ERRORS, partitioned_checks_preview
+from cg_pipelines.engine.join import JoinInput, JoinResult, run_copartitioned
+from cg_pipelines.engine.join_processor import JoinProcessor
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.backlog import partition_backlog
+from cg_pipelines.sinks.maintenance import Maintenance
+
+__all__ = [
+    "CoPartitionedAsset",
+    "JoinDefinitions",
+    "build_copartitioned_definitions",
+    "join_backlog_tick",
+    "read_set_backlog",
+]
+
+
+@dataclass(frozen=True)
+class CoPartitionedAsset:
+    """Several consumer groups, partitioned on the same key into the same number of
+    partitions, materialized as one partitioned asset: one run per partition drains partition
+    ``p`` of every group and commits once.
+
+    Attributes:
+        name: asset name; also the table's name under the warehouse root (``table``
+            overrides).
+        inputs: the set's inputs (:class:`~cg_pipelines.engine.join.JoinInput`: the
+            processor's name for the input, its stream and elastic group); two or more.
+        partitions: the shared partition count (every group's ``max_members``; checked
+            against the KV configs at run time, with the rest of
+            :func:`~cg_pipelines.core.copartition.check_copartitioned`).
+        processor: the :class:`~cg_pipelines.engine.join_processor.JoinProcessor` (its
+            ``inputs`` are the input names).
+        write: :class:`~cg_pipelines.core.write.Append` or :class:`~cg_pipelines.core.write.
+            Merge` (a Merge table keyed by the join key is the join state: see
+            docs/joins.md).
+        partition_key_prefix: partition keys are ``<prefix><p>`` (default ``"<name>-"``).
+        sensor_interval_s: minimum seconds between the backlog sensor's ticks.
+        lag_refresh_s: seconds; each partition's per-input lag is observed at most this
+            often (and at least this often, tick interval permitting, while it has a
+            backlog).
+        maintenance: the table upkeep after each run's commits (``None``: the warehouse's).
+        description, table, key_prefix, group_name, kinds, pool, metadata, code_version,
+        nats_resource_key, spark_resource_key, warehouse_resource_key, runs_resource_key,
+        io_manager_key: as :class:`~cg_pipelines.dagster.ConsumerGroupAsset`.
+
+    Raises:
+        ConfigError: fewer than two inputs, duplicate input names or groups, names that are
+            not the processor's inputs, ``partitions < 1``, a Merge key that is not the
+            processor's state key.
+    """
+
+    name: str
+    inputs: Sequence[JoinInput]
+    partitions: int
+    processor: JoinProcessor
+    description: str = ""
+    table: str | None = None
+    partition_key_prefix: str | None = None
+    key_prefix: str | Sequence[str] | None = None
+    group_name: str | None = None
+    kinds: frozenset[str] | None = None
+    pool: str | None = None
+    sensor_interval_s: int = 30
+    lag_refresh_s: float = 60.0
+    code_version: str | None = None
+    nats_resource_key: str = "nats"
+    spark_resource_key: str = "spark"
+    warehouse_resource_key: str = "warehouse"
+    runs_resource_key: str = "partition_runs"
+    io_manager_key: str = "cg_io_manager"
+    metadata: Mapping[str, object] = field(default_factory=dict)
+    write: Append | Merge = field(default_factory=Append)
+    maintenance: Maintenance | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        if not self.name:
+            raise ConfigError("name", "must not be empty")
+        names = [i.name for i in self.inputs]
+        if len(names) < 2:
+            raise ConfigError("inputs", f"a co-partitioned asset needs two or more inputs, "
+                              f"got {names}")
+        if len(set(names)) != len(names):
+            raise ConfigError("inputs", f"input names must be unique, got {names}")
+        groups = [(i.stream, i.group) for i in self.inputs]
+        if len(set(groups)) != len(groups):
+            raise ConfigError("inputs", f"each input must be its own group, got {groups}")
+        if set(names) != set(self.processor.inputs):
+            raise ConfigError("inputs", f"input names {sorted(names)} are not the "
+                              f"processor's inputs {sorted(self.processor.inputs)}")
+        if isinstance(self.partitions, bool) or not isinstance(self.partitions, int) or \
+                self.partitions < 1:
+            raise ConfigError("partitions", f"must be an integer >= 1, got {self.partitions!r}")
+        if self.sensor_interval_s < 1:
+            raise ConfigError("sensor_interval_s", f"must be >= 1 second, got "
+                              f"{self.sensor_interval_s!r}")
+        if not self.lag_refresh_s > 0:
+            raise ConfigError("lag_refresh_s", f"must be > 0 seconds, got "
+                              f"{self.lag_refresh_s!r}")
+        if not isinstance(self.write, (Append, Merge)):
+            raise ConfigError("write", f"must be Append() or Merge(key=...), got {self.write!r}")
+        state = self.processor.state
+        if isinstance(self.write, Merge) and state is not None and \
+                (state.key,) != self.write.keys:
+            raise ConfigError("write", f"the processor's KeyedState key {state.key!r} must be "
+                              f"the merge key {self.write.key!r}")
+
+    @property
+    def uses_spark(self) -> bool:
+        """Whether the processor runs on Spark (the asset then requires the Spark resource)."""
+        return self.processor.uses_spark
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.name
+
+    @property
+    def effective_partition_key_prefix(self) -> str:
+        return f"{self.name}-" if self.partition_key_prefix is None \
+            else self.partition_key_prefix
+
+    def partition_key(self, partition: int) -> str:
+        """Dagster partition key of set partition ``partition``."""
+        return f"{self.effective_partition_key_prefix}{partition}"
+
+    def partition_keys(self) -> list[str]:
+        return [self.partition_key(p) for p in range(self.partitions)]
+
+    def partition_of(self, key: str) -> int:
+        """The set partition of Dagster partition ``key``.
+
+        Raises:
+            ConfigError: not one of this asset's keys.
+        """
+        prefix = self.effective_partition_key_prefix
+        tail = key[len(prefix):] if key.startswith(prefix) else ""
+        if not tail.isdigit() or int(tail) >= self.partitions or str(int(tail)) != tail:
+            raise ConfigError("partition_key", f"{key!r} is not a partition key of "
+                              f"{self.name} ({self.partition_key(0)} .. "
+                              f"{self.partition_key(self.partitions - 1)})")
+        return int(tail)
+
+    def current_code_version(self) -> str:
+        """``code_version`` when declared, else a digest of the processor and the inputs."""
+        if self.code_version:
+            return self.code_version
+        return code_version(self.processor, [(i.name, i.stream, i.group) for i in self.inputs],
+                            self.partitions)
+
+    @property
+    def run_key_group(self) -> str:
+        """What the backlog sensor's run keys start with (the asset's name)."""
+        return self.name
+
+
+@dataclass(frozen=True)
+class JoinDefinitions:
+    """The Dagster parts of one co-partitioned asset: ``asset``, ``job`` (one partition per
+    run), ``sensors`` (the backlog sensor)."""
+
+    asset: AssetsDefinition
+    job: Any
+    sensors: list[SensorDefinition]
+
+    @property
+    def jobs(self) -> list[Any]:
+        return [self.job]
+
+
+# ------------------------------------------------------------------------------ reading
+
+@dataclass(frozen=True)
+class SetReading:
+    """One read of the set: the partitions this deployment serves, each input's backlog per
+    partition (``{input name: [PartitionBacklog, ...]}``, in served order) and the set's
+    backlog merged (:func:`merge_backlog`)."""
+
+    served: list[int]
+    by_input: dict[str, list[PartitionBacklog]]
+    merged: list[PartitionBacklog]
+
+
+async def _set_configs(nc: Any, spec: CoPartitionedAsset, timeout: float) -> list[SetGroup]:
+    groups = []
+    for inp in spec.inputs:
+        v = await admin.get_elastic(nc.jetstream(), inp.stream, inp.group, timeout=timeout)
+        groups.append(SetGroup(inp.stream, inp.group, v.config))
+    n = check_copartitioned(groups)
+    if n != spec.partitions:
+        raise ConfigError("max_members", f"the set of {spec.name} has {n} partitions in KV "
+                          f"but the code declares {spec.partitions}")
+    return groups
+
+
+def read_set_backlog(spec: CoPartitionedAsset, nats_res: NatsResource,
+                     runs: PartitionRunsResource) -> SetReading:
+    """One bounded NATS session: every input's config (the set checked), then each input's
+    backlog at the partitions this deployment serves (the first input's assignment: a set's
+    groups share their member mappings, ``cg elastic set-members``).
+
+    Raises:
+        GroupNotFoundError, CoPartitionError, ConfigError, JetStreamError, TimeoutError: as
+        reading fails (all in :data:`~cg_pipelines.dagster.spec.TICK_ERRORS`).
+    """
+    async def read(nc: Any) -> SetReading:
+        groups = await _set_configs(nc, spec, nats_res.call_timeout_s)
+        served = served_partitions(assignment(groups[0].config), runs.served())
+        by_input: dict[str, list[PartitionBacklog]] = {}
+        lasts: dict[str, int] = {}
+        async with JetStreamAPI(nc, timeout=nats_res.call_timeout_s) as api:
+            for inp in spec.inputs:
+                by_input[inp.name] = await partition_backlog(api, inp.stream, inp.group, served)
+                info = await api.stream_info(f"{inp.stream}-{inp.group}")
+                lasts[inp.name] = int((info.get("state") or {}).get("last_seq") or 0)
+        return SetReading(served, by_input, merge_backlog(by_input, lasts))
+
+    return nats_res.run(read)
+
+
+def merge_backlog(by_input: Mapping[str, Sequence[PartitionBacklog]],
+                  last_seqs: Mapping[str, int]) -> list[PartitionBacklog]:
+    """The set's backlog per partition: ``pending`` summed over the inputs, ``age_s`` the
+    oldest, and ``first_seq`` (None when nothing is pending) the sum over the inputs of each
+    input's *next unprocessed sequence* at the partition: its first pending sequence, or its
+    work queue's last sequence + 1 when it has none (``last_seqs``). Each term never decreases
+    (a work queue only loses messages below the first pending one, and new messages get higher
+    sequences), so the sum changes exactly when some input's first pending message changes:
+    the sensor's run key (``<name>:<p>:<first_seq>``) is then new, and a partition whose
+    backlog did not move keeps its key (the retry rule decides)."""
+    names = list(by_input)
+    out = []
+    for i, first in enumerate(by_input[names[0]]):
+        rows = [by_input[n][i] for n in names]
+        pending = sum(r.pending for r in rows)
+        if pending == 0:
+            out.append(PartitionBacklog(first.partition, 0, None, 0.0))
+            continue
+        token = sum(r.first_seq if r.first_seq is not None else last_seqs.get(n, 0) + 1
+                    for n, r in zip(names, rows, strict=True))
+        out.append(PartitionBacklog(first.partition, pending, token,
+                                    max(r.age_s for r in rows)))
+    return out
+
+
+# ------------------------------------------------------------------------------ the asset
+
+def build_copartitioned_asset(spec: CoPartitionedAsset) -> AssetsDefinition:
+    """The partitioned asset of ``spec`` with its three run checks (as a group asset's:
+    ``backlog_drained``, ``no_unexplained_fence_conflicts``, ``no_new_dead_letters``)."""
+    partitions = StaticPartitionsDefinition(spec.partition_keys())
+    checks = [
+        AssetCheckSpec(DRAINED_CHECK, asset=spec.name, partitions_def=partitions,
+                       description="The run drained every input's backlog seen at its start."),
+        AssetCheckSpec(FENCE_CHECK, asset=spec.name, partitions_def=partitions,
+                       description="No joint commit of the run was refused by the fence of "
+                       "any input."),
+        AssetCheckSpec(DEAD_LETTER_CHECK, asset=spec.name, partitions_def=partitions,
+                       description="The run dead-lettered no message of any input."),
+    ]
+    keys = {spec.nats_resource_key, spec.warehouse_resource_key, spec.runs_resource_key}
+    if spec.uses_spark:
+        keys.add(spec.spark_resource_key)
+    kinds = set(spec.kinds) if spec.kinds is not None else (
+        {"nats", "delta", "spark"} if spec.uses_spark else {"nats", "delta"})
+    inputs = [{"name": i.name, "stream": i.stream, "group": i.group} for i in spec.inputs]
+
+    @asset(
+        name=spec.name, key_prefix=spec.key_prefix, group_name=spec.group_name,
+        partitions_def=partitions, check_specs=checks, kinds=kinds, pool=spec.pool,
+        description=spec.description or "Co-partitioned join of " + ", ".join(
+            f"{i.stream}.{i.group}" for i in spec.inputs),
+        required_resource_keys=keys, io_manager_key=spec.io_manager_key,
+        metadata={"cg/inputs": MetadataValue.json(inputs), "cg/partitions": spec.partitions,
+                  "cg/table": spec.table_name, "cg/write_mode": spec.write.name,
+                  "cg/partition_key_prefix": spec.effective_partition_key_prefix,
+                  **spec.metadata},
+    )
+    def _joined_asset(context: AssetExecutionContext
+                      ) -> Iterator[MaterializeResult | AssetCheckResult]:
+        try:
+            if not spec.uses_spark:
+                result = _materialize(context, spec)
+            else:
+                with stopping_foreign_spark(context, spec.spark_resource_key):
+                    result = _materialize(context, spec)
+        except Exception as e:
+            yield from failed_run_checks(e)
+            raise
+        yield result
+
+    return _joined_asset
+
+
+def _materialize(context: AssetExecutionContext, spec: CoPartitionedAsset
+                 ) -> MaterializeResult:
+    res = context.resources
+    nats_res: NatsResource = getattr(res, spec.nats_resource_key)
+    warehouse = getattr(res, spec.warehouse_resource_key)
+    runs: PartitionRunsResource = getattr(res, spec.runs_resource_key)
+    p = spec.partition_of(context.partition_key)
+    context.instance.add_run_tags(context.run.run_id, {
+        CODE_TAG: spec.current_code_version(), **run_worker_tags()})
+    waited = wait_for_earlier_runs(context, runs.run_timeout_s)
+    try:
+        nats_res.run(lambda nc: _set_configs(nc, spec, nats_res.call_timeout_s))
+    except TICK_ERRORS as e:
+        raise Failure(f"cannot use the co-partitioned set of {spec.name}: {e}") from e
+    sink = warehouse.sink(spec.table_name, write=spec.write,
+                          commit_metadata={"dagster_run_id": context.run.run_id},
+                          maintenance=spec.maintenance)
+    processor = spec.processor
+    if spec.uses_spark:
+        processor = processor.bind(run_spark_session(getattr(res, spec.spark_resource_key)))
+    try:
+        result = nats_res.run(
+            lambda nc: run_copartitioned(nc, spec.inputs, p, processor, sink,
+                                         runs.engine_options()),
+            timeout_s=runs.run_timeout_s)
+    except Exception as e:
+        first = spec.inputs[0]
+        raise run_failure(e, _Named(first.stream, first.group), p) from trim_traceback(e)
+    context.log.info(join_summary(result))
+    md = join_metadata(result, spec.inputs)
+    md["waited_for_runs"] = ", ".join(waited)
+    if result.status == "held":
+        raise Failure(f"partition {p} was not processed: {result.detail}; it is retried when "
+                      "the holder lets go", metadata=md)
+    md.update(_table_metadata(_stats(sink, p), sink.uri, spec.table_name, sink.table_format))
+    dead = sum(r.dead_lettered for r in result.inputs.values())
+    fenced = result.status == "fenced"
+    return MaterializeResult(metadata=md, check_results=[
+        AssetCheckResult(check_name=DRAINED_CHECK, passed=result.status in ("drained", "empty"),
+                         severity=AssetCheckSeverity.WARN,
+                         description=f"{result.status}: {result.detail}" if result.detail
+                         else result.status),
+        AssetCheckResult(check_name=FENCE_CHECK, passed=not fenced,
+                         severity=AssetCheckSeverity.WARN,
+                         description=result.detail if fenced else "no commit refused"),
+        AssetCheckResult(check_name=DEAD_LETTER_CHECK, passed=dead == 0,
+                         severity=AssetCheckSeverity.WARN,
+                         description=f"{dead:,} message(s) dead-lettered" if dead else
+                         "none dead-lettered",
+                         metadata={f"{n}/dead_lettered": r.dead_lettered
+                                   for n, r in result.inputs.items()}),
+    ])
+
+
+@dataclass(frozen=True)
+class _Named:
+    """What :func:`~cg_pipelines.dagster.assets.run_failure` names a failed run by."""
+
+    stream: str
+    group: str
+
+
+def join_summary(result: JoinResult) -> str:
+    """The run's last log line: status, messages per input, rows, time, detail."""
+    per = ", ".join(f"{n} {r.processed:,}" for n, r in result.inputs.items())
+    line = (f"partition {result.partition}: {result.status}, {result.processed:,} messages "
+            f"committed ({per}) as {result.rows_written:,} rows in {result.commits} joint "
+            f"commit(s), {result.seconds:.1f} s")
+    return f"{line}; {result.detail}" if result.detail else line
+
+
+def join_metadata(result: JoinResult, inputs: Sequence[JoinInput]) -> dict[str, Any]:
+    """The materialization's metadata: the run's figures, and per input (``<name>/...``) its
+    stream, group, sequence range, messages, dead letters and watermark; ``lineage`` lists
+    the same per input as one JSON value."""
+    md: dict[str, Any] = {
+        "status": result.status, "commits": result.commits,
+        "rows_written": result.rows_written, "messages": result.processed,
+        "seconds": MetadataValue.float(round(result.seconds, 3)),
+        "detail": result.detail or "",
+        "timings": MetadataValue.json({k: round(v, 3) for k, v in result.timings.items()}),
+    }
+    lineage = []
+    for inp in inputs:
+        r = result.inputs[inp.name]
+        row = {"stream": inp.stream, "group": inp.group, "first_seq": r.first_seq or 0,
+               "last_seq": r.last_seq or 0, "messages": r.processed,
+               "dead_lettered": r.dead_lettered, "watermark": r.watermark}
+        lineage.append({"input": inp.name, **row})
+        md.update({f"{inp.name}/{k}": v for k, v in row.items()})
+    md["lineage"] = MetadataValue.json(lineage)
+    if result.maintenance:
+        md["maintenance"] = MetadataValue.json(result.maintenance)
+    return md
+
+
+# ------------------------------------------------------------------------------ the sensor
+
+@dataclass
+class JoinTick:
+    """One backlog tick's outcome: run requests, lag observations, the next cursor, or why
+    nothing was requested."""
+
+    run_requests: list[RunRequest] = field(default_factory=list)
+    observations: list[AssetObservation] = field(default_factory=list)
+    cursor: str | None = None
+    skip_reason: str | None = None
+
+
+def join_backlog_tick(spec: CoPartitionedAsset, nats_res: NatsResource,
+                      runs: PartitionRunsResource, log: Any, *, instance: Any = None,
+                      cursor: str | None = None, now: float | None = None) -> JoinTick:
+    """One tick of the set's backlog sensor: read every input's backlog
+    (:func:`read_set_backlog`), fail lost runs, plan runs for the partitions where any input
+    has a backlog (the group asset's retry rule, :func:`~cg_pipelines.core.triggers.
+    plan_backlog_runs`, over :func:`merge_backlog`), drop repeated requests, and observe each
+    due partition's lag per input (``lag_refresh_s``). ``cursor`` is JSON ``{"observed":
+    ..., "requested": ...}``. Never raises for NATS or config trouble: the skip reason says
+    it. ``now``: Unix seconds."""
+    now = time.time() if now is None else now
+    state = _decode(cursor)
+    try:
+        reading = read_set_backlog(spec, nats_res, runs)
+    except TICK_ERRORS as e:
+        return JoinTick(skip_reason=f"co-partitioned set {spec.name}: {e}", cursor=cursor)
+    policy = runs.retry_policy()
+    code = spec.current_code_version()
+    keys = {b.partition: spec.partition_key(b.partition) for b in reading.merged
+            if b.pending > 0}
+    history = {}
+    if instance is not None:
+        for run_id in fail_lost_runs(instance, keys.values()):
+            log.warning(f"run {run_id}: its run worker process is gone; marked failed")
+        history = partition_runs(instance, keys, code, policy)
+    plan = plan_backlog_runs(spec.run_key_group, reading.merged, history, policy, now,
+                             code=code, min_pending=runs.min_pending, max_age_s=runs.max_age_s,
+                             partitions=reading.served)
+    requested = {int(k): (v[0], float(v[1])) for k, v in state["requested"].items()}
+    send, dropped, requested = drop_repeated_requests(plan.requests, requested, keys, now)
+    tags = {CODE_TAG: code, "dagster/max_runtime": str(int(runs.run_timeout_s + 120))}
+    out = JoinTick(run_requests=[RunRequest(run_key=r.run_key,
+                                            partition_key=spec.partition_key(r.partition),
+                                            tags=tags) for r in send])
+    reasons = plan.reason_lines(policy)
+    if dropped:
+        reasons.append(f"{dropped} partition(s) already requested under the same run key")
+    if not out.run_requests:
+        out.skip_reason = "; ".join(reasons[:5]) or "no partition with backlog"
+    due, seen = lag_observations_due(reading.merged, state["observed"], now, spec.lag_refresh_s)
+    index = {p: i for i, p in enumerate(reading.served)}
+    key = AssetKey([*_prefix(spec.key_prefix), spec.name])
+    for b in due:
+        md: dict[str, Any] = {"pending": b.pending,
+                              "oldest_pending_age_s": MetadataValue.float(round(b.age_s, 3))}
+        for name, rows in reading.by_input.items():
+            r = rows[index[b.partition]]
+            md[f"{name}/pending"] = r.pending
+            md[f"{name}/oldest_pending_age_s"] = MetadataValue.float(round(r.age_s, 3))
+        out.observations.append(AssetObservation(
+            asset_key=key, partition=spec.partition_key(b.partition), metadata=md))
+    out.cursor = json.dumps({"observed": seen,
+                             "requested": {str(p): list(v) for p, v in requested.items()}},
+                            separators=(",", ":"))
+    return out
+
+
+def _decode(cursor: str | None) -> dict[str, Any]:
+    """The sensor's cursor; a cursor that does not decode starts afresh (nothing is lost: the
+    backlog is read again, repeated requests are dropped by their run keys)."""
+    try:
+        got = json.loads(cursor) if cursor else {}
+        return {"observed": dict(got.get("observed") or {}),
+                "requested": dict(got.get("requested") or {})}
+    except (ValueError, TypeError, AttributeError):
+        return {"observed": {}, "requested": {}}
+
+
+def _prefix(key_prefix: str | Sequence[str] | None) -> list[str]:
+    return [key_prefix] if isinstance(key_prefix, str) else list(key_prefix or [])
+
+
+def build_join_sensor(spec: CoPartitionedAsset, job: Any) -> SensorDefinition:
+    """``<name>_backlog``: :func:`join_backlog_tick` every ``sensor_interval_s`` (stopped by
+    default, like the group sensors)."""
+    keys = {spec.nats_resource_key, spec.runs_resource_key}
+
+    @sensor(name=f"{spec.name}_backlog", job=job, minimum_interval_seconds=spec.sensor_interval_s,
+            default_status=DefaultSensorStatus.STOPPED, required_resource_keys=keys,
+            description=f"Requests a run of {spec.name} for each partition where any input "
+            "has a backlog; observes each input's lag per partition.")
+    def _sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        tick = join_backlog_tick(spec, getattr(context.resources, spec.nats_resource_key),
+                                 getattr(context.resources, spec.runs_resource_key),
+                                 context.log, instance=context.instance, cursor=context.cursor)
+        if not tick.run_requests and not tick.observations:
+            if tick.cursor is not None:
+                context.update_cursor(tick.cursor)
+            return SkipReason(tick.skip_reason or "nothing to do")
+        return SensorResult(run_requests=tick.run_requests, asset_events=tick.observations,
+                            cursor=tick.cursor, skip_reason=tick.skip_reason
+                            if not tick.run_requests else None)
+
+    return _sensor
+
+
+def build_copartitioned_definitions(spec: CoPartitionedAsset) -> JoinDefinitions:
+    """The asset, ``<name>_job`` (one partition per run) and the ``<name>_backlog`` sensor of
+    one co-partitioned asset (or pass it to ``build_definitions(..., joins=[spec])``)."""
+    with partitioned_checks_preview():
+        asset_def = build_copartitioned_asset(spec)
+    job = define_asset_job(f"{spec.name}_job", selection=[asset_def],
+                           description=f"Drain partition p of every input of {spec.name} "
+                           "per run, one commit for all.")
+    return JoinDefinitions(asset_def, job, [build_join_sensor(spec, job)])
