@@ -194,7 +194,7 @@ def build_definitions(
                               *kwargs.get("asset_checks", ())]
     return Definitions(
         assets=[*(p.asset for p in parts), *(j.asset for j in joined), *assets],
-        jobs=[*(j for p in parts for j in p.jobs), *(j.job for j in joined), *jobs],
+        jobs=[*(j for p in parts for j in p.jobs), *(x for j in joined for x in j.jobs), *jobs],
         sensors=[*(s for p in parts for s in p.sensors), *(s for j in joined for s in j.sensors),
                  *sensors],
         schedules=[*(s for p in parts for s in p.schedules), *schedules],

@@ -9,6 +9,8 @@ What a user declares: :class:`CoPartitionedAsset` (the inputs, their shared part
   and committing the output with every input's watermark at once; its metadata names each
   input's sequence range, messages, dead letters and watermark (``<input>/first_seq`` ...), and
   its checks say whether the run drained, was fenced, or dead-lettered;
+- ``<name>_rebuild``: each run rebuilds its partition from every input's origin history
+  (:func:`~cg_pipelines.engine.join_rebuild.rebuild_copartitioned`);
 - ``<name>_job`` and the ``<name>_backlog`` sensor: a run for partition ``p`` is requested when
   ANY input has a backlog at ``p`` (with the group asset's retry rule, lost-run detection and
   repeat suppression, :mod:`cg_pipelines.core.triggers`), and each input's lag per partition is
@@ -65,15 +67,18 @@ from cg_pipelines.dagster.assets import (
     DEAD_LETTER_CHECK,
     DRAINED_CHECK,
     FENCE_CHECK,
+    PartitionRunConfig,
     _stats,
     _table_metadata,
     failed_run_checks,
     run_failure,
+    run_mode,
     trim_traceback,
     wait_for_earlier_runs,
 )
 from cg_pipelines.dagster.history import (
     CODE_TAG,
+    MODE_TAG,
     fail_lost_runs,
     partition_runs,
     run_worker_tags,
@@ -87,6 +92,7 @@ from cg_pipelines.dagster.resources import (
 from cg_pipelines.dagster.spec import TICK_ERRORS, partitioned_checks_preview
 from cg_pipelines.engine.join import JoinInput, JoinResult, run_copartitioned
 from cg_pipelines.engine.join_processor import JoinProcessor
+from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import partition_backlog
@@ -243,15 +249,17 @@ class CoPartitionedAsset:
 @dataclass(frozen=True)
 class JoinDefinitions:
     """The Dagster parts of one co-partitioned asset: ``asset``, ``job`` (one partition per
-    run), ``sensors`` (the backlog sensor)."""
+    run), ``rebuild_job`` (each run rebuilds its partition from every input's origin history:
+    backfill it to recompute), ``sensors`` (the backlog sensor)."""
 
     asset: AssetsDefinition
     job: Any
+    rebuild_job: Any
     sensors: list[SensorDefinition]
 
     @property
     def jobs(self) -> list[Any]:
-        return [self.job]
+        return [self.job, self.rebuild_job]
 
 
 # ------------------------------------------------------------------------------ reading
@@ -362,14 +370,14 @@ def build_copartitioned_asset(spec: CoPartitionedAsset) -> AssetsDefinition:
                   "cg/partition_key_prefix": spec.effective_partition_key_prefix,
                   **spec.metadata},
     )
-    def _joined_asset(context: AssetExecutionContext
+    def _joined_asset(context: AssetExecutionContext, config: PartitionRunConfig
                       ) -> Iterator[MaterializeResult | AssetCheckResult]:
         try:
             if not spec.uses_spark:
-                result = _materialize(context, spec)
+                result = _materialize(context, spec, config)
             else:
                 with stopping_foreign_spark(context, spec.spark_resource_key):
-                    result = _materialize(context, spec)
+                    result = _materialize(context, spec, config)
         except Exception as e:
             yield from failed_run_checks(e)
             raise
@@ -378,8 +386,8 @@ def build_copartitioned_asset(spec: CoPartitionedAsset) -> AssetsDefinition:
     return _joined_asset
 
 
-def _materialize(context: AssetExecutionContext, spec: CoPartitionedAsset
-                 ) -> MaterializeResult:
+def _materialize(context: AssetExecutionContext, spec: CoPartitionedAsset,
+                 config: PartitionRunConfig) -> MaterializeResult:
     res = context.resources
     nats_res: NatsResource = getattr(res, spec.nats_resource_key)
     warehouse = getattr(res, spec.warehouse_resource_key)
@@ -398,16 +406,25 @@ def _materialize(context: AssetExecutionContext, spec: CoPartitionedAsset
     processor = spec.processor
     if spec.uses_spark:
         processor = processor.bind(run_spark_session(getattr(res, spec.spark_resource_key)))
+    mode = run_mode(context.run.tags, config)
     try:
-        result = nats_res.run(
-            lambda nc: run_copartitioned(nc, spec.inputs, p, processor, sink,
-                                         runs.engine_options()),
-            timeout_s=runs.run_timeout_s)
+        if mode == "rebuild":
+            result = nats_res.run(
+                lambda nc: rebuild_copartitioned(nc, spec.inputs, p, processor, sink,
+                                                 runs.engine_options(),
+                                                 allow_partial=config.allow_partial),
+                timeout_s=runs.run_timeout_s)
+        else:
+            result = nats_res.run(
+                lambda nc: run_copartitioned(nc, spec.inputs, p, processor, sink,
+                                             runs.engine_options()),
+                timeout_s=runs.run_timeout_s)
     except Exception as e:
         first = spec.inputs[0]
         raise run_failure(e, _Named(first.stream, first.group), p) from trim_traceback(e)
     context.log.info(join_summary(result))
     md = join_metadata(result, spec.inputs)
+    md["mode"] = mode
     md["waited_for_runs"] = ", ".join(waited)
     if result.status == "held":
         raise Failure(f"partition {p} was not processed: {result.detail}; it is retried when "
@@ -416,7 +433,8 @@ def _materialize(context: AssetExecutionContext, spec: CoPartitionedAsset
     dead = sum(r.dead_lettered for r in result.inputs.values())
     fenced = result.status == "fenced"
     return MaterializeResult(metadata=md, check_results=[
-        AssetCheckResult(check_name=DRAINED_CHECK, passed=result.status in ("drained", "empty"),
+        AssetCheckResult(check_name=DRAINED_CHECK,
+                         passed=result.status in ("drained", "empty", "rebuilt"),
                          severity=AssetCheckSeverity.WARN,
                          description=f"{result.status}: {result.detail}" if result.detail
                          else result.status),
@@ -591,4 +609,10 @@ def build_copartitioned_definitions(spec: CoPartitionedAsset) -> JoinDefinitions
     job = define_asset_job(f"{spec.name}_job", selection=[asset_def],
                            description=f"Drain partition p of every input of {spec.name} "
                            "per run, one commit for all.")
-    return JoinDefinitions(asset_def, job, [build_join_sensor(spec, job)])
+    rebuild = define_asset_job(
+        f"{spec.name}_rebuild", selection=[asset_def],
+        config={"ops": {asset_def.op.name: {"config": {"mode": "rebuild"}}}},
+        tags={MODE_TAG: "rebuild"},
+        description=f"Rebuild partition p of {spec.name} per run from every input's origin "
+        "history, replacing its rows in one commit (backfill it to recompute).")
+    return JoinDefinitions(asset_def, job, rebuild, [build_join_sensor(spec, job)])

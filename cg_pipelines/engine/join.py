@@ -125,7 +125,7 @@ class JoinResult:
         return sum(r.processed for r in self.inputs.values())
 
 
-class _Unused(ProcessorBase):
+class NoProcessing(ProcessorBase):
     """The per-input run contexts' processor slot: a co-partitioned run processes through its
     :class:`JoinProcessor`, never per input."""
 
@@ -185,12 +185,12 @@ async def run_copartitioned(
             first (nak and unpin), nothing acknowledged that was not committed.
     """
     opt = options or EngineOptions()
-    _check(inputs, processor, sink, opt)
+    check_inputs(inputs, processor, sink, opt)
     order = sorted(inputs, key=lambda i: (i.stream, i.group))
     sides: list[_Side] = []
     for inp in order:
-        ctx = open_run(nc, inp.stream, inp.group, partition, _Unused(), sink, opt,
-                       _tagged(hook, inp.name), connect=connect)
+        ctx = open_run(nc, inp.stream, inp.group, partition, NoProcessing(), sink, opt,
+                       tag_hook(hook, inp.name), connect=connect)
         sides.append(_Side(inp, ctx, LeaseHolder(ctx, lease_consumer_name(partition))))
     run = _JoinRun(sides, [i.name for i in inputs], partition, processor, sink, opt, hook)
 
@@ -208,8 +208,10 @@ async def run_copartitioned(
     return run.res
 
 
-def _check(inputs: Sequence[JoinInput], processor: JoinProcessor, sink: object,
-           opt: EngineOptions) -> None:
+def check_inputs(inputs: Sequence[JoinInput], processor: JoinProcessor, sink: object,
+                 opt: EngineOptions) -> None:
+    """Refuse a co-partitioned run's arguments before anything is read (the reasons of
+    :func:`run_copartitioned`'s ``UsageError``/``EngineConfigError``)."""
     names = [i.name for i in inputs]
     if len(inputs) < 2:
         raise UsageError(f"a co-partitioned run needs two or more inputs, got {names}")
@@ -232,7 +234,7 @@ def _check(inputs: Sequence[JoinInput], processor: JoinProcessor, sink: object,
         raise EngineConfigError("a co-partitioned run supports dead_letter_policy='dlq' only")
 
 
-def _tagged(hook: Hook | None, name: str) -> Hook | None:
+def tag_hook(hook: Hook | None, name: str) -> Hook | None:
     """``hook`` with ``input=<name>`` added to every step's info."""
     if hook is None:
         return None

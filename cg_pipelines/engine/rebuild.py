@@ -46,6 +46,7 @@ import queue
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,7 @@ from cg_pipelines.sinks.base import (
     with_partition_column,
 )
 
-__all__ = ["RebuildError", "rebuild_partition"]
+__all__ = ["PartitionRebuild", "RebuildError", "ReplayRange", "rebuild_partition"]
 
 REPLAY_CHUNK = 50_000
 """Messages per direct-get read of the origin stream's history (a rebuild's replay)."""
@@ -91,7 +92,18 @@ class RebuildError(CgError, RuntimeError):
     output does not fit the table."""
 
 
-class _Rebuild:
+@dataclass(frozen=True)
+class ReplayRange:
+    """What a rebuild replays: the committed ``watermark`` it keeps, the origin sequences
+    ``first`` .. ``through``, and whether the origin is read by direct get (``direct``)."""
+
+    watermark: int
+    first: int
+    through: int
+    direct: bool
+
+
+class PartitionRebuild:
     """A rebuild over the run's context ``ctx`` and the partition's elastic lease (the same
     consumer a drain leases on: see the module docstring, step 1)."""
 
@@ -104,7 +116,7 @@ class _Rebuild:
 
     # ------------------------------------------------------------------------ the lease
 
-    async def _take_lease(self) -> bool:
+    async def take_lease(self) -> bool:
         """Hold the partition (see module docstring, step 1); False when another instance
         holds it (status ``held``)."""
         info = await self.lease.info()
@@ -128,7 +140,7 @@ class _Rebuild:
         await asyncio.sleep(0)
         return True
 
-    async def _release_lease(self) -> None:
+    async def release_lease(self) -> None:
         if self._guard is not None:
             self._guard.cancel()  # its inbox goes: the server drops the waiting request
             with contextlib.suppress(BaseException):
@@ -166,21 +178,28 @@ class _Rebuild:
 
     async def run(self) -> None:
         """Steps 1-5 of the module docstring."""
-        config = self.config
-        if not await self._take_lease():
+        if not await self.take_lease():
             return
         try:
-            await self._rebuild(config)
+            await self._rebuild()
         finally:
-            await self._release_lease()
+            await self.release_lease()
 
-    async def _rebuild(self, config: ElasticConfig) -> None:
+    async def plan(self) -> ReplayRange | None:
+        """Step 2: the committed watermark and the origin range to replay (see the module
+        docstring); None (status ``empty``) when nothing was committed yet. The last read of
+        the watermark loads the snapshot the final replace is fenced against.
+
+        Raises:
+            RebuildError: no origin sequence recorded, or the origin stream lost part of the
+                history (unless ``allow_partial``).
+        """
         res = self.ctx.res
         watermark = await asyncio.to_thread(self.sink.watermark, self.ctx.app_id)
         res.watermark = watermark
         if watermark == 0:
             res.status, res.detail = "empty", "nothing committed yet: nothing to rebuild"
-            return
+            return None
         origin_last = await asyncio.to_thread(self.sink.watermark, origin_marker(self.ctx.app_id))
         if origin_last == 0:
             raise RebuildError(
@@ -205,8 +224,25 @@ class _Rebuild:
         origin_last = max(origin_last, await self._replay_through(
             int(state.get("last_seq") or 0), watermark, origin_last))
         res.origin_first_seq, res.origin_last_seq = first, origin_last
-        schema = await asyncio.to_thread(self._table_schema)
-        part = SubjectPartitioner(config)
+        direct = bool((info.get("config") or {}).get("allow_direct")) and \
+            fast_path_available(self.ctx.nc)
+        return ReplayRange(watermark, first, origin_last, direct)
+
+    def replay(self, rng: ReplayRange) -> AsyncIterator[pa.Table]:
+        """Step 3's reads: the partition's origin messages of ``rng`` in order, as batches
+        (:data:`~cg_pipelines.core.record.RECORD_SCHEMA`, ``seq`` = origin sequence)."""
+        part = SubjectPartitioner(self.config)
+        return (self._replay_direct(rng.first, rng.through, part) if rng.direct
+                else self._replay(rng.first, rng.through, part, self.config))
+
+    async def _rebuild(self) -> None:
+        res = self.ctx.res
+        rng = await self.plan()
+        if rng is None:
+            return
+        watermark, first, origin_last = rng.watermark, rng.first, rng.through
+        c = self.ctx
+        schema = await asyncio.to_thread(self.table_schema)
         spec = self.ctx.processor.state
         cache = KeyStateCache(spec, None, self.sink.write) if spec is not None else None
         self.ctx.state = cache
@@ -235,15 +271,11 @@ class _Rebuild:
             self.sink.replace_partition, reader, self.ctx.partition, self.ctx.app_id, watermark,
             {origin_marker(self.ctx.app_id): origin_last}, lineage=lineage))
         try:
-            direct = bool((info.get("config") or {}).get("allow_direct")) and \
-                fast_path_available(self.ctx.nc)
-            replay = (self._replay_direct(first, origin_last, part) if direct
-                      else self._replay(first, origin_last, part, config))
-            async for batch in replay:
+            async for batch in self.replay(rng):
                 table = await self._process_rebuild(batch, schema, cache)
                 if table is not None and table.num_rows:
-                    await self._put(out, table, writer)
-            await self._put(out, None, writer)
+                    await self.put(out, table, writer)
+            await self.put(out, None, writer)
         except BaseException as e:
             with contextlib.suppress(queue.Full):
                 out.put_nowait(RebuildError(f"rebuild stopped: {type(e).__name__}: {e}"))
@@ -303,12 +335,12 @@ class _Rebuild:
         col = got.table(origin=True)["origin_seq"]
         return None if not len(col) or col[0].as_py() is None else int(col[0].as_py())
 
-    def _table_schema(self) -> pa.Schema:
+    def table_schema(self) -> pa.Schema:
         stats = self.sink.stats()
         return stats.schema
 
     @staticmethod
-    async def _put(out: queue.Queue[Any], item: Any, writer: asyncio.Task[Any]) -> None:
+    async def put(out: queue.Queue[Any], item: Any, writer: asyncio.Task[Any]) -> None:
         """Hand ``item`` to the writer thread (bounded: backpressure), unless it failed."""
         while True:
             if writer.done():
@@ -507,6 +539,6 @@ async def rebuild_partition(
                                 "(no replace_partition): use DeltaSink")
     ctx = open_run(nc, stream, group, partition, processor, sink, options, hook)
     ctx.state = None  # a rebuild starts from empty state (set per run)
-    run = _Rebuild(ctx, sink, allow_partial=allow_partial)
+    run = PartitionRebuild(ctx, sink, allow_partial=allow_partial)
     return await run.lease.guard(run.ensure, run.run)
 

@@ -284,9 +284,13 @@ class ReplaceSink(StateSink, Protocol):
         self, data: pa.RecordBatchReader, partition: int, app_id: str, expected: int,
         markers: Mapping[str, int] | None = None, *,
         lineage: Mapping[str, object] | None = None,
+        fenced: Mapping[str, int] | None = None,
     ) -> int:
         """Replace every row of ``partition`` with ``data`` in one commit, keeping
-        ``app_id``'s watermark at ``expected``; fenced like :meth:`Sink.commit`.
+        ``app_id``'s watermark at ``expected``; fenced like :meth:`Sink.commit`. ``fenced``
+        (``{app id: watermark}``): further watermarks kept at their value and fenced the same
+        way (a co-partitioned rebuild keeps every input's, :mod:`cg_pipelines.engine.
+        join_rebuild`).
 
         Called: once per rebuild, under the partition's lease, after :meth:`Sink.watermark`;
         ``data`` streams the replayed output (read it once; an error raised while reading it

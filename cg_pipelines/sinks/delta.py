@@ -521,11 +521,14 @@ class DeltaSink(DeltaMaintenance):
         markers: Mapping[str, int] | None = None,
         *,
         lineage: Mapping[str, object] | None = None,
+        fenced: Mapping[str, int] | None = None,
     ) -> int:
         """Replace every row of consumer-group ``partition`` with ``data``, keeping ``app_id``'s
         watermark at ``expected``, in ONE Delta commit, fenced like :meth:`commit`: it is
         written only if the watermark is still ``expected`` in the snapshot :meth:`watermark`
-        remembered (and no commit of ``app_id`` came after it).
+        remembered (and no commit of ``app_id`` came after it). ``fenced`` (``{app id:
+        watermark}``): further watermarks kept at their value and fenced the same way (a
+        co-partitioned rebuild keeps every input's).
 
         Append mode: ``data`` is streamed into the new files (never held whole in memory).
         Merge mode: ``data`` is the partition's output rows in stream order (a replay of its
@@ -551,12 +554,14 @@ class DeltaSink(DeltaMaintenance):
                 dt = self._load()
             if dt is None:
                 raise TableNotFoundError(f"{self._safe_uri()}: no Delta table to replace in")
-            found = _txn(dt, app_id)
-            if found != expected:
-                raise FenceConflictError(app_id, expected, found)
+            kept = {app_id: (expected, expected),
+                    **{a: (v, v) for a, v in (fenced or {}).items()}}
+            conflict = _moved(dt, kept)
+            if conflict is not None:
+                raise FenceConflictError(*conflict)
             before = self._partition_rows(dt, partition)
             props = CommitProperties(app_transactions=[
-                Transaction(app_id, expected),
+                *(Transaction(a, v) for a, (v, _) in kept.items()),
                 *(Transaction(k, v) for k, v in (markers or {}).items())],
                 custom_metadata=self._lineage(app_id, expected, "replace_partition",
                                               {"partition": partition, **(lineage or {})}))
@@ -575,12 +580,12 @@ class DeltaSink(DeltaMaintenance):
                                 post_commithook_properties=self._maintenance.commit_hooks())
             except CommitFailedError as e:
                 fresh, base = self._fresh()
-                now = _txn(fresh, app_id)
+                conflict = _moved(fresh, kept)
                 with self._lock:
                     self._snapshots[app_id] = fresh
                     self._bases[app_id] = base
-                if now != expected:
-                    raise FenceConflictError(app_id, expected, now) from e
+                if conflict is not None:
+                    raise FenceConflictError(*conflict) from e
                 raise
             with self._lock:
                 self._snapshots.pop(app_id, None)

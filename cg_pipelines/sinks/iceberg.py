@@ -425,11 +425,14 @@ class IcebergSink(IcebergTableAccess):
         self, data: pa.RecordBatchReader, partition: int, app_id: str, expected: int,
         markers: Mapping[str, int] | None = None, *,
         lineage: Mapping[str, object] | None = None,
+        fenced: Mapping[str, int] | None = None,
     ) -> int:
         """Replace consumer-group ``partition``'s rows with ``data`` keeping ``app_id``'s
         watermark at ``expected``, in ONE commit fenced like :meth:`commit` (Merge mode:
         ``data`` is the partition's history, reduced to each key's live last row). ``data``
         is held in memory (pyiceberg 0.12 cannot stream into a partitioned table).
+        ``fenced`` (``{app id: watermark}``): further watermarks kept and fenced the same way
+        (a co-partitioned rebuild keeps every input's).
 
         Returns:
             The rows the partition had before.
@@ -456,16 +459,18 @@ class IcebergSink(IcebergTableAccess):
         summary = self._summary(app_id, expected, "replace_partition",
                                 {"partition": partition, **(lineage or {})})
         props = {WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}
+        kept = {app_id: (expected, expected), **{a: (v, v) for a, v in (fenced or {}).items()}}
         for attempt in range(self._retries + 1):
             tbl = self._no_pyiceberg_retry(tbl)
-            found = _wm(tbl, app_id)
-            if found != expected:
-                raise FenceConflictError(app_id, expected, found)
+            conflict = _moved(tbl, kept)
+            if conflict is not None:
+                raise FenceConflictError(*conflict)
             before = tbl.scan(row_filter=where).count()
             try:
                 with tbl.transaction() as txn:
                     # the fence needs a new snapshot even when nothing changes
-                    txn.set_properties({WATERMARK_PREFIX + app_id: str(expected), **props})
+                    txn.set_properties({**{WATERMARK_PREFIX + a: str(v)
+                                           for a, (v, _) in kept.items()}, **props})
                     txn.overwrite(rows, overwrite_filter=where, snapshot_properties=summary)
                 break
             except CommitFailedException:

@@ -62,6 +62,15 @@ async def test_sensor_runs_and_metadata(js: JetStreamContext, nats_server: NatsS
     table = DeltaWarehouseResource(root=warehouse).sink(NAME).read()
     assert joined.mismatches(table, evs) is None
     assert await joined.left(api, unique_name) == 0
+    # the rebuild job replays every input's origin history of a partition; same table
+    rebuild = defs.resolve_job_def(f"{NAME}_rebuild")
+    res = await asyncio.to_thread(rebuild.execute_in_process, partition_key=f"{NAME}-1",
+                                  instance=instance)
+    assert res.success
+    (mat,) = res.asset_materializations_for_node(NAME)
+    assert (mat.metadata["status"].value, mat.metadata["mode"].value) == ("rebuilt", "rebuild")
+    table = DeltaWarehouseResource(root=warehouse).sink(NAME).read()
+    assert joined.mismatches(table, evs) is None
     # drained: the next tick requests nothing and says why
     again = await asyncio.to_thread(h.tick, defs, f"{NAME}_backlog", instance,
                                     cursor=tick.cursor)
