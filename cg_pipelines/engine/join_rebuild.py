@@ -27,7 +27,7 @@ import contextlib
 import json
 import queue
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pyarrow as pa
 from nats.aio.client import Client
@@ -45,7 +45,12 @@ from cg_pipelines.engine.join import (
 )
 from cg_pipelines.engine.join_processor import JoinContext, JoinProcessor
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
-from cg_pipelines.engine.rebuild import PartitionRebuild, RebuildError, ReplayRange
+from cg_pipelines.engine.rebuild import (
+    PartitionRebuild,
+    RebuildError,
+    ReplayRange,
+    queued_batches,
+)
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.sinks.base import (
     FenceConflictError,
@@ -156,17 +161,7 @@ class _SetRebuild:
         out: queue.Queue[pa.Table | BaseException | None] = queue.Queue(maxsize=2)
         written = {"rows": 0}
 
-        def batches() -> Iterator[pa.RecordBatch]:
-            while True:
-                item = out.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                written["rows"] += item.num_rows
-                yield from item.to_batches()
-
-        reader = pa.RecordBatchReader.from_batches(schema, batches())
+        reader = pa.RecordBatchReader.from_batches(schema, queued_batches(out, written))
         writer = asyncio.create_task(asyncio.to_thread(
             self.sink.replace_partition, reader, self.partition, primary, wms[primary],
             markers, lineage={JOIN_LINEAGE_KEY: json.dumps(lineage, separators=(",", ":"))},

@@ -76,10 +76,26 @@ from cg_pipelines.sinks.base import (
     with_partition_column,
 )
 
-__all__ = ["PartitionRebuild", "RebuildError", "ReplayRange", "rebuild_partition"]
+__all__ = ["PartitionRebuild", "RebuildError", "ReplayRange", "queued_batches",
+           "rebuild_partition"]
 
 REPLAY_CHUNK = 50_000
 """Messages per direct-get read of the origin stream's history (a rebuild's replay)."""
+
+
+def queued_batches(out: queue.Queue[pa.Table | BaseException | None], written: dict[str, int]
+                   ) -> Iterator[pa.RecordBatch]:
+    """The writer thread's side of a rebuild: the batches of the tables the replay puts on
+    ``out`` until ``None``, counting their rows in ``written["rows"]``; an exception put there
+    (the replay failed) is raised here, so the writer fails and writes nothing."""
+    while True:
+        item = out.get()
+        if item is None:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        written["rows"] += item.num_rows
+        yield from item.to_batches()
 
 
 def _payload_bytes(table: pa.Table) -> int:
@@ -249,17 +265,7 @@ class PartitionRebuild:
         out: queue.Queue[pa.Table | BaseException | None] = queue.Queue(maxsize=2)
         written = {"rows": 0}
 
-        def batches() -> Iterator[pa.RecordBatch]:
-            while True:
-                item = out.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                written["rows"] += item.num_rows
-                yield from item.to_batches()
-
-        reader = pa.RecordBatchReader.from_batches(schema, batches())
+        reader = pa.RecordBatchReader.from_batches(schema, queued_batches(out, written))
         # first_seq/last_seq: the work-queue sequences whose effects the version holds (the
         # partition's whole history through the watermark); coverage_through: every message
         # of the partition through that origin sequence is accounted for (the reconcile check)
