@@ -29,7 +29,8 @@ import numpy as np
 
 from cg_pipelines.core.errors import DecodeError, UsageError
 
-__all__ = ["COVERAGE_KEY", "COVERAGE_THROUGH_KEY", "MAX_TRACKED_GAP_MESSAGES", "CommitCoverage",
+__all__ = ["COVERAGE_KEY", "COVERAGE_THROUGH_KEY", "JOIN_LINEAGE_KEY", "MAX_TRACKED_GAP_MESSAGES",
+           "CommitCoverage",
            "ReconcileCursor", "decode_seqs", "encode_seqs"]
 
 COVERAGE_KEY = "coverage"
@@ -38,6 +39,14 @@ COVERAGE_KEY = "coverage"
 COVERAGE_THROUGH_KEY = "coverage_through"
 """Lineage key (``cg.coverage_through``) of a rebuild: every message of its partition with an
 origin sequence at or below this one is covered."""
+
+JOIN_LINEAGE_KEY = "join"
+"""Lineage key (``cg.join``) of a co-partitioned commit (:mod:`cg_pipelines.engine.join`): a
+JSON list, one object per input in the run's order: ``name``, ``stream``, ``group``,
+``app_id``, and for a drain ``first_seq``/``last_seq`` (work-queue sequences, null when the input
+had nothing in the batch), ``last_origin_seq`` and ``coverage`` (:data:`COVERAGE_KEY`'s encoding,
+or null); for a rebuild ``origin_first_seq``, ``origin_last_seq`` and ``coverage_through``. The
+commit's ``cg.partition`` is the partition of every input."""
 
 _U32 = "1:"
 _U64 = "2:"

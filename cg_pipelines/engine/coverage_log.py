@@ -8,7 +8,9 @@ through a pyarrow filesystem rooted at the table (:func:`~cg_pipelines.sinks.sto
 table_filesystem`): one small read per version, from the cursor's version on, so a check costs
 the versions committed since the last one and no snapshot load. Versions that are not the
 group's commits (version 0, a maintenance commit such as OPTIMIZE or VACUUM, another group's
-commit) carry no coverage and are skipped. A drain commit without ``cg.coverage`` (an executor
+commit) carry no coverage and are skipped. A co-partitioned commit (``cg.join``) holds one
+entry per input: the group's entry is its coverage, so each input of a set is reconciled on
+the set's table as a group is on its own. A drain commit without ``cg.coverage`` (an executor
 batch, whose records stay on the Spark executors, or a commit of a library before coverage) is
 trusted to cover its partition through its ``cg.last_origin_seq``: not verified.
 
@@ -37,11 +39,12 @@ import pyarrow.fs as pafs
 from cg_pipelines.core.coverage import (
     COVERAGE_KEY,
     COVERAGE_THROUGH_KEY,
+    JOIN_LINEAGE_KEY,
     CommitCoverage,
     ReconcileCursor,
     decode_seqs,
 )
-from cg_pipelines.core.errors import CgError
+from cg_pipelines.core.errors import CgError, DecodeError
 
 __all__ = ["CoverageLogError", "DeltaLogCoverage", "cursor_path"]
 
@@ -121,6 +124,9 @@ class DeltaLogCoverage:
             value = info.get(_PREFIX + name)
             return None if value is None else str(value)
 
+        joint = get(JOIN_LINEAGE_KEY)
+        if joint is not None:
+            return self._joint_coverage(version, get("partition"), joint)
         if get("stream") != self.stream or get("group") != self.group:
             return None
         part, seqs, through = get("partition"), get(COVERAGE_KEY), get(COVERAGE_THROUGH_KEY)
@@ -133,6 +139,33 @@ class DeltaLogCoverage:
         wq_last = get("last_seq")
         return CommitCoverage(version, int(part), None if seqs is None else decode_seqs(seqs),
                               None if through is None else int(through),
+                              None if wq_last is None else int(wq_last))
+
+    def _joint_coverage(self, version: int, part: str | None, joint: str
+                        ) -> CommitCoverage | None:
+        """This group's coverage in a co-partitioned commit (``cg.join``: one entry per
+        input, :data:`~cg_pipelines.core.coverage.JOIN_LINEAGE_KEY`); None when the commit has
+        no entry for the group or its entry settled nothing.
+
+        Raises:
+            DecodeError: ``cg.join`` or the entry's coverage is malformed.
+        """
+        try:
+            entries = json.loads(joint)
+            mine = [e for e in entries if isinstance(e, dict)
+                    and e.get("stream") == self.stream and e.get("group") == self.group]
+        except (ValueError, TypeError) as e:
+            raise DecodeError(f"Delta version {version}: cg.{JOIN_LINEAGE_KEY} is not a "
+                              f"JSON list of inputs: {e}") from e
+        if not mine or part is None:
+            return None
+        entry = mine[0]
+        seqs, through = entry.get(COVERAGE_KEY), entry.get(COVERAGE_THROUGH_KEY)
+        if seqs is None and through is None:
+            return None
+        wq_last = entry.get("last_seq")
+        return CommitCoverage(version, int(part), None if seqs is None else
+                              decode_seqs(str(seqs)), None if through is None else int(through),
                               None if wq_last is None else int(wq_last))
 
     def load_cursor(self) -> ReconcileCursor | None:

@@ -49,7 +49,7 @@ from functools import partial
 import pyarrow as pa
 from nats.aio.client import Client
 
-from cg_pipelines.core.coverage import encode_seqs
+from cg_pipelines.core.coverage import JOIN_LINEAGE_KEY, encode_seqs
 from cg_pipelines.core.errors import ContractError, InvariantError, UsageError
 from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.engine.context import RunContext, open_run
@@ -72,15 +72,7 @@ from cg_pipelines.sinks.base import (
     with_partition_column,
 )
 
-__all__ = ["JOIN_LINEAGE_KEY", "JoinInput", "JoinResult", "run_copartitioned"]
-
-JOIN_LINEAGE_KEY = "join"
-"""Lineage key (``cg.join`` in a Delta commit's metadata) of a co-partitioned commit: a JSON
-list, one object per input in the run's order: ``name``, ``stream``, ``group``, ``app_id``,
-``first_seq``/``last_seq`` (work-queue sequences, null when the input had nothing),
-``last_origin_seq``, ``coverage`` (:func:`~cg_pipelines.core.coverage.encode_seqs` of the origin
-sequences it settled, or null)."""
-
+__all__ = ["JoinInput", "JoinResult", "run_copartitioned"]
 
 @dataclass(frozen=True)
 class JoinInput:

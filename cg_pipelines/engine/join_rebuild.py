@@ -32,11 +32,10 @@ from collections.abc import AsyncIterator, Sequence
 import pyarrow as pa
 from nats.aio.client import Client
 
-from cg_pipelines.core.coverage import COVERAGE_THROUGH_KEY
+from cg_pipelines.core.coverage import COVERAGE_THROUGH_KEY, JOIN_LINEAGE_KEY
 from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.engine.context import open_run
 from cg_pipelines.engine.join import (
-    JOIN_LINEAGE_KEY,
     JoinInput,
     JoinResult,
     NoProcessing,

@@ -8,11 +8,14 @@ import json
 import pyarrow as pa
 import pytest
 
+from cg_pipelines.engine.coverage_log import DeltaLogCoverage
 from cg_pipelines.engine.join import run_copartitioned
 from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
 from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.jetstream.reconcile import reconcile_group
 from cg_pipelines.sinks.base import FenceConflictError, app_id_for
 from cg_pipelines.sinks.delta import DeltaSink
+from cg_pipelines.sinks.storage import table_filesystem
 from tests.support import joined
 
 FAST = dict(ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=6.0)
@@ -51,6 +54,16 @@ async def test_rebuild_replays_every_input(nc, js, unique_name, tmp_path) -> Non
     total = {n: evs[n] + more[n] for n in evs}
     assert joined.mismatches(sink.read(), total) is None
     assert await joined.left(api, unique_name) == 0
+    # reconcile per input on the set's table: every origin message of each input covered
+    # (by the drains' joint commits and the rebuilds' coverage_through)
+    fs = table_filesystem(sink.uri, {})
+    assert fs is not None
+    for name in (joined.IMP, joined.CLK):
+        s = f"{unique_name}_{name}"
+        rep = await reconcile_group(js, api, s, "g", coverage=DeltaLogCoverage(fs, s, "g"),
+                                    from_seq=1, grace_s=0)
+        assert rep.ok and rep.expected == len(total[name]) == rep.in_table, rep.text()
+        assert rep.versions_read > 0
 
 
 async def test_rebuild_of_nothing_committed_is_empty(nc, js, unique_name, tmp_path) -> None:

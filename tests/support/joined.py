@@ -102,7 +102,7 @@ async def setup(js, stream: str, evs: Events, n_partitions: int) -> JetStreamAPI
     api = JetStreamAPI.from_js(js)
     for name, msgs in evs.items():
         s = f"{stream}_{name}"
-        await js.add_stream(StreamConfig(name=s, subjects=[f"{s}.>"]))
+        await js.add_stream(StreamConfig(name=s, subjects=[f"{s}.>"], allow_direct=True))
         await admin.create_elastic(js, s, "g", ElasticConfig(
             n_partitions, (PartitioningFilter(f"{s}.*", (1,)),), members=("m1",)))
         acks = [await js.publish_async(f"{s}.{m['auction']}", json.dumps(m).encode())
