@@ -114,8 +114,7 @@ def _lineage_key(name: str) -> str:
 
 def _moved(dt: DeltaTable | None, watermarks: Mapping[str, tuple[int, int]]
            ) -> tuple[str, int, int] | None:
-    """``(app id, expected, found)`` of the first app id whose watermark in snapshot ``dt`` is
-    not its expected one (``watermarks``: ``{app id: (expected, version)}``), or None."""
+    """``(app id, expected, found)`` of the first watermark not as expected in ``dt``, or None."""
     for app_id, (expected, _) in watermarks.items():
         found = _txn(dt, app_id)
         if found != expected:

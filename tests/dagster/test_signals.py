@@ -38,7 +38,6 @@ from cg_pipelines.core.triggers import (
     lag_observations_due,
 )
 from cg_pipelines.dagster import build_definitions
-from cg_pipelines.dagster.assets import failed_run_checks
 from cg_pipelines.dagster.history import (
     CODE_TAG,
     CheckState,
@@ -53,6 +52,7 @@ from cg_pipelines.dagster.partition_checks import (
     PartitionChecks,
     plan_partition_checks,
 )
+from cg_pipelines.dagster.partition_run import failed_run_checks
 from cg_pipelines.engine.deadletter import dead_letter_headers, ensure_dlq_stream
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.local.nats_server import NatsServer
