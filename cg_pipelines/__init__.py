@@ -5,7 +5,8 @@ The names most programs need are importable from here:
 - decoding and state: :class:`JsonField`, :class:`JsonDecoder`, :class:`BadMessage`,
   :class:`KeyedState`;
 - the engine: :func:`run_partition`, :func:`run_static_partition`, :class:`EngineOptions`,
-  :class:`ArrowProcessor`, :class:`RunResult`;
+  :class:`ArrowProcessor`, :class:`RunResult`; co-partitioned joins: :func:`run_copartitioned`,
+  :class:`JoinInput`, :class:`ArrowJoinProcessor`;
 - the sink: :class:`DeltaSink` and its write modes :class:`Append` (the default: the table is
   the history) and :class:`Merge` (a fenced MERGE by key: the table is each key's current
   row); connections: :class:`ConnectOptions`; errors: :class:`CgError`
@@ -44,6 +45,9 @@ EXPORTS = MappingProxyType({
     "EngineOptions": "cg_pipelines.engine.options",
     "ArrowProcessor": "cg_pipelines.engine.processing",
     "RunResult": "cg_pipelines.engine.result",
+    "run_copartitioned": "cg_pipelines.engine.join",
+    "JoinInput": "cg_pipelines.engine.join",
+    "ArrowJoinProcessor": "cg_pipelines.engine.join_processor",
     "DeltaSink": "cg_pipelines.sinks.delta",
     "ConnectOptions": "cg_pipelines.jetstream.connect",
 })

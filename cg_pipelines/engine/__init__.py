@@ -1,11 +1,21 @@
 """The ordered partition engine: lease-and-range drains with fenced, exactly-once commits.
 
 Entry points: :func:`run_partition` (elastic groups), :func:`run_static_partition`,
-:func:`rebuild_partition`. Contracts: the processing step in
-:mod:`cg_pipelines.engine.processor`, what a run returns in :mod:`cg_pipelines.engine.result`;
-the sink's is :mod:`cg_pipelines.sinks.base`."""
+:func:`rebuild_partition`; co-partitioned sets (several groups, partition p of each in one
+run, one commit): :func:`run_copartitioned`, :func:`rebuild_copartitioned`. Contracts: the
+processing step in :mod:`cg_pipelines.engine.processor` (a co-partitioned one in
+:mod:`cg_pipelines.engine.join_processor`), what a run returns in
+:mod:`cg_pipelines.engine.result`; the sink's is :mod:`cg_pipelines.sinks.base`."""
 
 from cg_pipelines.core.errors import PartitionRunError
+from cg_pipelines.engine.join import JoinInput, JoinResult, run_copartitioned
+from cg_pipelines.engine.join_processor import (
+    ArrowJoinProcessor,
+    JoinContext,
+    JoinProcessed,
+    JoinProcessor,
+)
+from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions
 from cg_pipelines.engine.processing import ArrowProcessor
 from cg_pipelines.engine.processor import (
@@ -23,11 +33,17 @@ from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.engine.static import run_static_partition
 
 __all__ = [
+    "ArrowJoinProcessor",
     "ArrowProcessor",
     "BatchContext",
     "DeadLetter",
     "EngineConfigError",
     "EngineOptions",
+    "JoinContext",
+    "JoinInput",
+    "JoinProcessed",
+    "JoinProcessor",
+    "JoinResult",
     "NatsUnavailableError",
     "PartitionRunError",
     "Processed",
@@ -37,7 +53,9 @@ __all__ = [
     "Record",
     "RunResult",
     "RunStatus",
+    "rebuild_copartitioned",
     "rebuild_partition",
+    "run_copartitioned",
     "run_partition",
     "run_static_partition",
 ]
