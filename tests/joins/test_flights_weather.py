@@ -153,3 +153,22 @@ def test_docs_join_snippet_runs_as_written(tmp_path: Path) -> None:
                       re.M | re.S)
     assert shown, "docs/joins.md shows no output after `python joins_example.py`"
     assert out.strip().splitlines()[-10:] == shown.group(1).strip().splitlines(), out
+
+
+def test_docs_dagster_definitions_load(tmp_path: Path) -> None:
+    """The "In Dagster" block of docs/joins.md, as written beside joins_example.py, gives the
+    asset, its two jobs and its backlog sensor."""
+    text = (ROOT / "docs" / "joins.md").read_text()
+    blocks = re.findall(r"^```python\n(# joins_defs\.py.*?)^```", text, re.M | re.S)
+    assert len(blocks) == 1, "docs/joins.md: one python block starting '# joins_defs.py'"
+    (tmp_path / "joins_example.py").write_text(_docs_snippet())
+    (tmp_path / "joins_defs.py").write_text(blocks[0])
+    code = ("import joins_defs as d; r = d.defs.get_repository_def(); "
+            "print(sorted(j.name for j in r.get_all_jobs() if not j.name.startswith('__')), "
+            "[s.name for s in r.sensor_defs], "
+            "d.defs.resolve_assets_def('auctions').partitions_def.get_partition_keys())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "NATS_URL": "nats://x:1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("['auctions_job', 'auctions_rebuild'] ['auctions_backlog'] "
+                                  "['auctions-0', 'auctions-1', 'auctions-2', 'auctions-3']")
