@@ -10,14 +10,26 @@ reads the same kind of work queue: sourced messages, one partition):
 (b) the engine: lease-and-range, a trivial Arrow processor (bulk JSON decode + one derived
     column), the fenced Delta commit, purge and ack, ``--messages`` of them in batches of
     ``--batch``;
-(c) the range read alone (``cg_pipelines.jetstream.rangeread.read_range``), as a reference.
+(c) the range read alone (``cg_pipelines.jetstream.rangeread.read_range``), as a reference: the
+    engine's read of this partition (it holds the whole work queue, so unfiltered, ``>``);
+(d) raw range reads, the fastest reading of the partition a PyPI client gives on this machine
+    (issue 42's same-run baseline): a pull consumer (explicit ack, no ack pending limit, never
+    acked: reading only) on the work queue (unfiltered like the engine's read: see
+    :data:`RAW_FILTER`), fetched in batches of
+    ``--fetch-batch`` (the last batch cut to what is left, so no fetch waits to expire):
+    ``nats-py batch fetch`` (``pull_subscribe`` + ``fetch(batch)``) and, when the ``natsrpy``
+    package (a Rust client on PyPI; not a project dependency: ``pip install natsrpy``) is
+    importable, ``natsrpy pull batches`` (``PullConsumer.fetch(max_messages=batch)``).
+    Each reads the message payloads (their bytes summed), nothing more.
 
 Per contender: msg/s (median over ``--rounds``), this process's CPU and the server's CPU
-(µs per message, from ``/proc``), then ``ratio engine/idiomatic loop: <x>``.
+(µs per message, from ``/proc``), then ``ratio engine/idiomatic loop: <x>`` and ``engine /
+fastest raw reader: <x>% (...)``: the engine's median msg/s as a share of the fastest raw
+reader's (of (d)), and the load average before and after.
 
-Run: ``.venv/bin/python bench/partition_drain.py [--messages 200000] [--rounds 3]``;
-``--smoke``: 2,000 messages in batches of 1,000 (the loop 200), one round (checks the script
-runs, in seconds; figures meaningless).
+Run: ``.venv/bin/python bench/partition_drain.py [--messages 200000] [--rounds 3]
+[--fetch-batch 10000]``; ``--smoke``: 2,000 messages in batches of 1,000 (the loop 200), one
+round (checks the script runs, in seconds; figures meaningless).
 """
 
 from __future__ import annotations
@@ -128,7 +140,7 @@ async def engine(nc: nats.NATS, stream: str, group: str, uri: str, batch: int) -
 async def range_read(nc: nats.NATS, stream: str, group: str, n: int) -> int:
     seq, got = 1, 0
     while got < n:
-        r = await read_range(nc, f"{stream}-{group}", seq, filter_subject="0.>", prefix="0.",
+        r = await read_range(nc, f"{stream}-{group}", seq, filter_subject=">", prefix="0.",
                              max_msgs=20_000)
         got += r.num_rows
         if r.ended or not r.num_rows:
@@ -137,16 +149,85 @@ async def range_read(nc: nats.NATS, stream: str, group: str, n: int) -> int:
     return got
 
 
+def natsrpy_available() -> bool:
+    """Whether the ``natsrpy`` package (PyPI; optional, not a project dependency) imports."""
+    try:
+        import natsrpy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+async def nats_py_fetch(nc: nats.NATS, stream: str, group: str, n: int, batch: int) -> int:
+    """Raw range read with nats-py: a pull consumer on the partition's subjects, ``fetch`` in
+    batches of ``batch``, never acked; returns the messages read."""
+    js = nc.jetstream(timeout=30)
+    sub = await js.pull_subscribe(RAW_FILTER, durable="rawpy", stream=f"{stream}-{group}",
+                                  config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT,
+                                                        max_ack_pending=-1))
+    got = size = 0
+    while got < n:
+        msgs = await sub.fetch(min(batch, n - got), timeout=10)
+        got += len(msgs)
+        size += sum(len(m.data) for m in msgs)
+    await sub.unsubscribe()
+    assert size > 0
+    return got
+
+
+async def natsrpy_fetch(url: str, stream: str, group: str, n: int, batch: int) -> int:
+    """Raw range read with natsrpy (Rust client): a pull consumer on the partition's subjects,
+    ``fetch(max_messages=batch)`` in a loop, never acked (its connect and consumer creation
+    included, as for nats-py's consumer); returns the messages read."""
+    import natsrpy
+    from natsrpy.js import AckPolicy as RsAckPolicy
+    from natsrpy.js import PullConsumerConfig
+
+    rs = natsrpy.Nats(addrs=[url])
+    await rs.startup()
+    try:
+        js = await rs.jetstream()
+        st = await js.streams.get(f"{stream}-{group}")
+        cons = await st.consumers.create(PullConsumerConfig(
+            durable_name="rawrs", ack_policy=RsAckPolicy.EXPLICIT, filter_subject=RAW_FILTER,
+            max_ack_pending=-1))
+        got = size = 0
+        while got < n:
+            msgs = await cons.fetch(max_messages=min(batch, n - got), expires=10.0)
+            got += len(msgs)
+            size += sum(len(m.payload) for m in msgs)
+        assert size > 0
+        return got
+    finally:
+        await rs.shutdown()
+
+
+RAW_FILTER = ">"
+"""The raw readers' consumer filter: none, like the engine's read of a partition that holds
+90 % of its work queue or more (here: the group's only partition, so the same messages; a
+filtered consumer, ``0.>``, costs the server about 3x per message on a sourced work queue:
+measured 45-50k msg/s against 120k+ here)."""
+
+RAW = ("nats-py batch fetch", "natsrpy pull batches")
+"""The raw range readers (contenders (d))."""
+
+
 async def main(args: argparse.Namespace) -> None:
+    before = _load()
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats", port=0) as srv:
         nc = await nats.connect(srv.url)
         js = nc.jetstream(timeout=30)
         rates: dict[str, list[float]] = {}
         client: dict[str, list[float]] = {}
         server: dict[str, list[float]] = {}
+        names = ["idiomatic loop", "engine", "range read", RAW[0]]
+        if natsrpy_available():
+            names.append(RAW[1])
+        else:
+            print("natsrpy: not importable (pip install natsrpy): not measured", flush=True)
         for rnd in range(args.rounds):
-            for name in ("idiomatic loop", "engine", "range read"):
-                stream, group = f"bench{rnd}{name[0]}", "g"
+            for i, name in enumerate(names):
+                stream, group = f"bench{rnd}c{i}", "g"
                 n = args.loop_messages if name == "idiomatic loop" else args.messages
                 await make_group(nc, stream, group, n)
                 with Meter(srv.pid or 0) as m:
@@ -154,8 +235,13 @@ async def main(args: argparse.Namespace) -> None:
                         done = await idiomatic_loop(nc, stream, group, n)
                     elif name == "engine":
                         done = await engine(nc, stream, group, f"{tmp}/t{rnd}", args.batch)
-                    else:
+                    elif name == "range read":
                         done = await range_read(nc, stream, group, n)
+                    elif name == RAW[0]:
+                        done = await nats_py_fetch(nc, stream, group, n, args.fetch_batch)
+                    else:
+                        done = await natsrpy_fetch(srv.url, stream, group, n,
+                                                   args.fetch_batch)
                 assert done == n, (name, done, n)
                 rates.setdefault(name, []).append(n / m.seconds)
                 client.setdefault(name, []).append(m.client / n * 1e6)
@@ -172,6 +258,16 @@ async def main(args: argparse.Namespace) -> None:
               f"{statistics.median(server[name]):.1f} µs/msg")
     ratio = statistics.median(rates["engine"]) / statistics.median(rates["idiomatic loop"])
     print(f"ratio engine/idiomatic loop: {ratio:.1f}")
+    fastest = max((n for n in RAW if n in rates), key=lambda n: statistics.median(rates[n]))
+    eng, raw = statistics.median(rates["engine"]), statistics.median(rates[fastest])
+    print(f"engine / fastest raw reader: {100 * eng / raw:.0f}% (engine {eng:,.0f} msg/s, "
+          f"{fastest} {raw:,.0f} msg/s; fetch batch {args.fetch_batch:,})")
+    print(f"load average before {before}, after {_load()}")
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
@@ -180,8 +276,11 @@ if __name__ == "__main__":
     ap.add_argument("--loop-messages", type=int, default=10_000)
     ap.add_argument("--batch", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fetch-batch", type=int, default=10_000,
+                    help="Messages per fetch of the raw readers.")
     ap.add_argument("--smoke", action="store_true", help="2,000 messages, one round")
     args = ap.parse_args()
     if args.smoke:
         args.messages, args.loop_messages, args.batch, args.rounds = 2_000, 200, 1_000, 1
+        args.fetch_batch = 1_000
     asyncio.run(main(args))

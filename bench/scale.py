@@ -18,15 +18,27 @@
 2. ``run fixed cost: <s> s``: the median over every run of the bench of its run time (from
    the daemon's launch, RUN_STARTING, to its end) less its processing time (the engine's work
    on its messages: waiting for reads, processing, committing), with the median of each part of it.
+   Beside it, the same-run baseline (issue 42): after each concurrency's main job, the same
+   Dagster instance (its home and ``dagster.yaml``: queued run coordinator at that
+   concurrency, the daemon, the default run launcher, each run in its own process) runs
+   ``noop_job`` (one op that does nothing; ``bench/noop_location.py``) over the same partition
+   keys, from the example's code location (the same imports and code-location load as a
+   partition run); ``no-op dagster run: <s> s`` is the median of their run times measured like
+   the partition runs' (launch, RUN_STARTING, to the run's end), and ``run fixed cost / no-op
+   dagster run: <x>`` the ratio of the two medians. ``--no-noop`` skips it. For context, the
+   same no-op job from a code location importing only Dagster
+   (``bench/noop_bare_location.py``): ``bare no-op dagster run: <s> s``. With several
+   concurrencies, ``concurrency <c> / concurrency <first>: <x>`` (aggregate msg/s ratio).
 3. Sensor ticks for groups of 16, 64 and 256 partitions on a SQLite instance
    (``bench/sensor_ticks.py --no-max --no-postgres``; skip
    with ``--no-sensors``): ``sensor tick <n> partitions: <seconds> s``.
 
 Run: ``.venv/bin/python bench/scale.py [--spark-local | --spark-cluster] [--limit N]
-[--concurrency 1 2] [--no-sensors] [--no-first-pass] [--smoke]`` (about 5 minutes on 2 cores
-with the defaults). ``--smoke`` runs every part small, so every line is printed: 1,000 flights
-at concurrency 2 only (no first pass; with Connect, no warm-up jobs at the server's start) and
-``bench/sensor_ticks.py --smoke --no-postgres`` (16 and 64 partitions); figures meaningless.
+[--concurrency 1 2] [--no-sensors] [--no-first-pass] [--no-noop] [--smoke]`` (about 6 minutes
+on 2 cores with the defaults). ``--smoke`` runs every part small, so every line is printed:
+1,000 flights at concurrency 2 only (no first pass; with Connect, no warm-up jobs at the
+server's start), two no-op runs per code location and ``bench/sensor_ticks.py --smoke
+--no-postgres`` (16 and 64 partitions); figures meaningless.
 """
 
 from __future__ import annotations
@@ -42,9 +54,15 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 CG = Path(sys.executable).with_name("cg")
 _RUN_RE = re.compile(r"run ([\d.]+) s = work ([\d.]+) s \+ fixed ([\d.]+) s")
 _PART_RE = re.compile(r"fixed cost part, median: (.*): ([\d.-]+) s")
+_AGG_RE = re.compile(r"^concurrency \d+: ([\d,]+) msg/s aggregate", re.M)
+NOOP_LOCATIONS = {"example": ("bench/noop_location.py", "defs"),
+                  "bare": ("bench/noop_bare_location.py", "bare_defs")}
+"""No-op code locations: name -> (python file, attribute)."""
 
 
 def concurrency_run(c: int, mode: str, limit: int | None, env: dict[str, str]
@@ -72,6 +90,29 @@ def concurrency_run(c: int, mode: str, limit: int | None, env: dict[str, str]
     return m.group(0), fixed, parts
 
 
+def noop_runs(home: Path, tmp: Path, c: int, where: str, partitions: int) -> list[float]:
+    """``noop_job`` of the ``where`` no-op code location (:data:`NOOP_LOCATIONS`) over the
+    first ``partitions`` partition keys, queued on the Dagster instance at ``home`` at
+    concurrency ``c`` (the main job's instance settings); each run's time in seconds, from its
+    launch (RUN_STARTING) to its end."""
+    from mainjob.queued import run_queued, write_instance_config
+
+    path, attr = NOOP_LOCATIONS[where]
+    workspace = tmp / f"noop-{where}-workspace.yaml"
+    workspace.write_text(
+        "load_from:\n  - python_file:\n"
+        f"      relative_path: {ROOT / path}\n      attribute: {attr}\n"
+        f"      working_directory: {ROOT}\n      location_name: noop_{where}\n")
+    write_instance_config(home, c)
+    env = {k: v for k, v in os.environ.items() if k != "CG_SPARK_REMOTE"}
+    res = run_queued(ROOT, home, env, [f"legs-{p}" for p in range(partitions)],
+                     job="noop_job", workspace=str(workspace), timeout_s=600)
+    if res.failed:
+        raise SystemExit(f"{res.failed} no-op run(s) failed: "
+                         + "; ".join(r.error for r in res.runs if r.error))
+    return [r.run_s for r in res.runs]
+
+
 def sensor_lines(smoke: bool) -> list[str]:
     """The ``sensor tick <n> partitions: <s> s`` lines of ``bench/sensor_ticks.py`` (SQLite;
     16, 64 and 256 partitions, or its ``--smoke`` sizes)."""
@@ -82,6 +123,11 @@ def sensor_lines(smoke: bool) -> list[str]:
     if out.returncode != 0 or not lines:
         raise SystemExit(f"sensor bench failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return lines
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -100,11 +146,15 @@ def main() -> None:
     ap.add_argument("--no-sensors", action="store_true")
     ap.add_argument("--no-first-pass", action="store_true",
                     help="Measure from the server's start (no first pass at concurrency 1).")
+    ap.add_argument("--no-noop", action="store_true",
+                    help="No no-op Dagster runs beside the partition runs.")
     ap.add_argument("--smoke", action="store_true",
                     help="1,000 flights at concurrency 2, the sensor bench's smoke sizes.")
     args = ap.parse_args()
     warm_up = 3  # the documented `cg spark-connect start` default
+    noop_partitions = 8
     if args.smoke:
+        noop_partitions = 2
         args.limit, args.concurrency, args.no_first_pass, warm_up = 1_000, [2], True, 0
     # SIGTERM (a timeout, a CI job cancelled) unwinds like Ctrl-C: the Connect server is stopped.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -125,8 +175,11 @@ def main() -> None:
                     print(f"  {line}", flush=True)
                     if line.startswith("export CG_SPARK_REMOTE="):
                         env["CG_SPARK_REMOTE"] = line.split("=", 1)[1]
+            print(f"before: load average {_load()}", flush=True)
             fixed: list[float] = []
             parts: list[dict[str, float]] = []
+            noop: dict[str, list[float]] = {"example": [], "bare": []}
+            agg: dict[int, float] = {}
             if kind == "connect" and not args.no_first_pass:
                 line, _, _ = concurrency_run(1, kind, args.limit, env)
                 print(line.replace("concurrency 1:", "first pass after the server start:"),
@@ -136,6 +189,15 @@ def main() -> None:
                 print(line, flush=True)
                 fixed += f
                 parts.append(p)
+                rate = _AGG_RE.search(line)
+                agg[c] = float(rate.group(1).replace(",", "")) if rate else 0.0
+                if not args.no_noop:
+                    for where in noop:
+                        runs = noop_runs(Path(tmp) / "dagster", Path(tmp), c, where,
+                                         noop_partitions)
+                        noop[where] += runs
+                        print(f"  no-op runs ({where} code location) at concurrency {c}: "
+                              + ", ".join(f"{s:.2f}" for s in runs) + " s", flush=True)
             if fixed:
                 print(f"run fixed cost: {statistics.median(fixed):.2f} s (median of "
                       f"{len(fixed)} runs; {kind} Spark)", flush=True)
@@ -144,6 +206,23 @@ def main() -> None:
                     print(f"  fixed cost part: {k}: "
                           + ", ".join(f"{v:.2f}" for v in vals) + " s (median per "
                           "concurrency)", flush=True)
+            if fixed and noop["example"]:
+                base = statistics.median(noop["example"])
+                print(f"no-op dagster run: {base:.2f} s (median of {len(noop['example'])} runs "
+                      "of noop_job in the example's code location, same instance and launcher; "
+                      "launch to run end)", flush=True)
+                print(f"bare no-op dagster run: {statistics.median(noop['bare']):.2f} s (median "
+                      f"of {len(noop['bare'])} runs; a code location importing only Dagster)",
+                      flush=True)
+                print(f"run fixed cost / no-op dagster run: {statistics.median(fixed) / base:.2f} "
+                      f"(fixed {statistics.median(fixed):.2f} s, no-op {base:.2f} s)",
+                      flush=True)
+            first = args.concurrency[0]
+            for c in args.concurrency[1:]:
+                if agg.get(first):
+                    print(f"concurrency {c} / concurrency {first}: {agg[c] / agg[first]:.2f}",
+                          flush=True)
+            print(f"after: load average {_load()}", flush=True)
         finally:
             if kind == "connect":
                 subprocess.run([str(CG), "spark-connect", "stop", "--state-dir", tmp],

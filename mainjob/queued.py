@@ -175,11 +175,15 @@ def _reset_signals() -> None:  # pragma: no cover - runs in the forked child
 
 
 def run_queued(root: Path, home: Path, env: dict[str, str], partitions: list[str],
-               job: str = "aircraft_legs_job", timeout_s: float = 1200.0) -> QueuedResult:
+               job: str = "aircraft_legs_job", timeout_s: float = 1200.0,
+               workspace: str = "workspace.yaml", location: str | None = None
+               ) -> QueuedResult:
     """Queue a backfill of ``job`` over ``partitions`` and let the daemon run them (see the
     module docstring). ``env`` must hold the code location's settings (``DAGSTER_HOME`` is set
-    here). Raises ``RuntimeError`` when the backfill cannot be submitted or the runs do not
-    finish within ``timeout_s``."""
+    here). ``workspace``: the workspace file the daemon and the backfill load (relative to
+    ``root``); ``location``: the code location of ``job`` when the workspace has several.
+    Raises ``RuntimeError`` when the backfill cannot be submitted or the runs do not finish
+    within ``timeout_s`` seconds."""
     from dagster import DagsterInstance, RunsFilter
 
     env = {**env, "DAGSTER_HOME": str(home)}
@@ -189,12 +193,13 @@ def run_queued(root: Path, home: Path, env: dict[str, str], partitions: list[str
         _ = (instance.event_log_storage, instance.schedule_storage)
     log = home / "daemon.log"
     with log.open("wb") as out:
-        daemon = subprocess.Popen([str(DAEMON_BIN), "run", "-w", "workspace.yaml"], cwd=root,
+        daemon = subprocess.Popen([str(DAEMON_BIN), "run", "-w", workspace], cwd=root,
                                   env=env, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True, preexec_fn=_reset_signals)
     try:
         sub = subprocess.run(
-            [str(DAGSTER_BIN), "job", "backfill", "-w", "workspace.yaml", "-j", job,
+            [str(DAGSTER_BIN), "job", "backfill", "-w", workspace, "-j", job,
+             *(["-l", location] if location else []),
              "--partitions", ",".join(partitions), "--noprompt"],
             cwd=root, env=env, capture_output=True, text=True, timeout=120)
         found = re.search(r"Launched backfill job `(\w+)`", sub.stdout)

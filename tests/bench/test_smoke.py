@@ -22,6 +22,7 @@ first test that waits.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import signal
@@ -51,6 +52,12 @@ _F = r"-?[\d.]+"  # a decimal
 # bench script (bench/<name>.py) -> regexes (re.MULTILINE) of the lines its --smoke run prints.
 BENCHES: dict[str, tuple[str, ...]] = {
     "aging": (rf"^aging: append x{_F} at {_N} versions, merge x{_F} at {_N} versions",),
+    "baseline": (rf"^  round 1 main job: {_F} s wall \(verified {_N} rows against the reference: "
+                 r"0 mismatches",
+                 rf"^  round 1 plain spark batch: {_F} s wall \({_N} rows; spark start {_F} s",
+                 r"^  plain batch verified [\d,]+ rows: 0 mismatches$",
+                 rf"^main job / plain spark batch: {_F} \(main job {_F} s, plain spark batch "
+                 rf"{_F} s; "),
     "bench_jetstream_api": (
         rf"^pull\(batch=1\)\+ack, max_ack_pending=1, pinned: {_N} msg/s",
         rf"^baseline nats-py fetch\(1\)\+ack, max_ack_pending=1: {_N} msg/s",
@@ -79,7 +86,9 @@ BENCHES: dict[str, tuple[str, ...]] = {
     "partition_drain": (rf"^  idiomatic loop: {_N} msg/s; client {_F} µs/msg",
                         rf"^  engine: {_N} msg/s; client {_F} µs/msg",
                         rf"^  range read: {_N} msg/s; client {_F} µs/msg",
-                        rf"^ratio engine/idiomatic loop: {_F}$"),
+                        rf"^  nats-py batch fetch: {_N} msg/s; client {_F} µs/msg",
+                        rf"^ratio engine/idiomatic loop: {_F}$",
+                        rf"^engine / fastest raw reader: {_F}% \(engine {_N} msg/s, "),
     "range_read": (
         rf"^current path \(direct_get_batch x2000 \+ records\), filtered 1/8: {_N} msg/s",
         rf"^direct get filtered all-in-one partition, chunks 2000 x4 in flight: {_N} msg/s",
@@ -92,6 +101,10 @@ BENCHES: dict[str, tuple[str, ...]] = {
         rf"^concurrency 2: {_N} msg/s aggregate",
         rf"^run fixed cost: {_F} s \(median of \d+ runs; connect Spark\)",
         rf"^  fixed cost part: .*: {_F} s \(median per concurrency\)",
+        rf"^  no-op runs \(example code location\) at concurrency 2: {_F}, {_F} s$",
+        rf"^no-op dagster run: {_F} s \(median of 2 runs",
+        rf"^bare no-op dagster run: {_F} s",
+        rf"^run fixed cost / no-op dagster run: {_F} \(fixed {_F} s, no-op {_F} s\)$",
         rf"^sensor tick 16 partitions: {_F} s", rf"^sensor tick 64 partitions: {_F} s"),
     "sensor_ticks": (rf"^sensor tick 16 partitions: {_F} s",
                      rf"^sensor tick 64 partitions: {_F} s",
@@ -108,10 +121,18 @@ BENCHES: dict[str, tuple[str, ...]] = {
         r"^engine step: (crossover at or below|no crossover up to) "),
 }
 
+# The same-run ratio lines (issue 42): bench -> a regex whose group 1 is the ratio's figure,
+# which must be a finite number above 0 (its size is the bench's business).
+RATIOS: dict[str, str] = {
+    "baseline": rf"^main job / plain spark batch: ({_F}) ",
+    "scale": rf"^run fixed cost / no-op dagster run: ({_F}) ",
+    "partition_drain": rf"^engine / fastest raw reader: ({_F})% ",
+}
+
 # Longest first, so the pool's last job is a short one (seconds under load, measured).
-ORDER = ("scale", "spark_read", "soak", "spark_path", "chaos", "sensor_ticks", "failure_output",
-         "members", "aging", "delta_commit", "range_read", "iceberg_vs_delta", "merge",
-         "reconcile", "partition_drain", "delta_log_cost", "bench_jetstream_api")
+ORDER = ("scale", "baseline", "spark_read", "soak", "spark_path", "chaos", "sensor_ticks",
+         "failure_output", "members", "aging", "delta_commit", "range_read", "iceberg_vs_delta",
+         "merge", "reconcile", "partition_drain", "delta_log_cost", "bench_jetstream_api")
 
 
 @dataclass
@@ -169,7 +190,7 @@ def smoke_runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Smok
     """The smoke runs of the benches this session's tests ask for, started together on a pool
     of ``CG_BENCH_SMOKE_JOBS`` (default 3) workers, longest first."""
     wanted = {item.callspec.params["name"] for item in request.session.items
-              if getattr(item, "originalname", None) == "test_bench_smoke"
+              if getattr(item, "originalname", None) in ("test_bench_smoke", "test_ratio_line")
               and hasattr(item, "callspec")}
     jobs = int(os.environ.get("CG_BENCH_SMOKE_JOBS", "3"))
     pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="bench-smoke")
@@ -203,6 +224,18 @@ def test_bench_smoke(name: str, smoke_runs: dict[str, Future[SmokeRun]],
     assert not missing, f"bench/{name}.py --smoke printed no line matching {missing}{tail}"
     assert not run.leftovers, (f"bench/{name}.py --smoke left processes running "
                                f"{LEFTOVER_GRACE_S:.0f} s after it exited: {run.leftovers}")
+
+
+@pytest.mark.parametrize("name", sorted(RATIOS))
+def test_ratio_line(name: str, smoke_runs: dict[str, Future[SmokeRun]]) -> None:
+    """The bench's same-run ratio line (issue 42) is printed once, with a finite figure above
+    0 (smoke sizes: the figure itself means nothing)."""
+    run = smoke_runs[name].result()
+    found = re.findall(RATIOS[name], run.stdout, re.M)
+    assert len(found) == 1, (f"bench/{name}.py --smoke printed {len(found)} lines matching "
+                             f"{RATIOS[name]!r}\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}")
+    value = float(found[0])
+    assert math.isfinite(value) and value > 0, f"bench/{name}.py ratio {value}"
 
 
 def test_every_bench_script_has_a_smoke_test() -> None:
