@@ -25,7 +25,9 @@
    keys, from the example's code location (the same imports and code-location load as a
    partition run); ``no-op dagster run: <s> s`` is the median of their run times measured like
    the partition runs' (launch, RUN_STARTING, to the run's end), and ``run fixed cost / no-op
-   dagster run: <x>`` the ratio of the two medians. ``--no-noop`` skips it. For context, the
+   dagster run: <x>`` the ratio of the two medians. Each ``concurrency <c>`` line also gives
+   the machine's average busy cores over the runs' window (``/proc/stat``, every process:
+   what the runs had to share). ``--no-noop`` skips it. For context, the
    same no-op job from a code location importing only Dagster
    (``bench/noop_bare_location.py``): ``bare no-op dagster run: <s> s``. With several
    concurrencies, ``concurrency <c> / concurrency <first>: <x>`` (aggregate msg/s ratio).
@@ -59,15 +61,60 @@ if str(ROOT) not in sys.path:
 CG = Path(sys.executable).with_name("cg")
 _RUN_RE = re.compile(r"run ([\d.]+) s = work ([\d.]+) s \+ fixed ([\d.]+) s")
 _PART_RE = re.compile(r"fixed cost part, median: (.*): ([\d.-]+) s")
+_WINDOW_RE = re.compile(r"^runs window \(epoch s\): ([\d.]+) \.\. ([\d.]+)$", re.M)
 _AGG_RE = re.compile(r"^concurrency \d+: ([\d,]+) msg/s aggregate", re.M)
 NOOP_LOCATIONS = {"example": ("bench/noop_location.py", "defs"),
                   "bare": ("bench/noop_bare_location.py", "bare_defs")}
 """No-op code locations: name -> (python file, attribute)."""
 
 
-def concurrency_run(c: int, mode: str, limit: int | None, env: dict[str, str]
+class CpuSampler:
+    """The machine's busy CPU (``/proc/stat``: all but idle and iowait), sampled every
+    ``every_s`` seconds in a thread, so the busy cores over a window can be read afterwards
+    (every process counts: the bench's and anyone else's)."""
+
+    def __init__(self, every_s: float = 0.25) -> None:
+        import threading
+
+        self.every_s = every_s
+        self.samples: list[tuple[float, float, float]] = []  # (epoch s, busy s, total s)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _read() -> tuple[float, float]:
+        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        tick = os.sysconf("SC_CLK_TCK")
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+        return (sum(fields) - idle) / tick, sum(fields) / tick
+
+    def _run(self) -> None:
+        import time
+
+        while not self.stop.is_set():
+            busy, total = self._read()
+            self.samples.append((time.time(), busy, total))
+            self.stop.wait(self.every_s)
+
+    def busy_cores(self, t0: float, t1: float) -> float | None:
+        """Average busy cores between epoch seconds ``t0`` and ``t1`` (None: too few
+        samples)."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return None
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def concurrency_run(c: int, mode: str, limit: int | None, env: dict[str, str],
+                    cpu: CpuSampler | None = None
                     ) -> tuple[str, list[float], dict[str, float]]:
-    """One ``python -m mainjob --concurrency c``: its aggregate line, each run's fixed cost
+    """One ``python -m mainjob --concurrency c``: its aggregate line (with the machine's
+    average busy cores over the runs' window when ``cpu`` samples it), each run's fixed cost
     (seconds) and the medians of the fixed cost's parts."""
     cmd = [sys.executable, "-m", "mainjob", "--concurrency", str(c)]
     if mode == "cluster":
@@ -85,9 +132,15 @@ def concurrency_run(c: int, mode: str, limit: int | None, env: dict[str, str]
     if out.returncode != 0 or m is None:
         raise SystemExit(f"main job at concurrency {c} failed (exit {out.returncode}):\n"
                          f"{text[-3000:]}\n{out.stderr[-3000:]}")
+    line = m.group(0)
+    window = _WINDOW_RE.search(text)
+    if cpu is not None and window is not None:
+        busy = cpu.busy_cores(float(window.group(1)), float(window.group(2)))
+        if busy is not None:
+            line += f"; {busy:.2f} of {os.cpu_count()} cores busy over the runs' window"
     fixed = [float(f) for _, _, f in _RUN_RE.findall(text)]
     parts = {k: float(v) for k, v in _PART_RE.findall(text)}
-    return m.group(0), fixed, parts
+    return line, fixed, parts
 
 
 def noop_runs(home: Path, tmp: Path, c: int, where: str, partitions: int) -> list[float]:
@@ -176,6 +229,7 @@ def main() -> None:
                     if line.startswith("export CG_SPARK_REMOTE="):
                         env["CG_SPARK_REMOTE"] = line.split("=", 1)[1]
             print(f"before: load average {_load()}", flush=True)
+            cpu = CpuSampler()
             fixed: list[float] = []
             parts: list[dict[str, float]] = []
             noop: dict[str, list[float]] = {"example": [], "bare": []}
@@ -185,7 +239,7 @@ def main() -> None:
                 print(line.replace("concurrency 1:", "first pass after the server start:"),
                       flush=True)
             for c in args.concurrency:
-                line, f, p = concurrency_run(c, kind, args.limit, env)
+                line, f, p = concurrency_run(c, kind, args.limit, env, cpu)
                 print(line, flush=True)
                 fixed += f
                 parts.append(p)
@@ -223,6 +277,7 @@ def main() -> None:
                     print(f"concurrency {c} / concurrency {first}: {agg[c] / agg[first]:.2f}",
                           flush=True)
             print(f"after: load average {_load()}", flush=True)
+            cpu.close()
         finally:
             if kind == "connect":
                 subprocess.run([str(CG), "spark-connect", "stop", "--state-dir", tmp],

@@ -363,10 +363,12 @@ def _run_partitions(job_name: str,
         md = _metadata(res)
         msgs, status = md.get("messages", 0), md.get("status", "failed")
         timings = md.get("timings") or {}
+        engine_s = float(md.get("seconds", 0.0) or 0.0)
         click.echo(f"  partition {p}: run {res.run_id[:8]} {status}, {msgs:,} messages, "
                    f"{md.get('commits', 0)} commits, {start:4.1f} .. {end:4.1f} s "
-                   f"(process {timings.get('process', 0):.1f} s, commit "
-                   f"{timings.get('commit', 0):.1f} s)")
+                   f"(engine {engine_s:.2f} s: "
+                   + ", ".join(f"{k} {float(v):.2f}" for k, v in sorted(timings.items()))
+                   + f"; Dagster run less engine {end - start - engine_s:.2f} s)")
         total += msgs
         failed += status not in ("drained", "empty") or not res.success
         if on_done is not None:
@@ -393,6 +395,7 @@ def _run_queued(home: Path, concurrency: int) -> tuple[int, int]:
                    + (f"; error: {r.error}" if r.error else ""))
     click.echo(f"concurrency {concurrency}: {res.aggregate:,.0f} msg/s aggregate "
                f"({res.messages:,} messages in {res.window_s:.1f} s)")
+    click.echo(f"runs window (epoch s): {t0:.3f} .. {max(r.end for r in res.runs):.3f}")
     click.echo(f"run fixed cost: {res.fixed_median:.2f} s (median of {len(res.runs)} runs; "
                f"run time from launch less the engine's work on the messages)")
     for part, seconds in res.breakdown_median().items():
