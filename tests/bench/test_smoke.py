@@ -106,6 +106,8 @@ BENCHES: dict[str, tuple[str, ...]] = {
         rf"^bare no-op dagster run: {_F} s",
         rf"^run fixed cost / no-op dagster run: {_F} \(fixed {_F} s, no-op {_F} s\)$",
         rf"^sensor tick 16 partitions: {_F} s", rf"^sensor tick 64 partitions: {_F} s"),
+    "join": (rf"^join run: {_N} msg/s \(\d+ commits\)$",
+             rf"^two single runs: {_N} msg/s \(\d+ commits\)$"),
     "sensor_ticks": (rf"^sensor tick 16 partitions: {_F} s",
                      rf"^sensor tick 64 partitions: {_F} s",
                      rf"^sensor tick 64 partitions \(postgres\): {_F} s"),
@@ -127,12 +129,14 @@ RATIOS: dict[str, str] = {
     "baseline": rf"^main job / plain spark batch: ({_F}) ",
     "scale": rf"^run fixed cost / no-op dagster run: ({_F}) ",
     "partition_drain": rf"^engine / fastest raw reader: ({_F})% ",
+    "join": rf"^join run / two single runs: ({_F})$",
 }
 
 # Longest first, so the pool's last job is a short one (seconds under load, measured).
 ORDER = ("scale", "baseline", "spark_read", "soak", "spark_path", "chaos", "sensor_ticks",
          "failure_output", "members", "aging", "delta_commit", "range_read", "iceberg_vs_delta",
-         "merge", "reconcile", "partition_drain", "delta_log_cost", "bench_jetstream_api")
+         "merge", "reconcile", "join", "partition_drain", "delta_log_cost",
+         "bench_jetstream_api")
 
 
 @dataclass
