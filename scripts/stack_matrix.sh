@@ -53,6 +53,8 @@ TESTS=(
   tests/spark/test_processor.py::test_dead_letters_reported_and_good_rows_processed_in_order
   tests/integration/test_cli.py::test_elastic_round_trip_from_shell
   tests/integration/test_postgres_server.py::test_postgres_database_fixture_answers_sql
+  tests/joins/test_join_engine.py::test_stale_joint_commit_is_fenced_on_any_input
+  tests/dagster/test_join_asset.py::test_sensor_runs_and_metadata
 )
 # test_dg_scaffold_declare_launch runs create-dagster/dg in subprocesses (~2 min): left to the
 # main suite; the dg entry point is checked below with `dg list components`.
