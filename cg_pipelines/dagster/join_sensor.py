@@ -2,7 +2,9 @@
 reads every input's backlog per partition in one bounded NATS session, requests a run of
 partition ``p`` when ANY input has a backlog there (the group asset's retry rule, lost-run
 detection and repeat suppression over the merged backlog, :mod:`cg_pipelines.core.triggers`),
-and observes each input's lag per partition at a bounded rate (``lag_refresh_s``)."""
+and observes each input's lag per partition when the set's lag state there changes, else at the
+slow cadence ``lag_refresh_s``, under a daily budget per partition (as a group asset's backlog
+sensor: :func:`cg_pipelines.core.triggers.lag_observations_due`)."""
 
 import json
 import time
@@ -27,9 +29,11 @@ from cg_pipelines.core.assignment import assignment
 from cg_pipelines.core.copartition import SetGroup, check_copartitioned
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.triggers import (
+    LAG_STATES,
     PartitionBacklog,
     drop_repeated_requests,
     lag_observations_due,
+    lag_state,
     plan_backlog_runs,
     served_partitions,
 )
@@ -149,7 +153,9 @@ def join_backlog_tick(spec: "CoPartitionedAsset", nats_res: NatsResource,
     (:func:`read_set_backlog`), fail lost runs, plan runs for the partitions where any input
     has a backlog (the group asset's retry rule, :func:`~cg_pipelines.core.triggers.
     plan_backlog_runs`, over :func:`merge_backlog`), drop repeated requests, and observe each
-    due partition's lag per input (``lag_refresh_s``). ``cursor`` is JSON ``{"observed":
+    due partition's lag per input (:func:`~cg_pipelines.core.triggers.lag_observations_due`:
+    on a change of state, else every ``lag_refresh_s``, at most ``lag_observations_per_day``
+    a day). ``cursor`` is JSON ``{"observed":
     ..., "requested": ...}``. Never raises for NATS or config trouble: the skip reason says
     it. ``now``: Unix seconds."""
     now = time.time() if now is None else now
@@ -181,12 +187,15 @@ def join_backlog_tick(spec: "CoPartitionedAsset", nats_res: NatsResource,
         reasons.append(f"{dropped} partition(s) already requested under the same run key")
     if not out.run_requests:
         out.skip_reason = "; ".join(reasons[:5]) or "no partition with backlog"
-    due, seen = lag_observations_due(reading.merged, state["observed"], now, spec.lag_refresh_s)
+    due, seen = lag_observations_due(reading.merged, state["observed"], now, spec.lag_refresh_s,
+                                     per_day=spec.lag_observations_per_day)
     index = {p: i for i, p in enumerate(reading.served)}
     key = AssetKey([*_prefix(spec.key_prefix), spec.name])
     for b in due:
-        md: dict[str, Any] = {"pending": b.pending,
+        md: dict[str, Any] = {"lag_state": LAG_STATES[lag_state(b)], "pending": b.pending,
                               "oldest_pending_age_s": MetadataValue.float(round(b.age_s, 3))}
+        if b.pending > 0:
+            md["oldest_pending_timestamp"] = MetadataValue.timestamp(round(now - b.age_s, 3))
         for name, rows in reading.by_input.items():
             r = rows[index[b.partition]]
             md[f"{name}/pending"] = r.pending

@@ -43,6 +43,7 @@ from dagster import (
 
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.fingerprint import code_version
+from cg_pipelines.core.triggers import DEFAULT_LAG_PER_DAY, DEFAULT_LAG_REFRESH_S
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.history import (
     CODE_TAG,
@@ -104,9 +105,11 @@ class CoPartitionedAsset:
             docs/joins.md).
         partition_key_prefix: partition keys are ``<prefix><p>`` (default ``"<name>-"``).
         sensor_interval_s: minimum seconds between the backlog sensor's ticks.
-        lag_refresh_s: seconds; each partition's per-input lag is observed at most this
-            often (and at least this often, tick interval permitting, while it has a
-            backlog).
+        lag_refresh_s: seconds; each partition's per-input lag is observed when the set's
+            lag state there changes (caught up / behind, or stopped on a new message) and
+            otherwise, while it has a backlog, this often (as a group asset's).
+        lag_observations_per_day: the most lag observations one partition writes a day
+            (as a group asset's).
         maintenance: the table upkeep after each run's commits (``None``: the warehouse's).
         description, table, key_prefix, group_name, kinds, pool, metadata, code_version,
         nats_resource_key, spark_resource_key, warehouse_resource_key, runs_resource_key,
@@ -130,7 +133,8 @@ class CoPartitionedAsset:
     kinds: frozenset[str] | None = None
     pool: str | None = None
     sensor_interval_s: int = 30
-    lag_refresh_s: float = 60.0
+    lag_refresh_s: float = DEFAULT_LAG_REFRESH_S
+    lag_observations_per_day: int = DEFAULT_LAG_PER_DAY
     code_version: str | None = None
     nats_resource_key: str = "nats"
     spark_resource_key: str = "spark"
@@ -166,6 +170,10 @@ class CoPartitionedAsset:
         if not self.lag_refresh_s > 0:
             raise ConfigError("lag_refresh_s", f"must be > 0 seconds, got "
                               f"{self.lag_refresh_s!r}")
+        if isinstance(self.lag_observations_per_day, bool) or not isinstance(
+                self.lag_observations_per_day, int) or self.lag_observations_per_day < 1:
+            raise ConfigError("lag_observations_per_day", f"must be an integer >= 1, got "
+                              f"{self.lag_observations_per_day!r}")
         if not isinstance(self.write, (Append, Merge)):
             raise ConfigError("write", f"must be Append() or Merge(key=...), got {self.write!r}")
         state = self.processor.state

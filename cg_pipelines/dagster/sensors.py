@@ -54,6 +54,7 @@ from dagster import (
 from cg_pipelines.core.assignment import assignment
 from cg_pipelines.core.config import dlq_stream_name
 from cg_pipelines.core.triggers import (
+    LAG_STATES,
     REPEAT_REQUEST_S,
     BacklogCursor,
     CursorError,
@@ -64,6 +65,7 @@ from cg_pipelines.core.triggers import (
     encode_cursor,
     gained_partitions,
     lag_observations_due,
+    lag_state,
     plan_backlog_runs,
     summary_lines,
 )
@@ -137,11 +139,15 @@ def _read_cursor(text: str | None, kind: type[CursorT], log: Any) -> tuple[Curso
 
 
 def _lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
-                      warehouse: DeltaWarehouseResource | None, log: Any
+                      warehouse: DeltaWarehouseResource | None, log: Any, now: float
                       ) -> list[AssetObservation]:
     """Lag observations of the partitions ``due``
     (:func:`~cg_pipelines.core.triggers.lag_observations_due`), with each one's last committed
-    sequence when the warehouse can tell it (one watermark read for all of them)."""
+    sequence when the warehouse can tell it (one watermark read for all of them). Metadata:
+    ``lag_state`` (caught_up / behind / late), ``pending``, ``oldest_pending_age_s`` (seconds,
+    at ``now``), ``first_pending_seq`` and, with a backlog, ``oldest_pending_timestamp``
+    (the oldest pending message's time, Unix seconds: its age at any later time is that
+    time's distance from it, true as long as the partition is stuck on that message)."""
     if not due:
         return []
     committed: dict[int, int] = {}
@@ -154,9 +160,12 @@ def _lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
             log.warning(f"cannot read the committed watermarks of {spec.table_name}: {e}")
     events = []
     for b in due:
-        md: dict[str, Any] = {"pending": b.pending,
+        state = LAG_STATES[lag_state(b, spec.lag_objective_s)]
+        md: dict[str, Any] = {"lag_state": state, "pending": b.pending,
                               "oldest_pending_age_s": MetadataValue.float(round(b.age_s, 1)),
                               "first_pending_seq": b.first_seq or 0}
+        if b.pending > 0:
+            md["oldest_pending_timestamp"] = MetadataValue.timestamp(round(now - b.age_s, 3))
         if b.partition in committed:
             md["last_committed_seq"] = committed[b.partition]
         events.append(AssetObservation(asset_key=asset_key_of(spec),
@@ -193,10 +202,11 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     (:func:`~cg_pipelines.core.triggers.plan_backlog_runs`, run history from ``instance``:
     a constant number of queries, :func:`~cg_pipelines.dagster.history.partition_runs`).
 
-    With ``observe``: lag observations at a bounded rate
-    (:func:`~cg_pipelines.core.triggers.lag_observations_due`, every
-    ``spec.lag_refresh_s`` seconds at most), dead-letter observations of the partitions whose
-    count changed, and the partitioned ``lag_within_objective`` and
+    With ``observe``: lag observations when a partition's lag state changes, else every
+    ``spec.lag_refresh_s`` seconds while it has a backlog, at most
+    ``spec.lag_observations_per_day`` a day per partition
+    (:func:`~cg_pipelines.core.triggers.lag_observations_due`), dead-letter observations of
+    the partitions whose count changed, and the partitioned ``lag_within_objective`` and
     ``partition_runs_succeeding`` checks of the served partitions, only where they changed
     (:func:`~cg_pipelines.dagster.partition_checks.plan_partition_checks`: first results
     recorded run-less in ``instance``, later ones by check-only runs of ``check_job`` in
@@ -254,9 +264,11 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
             "; ".join(summary_lines(reasons, 5)) or "no partition with backlog", warning)
     if not observe:
         return out
-    due, seen = lag_observations_due(reading.backlog, state.observed, now, spec.lag_refresh_s)
+    due, seen = lag_observations_due(reading.backlog, state.observed, now, spec.lag_refresh_s,
+                                     objective_s=spec.lag_objective_s,
+                                     per_day=spec.lag_observations_per_day)
     events: list[AssetObservation | AssetCheckEvaluation] = [
-        *_lag_observations(spec, due, warehouse, log),
+        *_lag_observations(spec, due, warehouse, log, now),
         *_dead_letter_observations(spec, reading.dead_changed)]
     try:
         out.check_evaluations, out.check_requests = partition_checks(
@@ -349,8 +361,9 @@ def build_sensors(spec: ConsumerGroupAsset, job: Job, check_job: Job | None = No
             description="Runs each served partition whose backlog is above the threshold or "
             "older than the max age; one run per backlog (run key = first pending sequence), "
             "failed partitions again after a backoff (new run key per retry) up to a limit. "
-            "Records the lag (pending, oldest pending age, last committed sequence) of each "
-            "partition with a backlog as asset observations, at most every lag_refresh_s; "
+            "Records each partition's lag (state, pending, oldest pending age and timestamp, "
+            "last committed sequence) as an asset observation when its state changes (caught "
+            "up, behind, late, stopped) and every lag_refresh_s while it has a backlog; "
             "dead-letter counts when they change; and the partitioned lag_within_objective "
             "and partition_runs_succeeding checks of each partition whose outcome changed "
             "(a partition's first results run-less, later ones by a run of its checks job).")

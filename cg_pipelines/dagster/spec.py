@@ -10,12 +10,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import nats.errors
-from dagster import AssetKey, PreviewWarning
+from dagster import AssetKey, FreshnessPolicy, PreviewWarning
 
 from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
 from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.record import SEQ_COLUMN
+from cg_pipelines.core.triggers import DEFAULT_LAG_PER_DAY, DEFAULT_LAG_REFRESH_S
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.resources import NatsResource
 from cg_pipelines.engine.processor import Processor, with_defaults
@@ -69,13 +70,25 @@ class ConsumerGroupAsset:
         sensor_interval_s: minimum seconds between the sensors' ticks. Publish-to-commit
             time under the backlog sensor is at most about this plus a run's start and drain
             time (lower it for fresher tables; each tick is one bounded NATS session).
-        lag_objective_s: seconds; the ``lag_within_objective`` asset check fails while any
-            served partition's oldest pending message is older (``None``: no lag check).
-        lag_refresh_s: seconds; the backlog sensor observes a partition's lag (pending,
-            oldest pending age) at most this often, and at least this often (tick interval
-            permitting) while it has a backlog, so a stuck partition's age keeps growing in the
-            catalog. At most ``partitions * 86400 / max(lag_refresh_s, sensor_interval_s)``
-            observations a day (:func:`cg_pipelines.core.triggers.lag_events_per_day`).
+        lag_objective_s: seconds; the ``lag_within_objective`` check fails while a served
+            partition's oldest pending message is older (``None``: no lag check). It is the
+            group's freshness, per partition: a drained partition with nothing pending passes
+            (each drain run evaluates it for its partition), a stuck one fails within a tick
+            (docs/signals.md, "Freshness").
+        lag_refresh_s: seconds; the backlog sensor records a partition's lag (an asset
+            observation: pending, oldest pending age and timestamp, state) when its state
+            changes (caught up / behind / late, or stopped on a new message) and otherwise,
+            while it has a backlog, at this slow cadence (default 15 minutes)
+            (:func:`cg_pipelines.core.triggers.lag_observations_due`).
+        lag_observations_per_day: the most lag observations one partition writes a day,
+            whatever its traffic (plus a burst of
+            :data:`~cg_pipelines.core.triggers.LAG_BURST`): with the defaults, 256 partitions
+            write at most 47,104 a day, 24,576 under steady traffic
+            (:func:`cg_pipelines.core.triggers.lag_events_per_day`).
+        freshness_policy: a Dagster ``FreshnessPolicy`` for the asset (``None``, the default:
+            none). Dagster evaluates it per asset on the last materialization of any partition,
+            so an idle, drained group reads stale and a stuck partition reads fresh while
+            others materialize: the per-partition freshness is ``lag_within_objective``.
         origin_seq_column: the output column that holds each row's origin stream sequence
             (``_seq`` unless the transform renames it). The ``origin_reconciled`` check no
             longer reads it: it uses the coverage each commit records (docs/reconcile.md).
@@ -123,7 +136,9 @@ class ConsumerGroupAsset:
     pool: str | None = None
     sensor_interval_s: int = 30
     lag_objective_s: float | None = 300.0
-    lag_refresh_s: float = 60.0
+    lag_refresh_s: float = DEFAULT_LAG_REFRESH_S
+    lag_observations_per_day: int = DEFAULT_LAG_PER_DAY
+    freshness_policy: FreshnessPolicy | None = None
     code_version: str | None = None
     origin_seq_column: str = SEQ_COLUMN
     reconcile_interval_s: float | None = None
@@ -153,6 +168,10 @@ class ConsumerGroupAsset:
         if not self.lag_refresh_s > 0:
             raise ConfigError("lag_refresh_s", f"must be > 0 seconds, got "
                               f"{self.lag_refresh_s!r}")
+        if isinstance(self.lag_observations_per_day, bool) or not isinstance(
+                self.lag_observations_per_day, int) or self.lag_observations_per_day < 1:
+            raise ConfigError("lag_observations_per_day", f"must be an integer >= 1, got "
+                              f"{self.lag_observations_per_day!r}")
         if self.lag_objective_s is not None and not self.lag_objective_s > 0:
             raise ConfigError("lag_objective_s", f"must be > 0 seconds (or None), got "
                               f"{self.lag_objective_s!r}")

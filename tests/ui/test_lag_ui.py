@@ -1,6 +1,7 @@
 """Lag in the catalog without a run (issues 19, 29): a 4-partition group with a backlog on one
 partition (stuck: no run ever); the backlog sensor ticks under a real daemon (its run threshold
-set out of reach, so it requests nothing; ``lag_refresh_s`` 1 s); the stuck partition's oldest
+set out of reach, so it requests nothing; the lag's slow cadence ``lag_refresh_s`` 1 s, its
+budget out of reach); the stuck partition's oldest
 pending age is observed again and again, growing, without any run; the asset's page in
 headless Chromium then shows the partition's pending count and oldest pending age, and the
 partitioned ``lag_within_objective`` check's per-partition states: one failed, three passed.
@@ -41,7 +42,8 @@ from tests.support import keyed
 devices = ConsumerGroupAsset(
     name="devices", stream=os.environ["CG_TEST_STREAM"], group="g", partitions=4,
     processor=ArrowProcessor(keyed.DECODER, keyed.transform, state=keyed.STATE),
-    sensor_interval_s=1, schedule_cron=None, lag_objective_s=1.0, lag_refresh_s=1.0)
+    sensor_interval_s=1, schedule_cron=None, lag_objective_s=1.0, lag_refresh_s=1.0,
+    lag_observations_per_day=86_400)  # the slow cadence at 1 s, its daily budget out of reach
 
 defs = build_definitions([devices], resources={
     "nats": NatsResource(servers=os.environ["CG_TEST_NATS"]),

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cg_pipelines.core.triggers import (
+    DEFAULT_LAG_PER_DAY,
+    LAG_BURST,
+    LAG_STATES,
     MAX_LISTED_SUBJECTS,
     SUBJECTS_PER_PARTITION,
     BacklogCursor,
@@ -16,6 +19,9 @@ from cg_pipelines.core.triggers import (
     drop_repeated_requests,
     encode_cursor,
     gained_partitions,
+    lag_events_per_day,
+    lag_observations_due,
+    lag_state,
     pending_by_partition,
     served_partitions,
     summary_lines,
@@ -193,3 +199,131 @@ def test_drop_repeated_requests(requested, pending, now, sent, dropped, state) -
     assert [r.partition for r in out] == sent
     assert n == dropped
     assert keep == state
+
+
+# ------------------------------------------------------------------------------ lag volume
+
+
+@pytest.mark.parametrize(("prev", "b", "now", "due", "entry"), [
+    # never seen, idle: nothing to say (an idle group writes nothing), full budget
+    (None, B(0, 0, None, 0.0), 100.0, False, [0, None, 0.0, 0, 4.0, None]),
+    # never seen, a backlog: recorded (state behind), one unit of budget spent
+    (None, B(0, 5, 10, 3.0), 100.0, True, [5, 10, 100.0, 1, 3.0, 10]),
+    # an entry of the older shape counts as never seen
+    ([5, 10, 40.0], B(0, 5, 10, 3.0), 100.0, True, [5, 10, 100.0, 1, 3.0, 10]),
+    # moving (a new first message each tick), same state, within the cadence: not due
+    ([5, 10, 50.0, 1, 3.0, 12], B(0, 4, 15, 10.0), 100.0, False,
+     [5, 10, 50.0, 1, 3.0, 15]),
+    # moving, the 900 s cadence passed: due (the budget refilled to its 4, one spent)
+    ([5, 10, 50.0, 1, 3.0, 12], B(0, 4, 15, 10.0), 950.0, True,
+     [4, 15, 950.0, 1, 3.0, 15]),
+    # stopped on a message not recorded (same first message as the last tick): due at once
+    ([5, 10, 50.0, 1, 3.0, 15], B(0, 4, 15, 10.0), 100.0, True,
+     [4, 15, 100.0, 1, pytest.approx(3.0 + 50 * 180 / 86400 - 1), 15]),
+    # stuck on the recorded message, under the objective: its timestamp still tells the age
+    ([5, 10, 50.0, 1, 3.0, 10], B(0, 9, 10, 60.0), 100.0, False,
+     [5, 10, 50.0, 1, 3.0, 10]),
+    # the objective (300 s) crossed: due at once, state late
+    ([5, 10, 50.0, 1, 3.0, 10], B(0, 9, 10, 301.0), 100.0, True,
+     [9, 10, 100.0, 2, pytest.approx(2.0 + 50 * 180 / 86400), 10]),
+    # drained: due at once, state caught up
+    ([5, 10, 50.0, 2, 3.0, 10], B(0, 0, None, 0.0), 100.0, True,
+     [0, None, 100.0, 0, pytest.approx(2.0 + 50 * 180 / 86400), None]),
+    # recorded idle, still idle: never
+    ([0, None, 50.0, 0, 3.0, None], B(0, 0, None, 0.0), 1e9, False,
+     [0, None, 50.0, 0, 3.0, None]),
+    # a change with the budget spent: held back (still a change at the next tick) ...
+    ([5, 10, 100.0, 1, 0.0, 12], B(0, 0, None, 0.0), 200.0, False,
+     [5, 10, 100.0, 1, 0.0, None]),
+    # ... and recorded once a unit has refilled (86400 / 180 = 480 s)
+    ([5, 10, 100.0, 1, 0.0, 12], B(0, 0, None, 0.0), 580.0, True,
+     [0, None, 580.0, 0, pytest.approx(0.0), None]),
+])
+def test_lag_observations_due(prev, b, now, due, entry) -> None:
+    got, seen = lag_observations_due([b], {} if prev is None else {"0": prev}, now, 900.0,
+                                     objective_s=300.0, per_day=180)
+    assert (got == [b]) is due
+    assert seen["0"] == entry
+
+
+def test_lag_state_and_bad_settings() -> None:
+    assert [LAG_STATES[lag_state(b, 300.0)] for b in (
+        B(0, 0, None, 0.0), B(0, 3, 1, 300.0), B(0, 3, 1, 300.5))] == [
+        "caught_up", "behind", "late"]
+    assert lag_state(B(0, 3, 1, 1e9)) == 1  # no objective: never late
+    with pytest.raises(ValueError, match="refresh interval"):
+        lag_observations_due([], {}, 0.0, 0.0)
+    with pytest.raises(ValueError, match="per day"):
+        lag_observations_due([], {}, 0.0, per_day=0)
+    with pytest.raises(ValueError):
+        lag_events_per_day(-1, 30.0)
+
+
+TICK = 30.0
+DAY_TICKS = int(86400 // TICK)
+
+
+def test_lag_events_256_busy_partitions_a_day_and_a_stuck_one() -> None:
+    """A simulated day of 30 s backlog ticks over 256 partitions with the defaults. 255 are
+    busy all day (steady traffic: at each tick a run drained what the previous one saw, and
+    new messages wait, 20 s old at most); partition 0 is busy too until it stops on one
+    message at tick STOP and stays stuck there. Lag observations: the busy ones at the 900 s
+    cadence only (96 each), 24,576 in all at most (far under the 50,000 a day of issue 40;
+    the rule before wrote one per partition per minute, 368,640); the stuck partition's age,
+    read from its latest observation as ``now - (observed_at - oldest_pending_age_s)`` (the
+    oldest pending message's timestamp), is exact at every tick from the one after it
+    stopped, and it is recorded late at the tick its message crosses the 300 s objective."""
+    assert lag_events_per_day(256, TICK, steady=True) == 24_576 <= 50_000
+    assert lag_events_per_day(256, TICK) == 256 * (DEFAULT_LAG_PER_DAY + LAG_BURST) \
+        == 47_104 <= 50_000
+    stop = 1000
+    stuck_at = stop * TICK - 20.0  # the message partition 0 stops on
+    seen: dict = {}
+    busy = stuck = 0
+    latest: tuple[float, float] | None = None  # partition 0: (observed_at, age then)
+    late_at = None
+    errors: dict[int, float] = {}
+    for t in range(DAY_TICKS):
+        now = t * TICK
+        backlog = [B(p, 10, 1000 * t + p, 20.0) for p in range(1, 256)]
+        if t < stop:
+            backlog.insert(0, B(0, 10, 1000 * t, 20.0))
+        else:
+            backlog.insert(0, B(0, 10 + t - stop, 1000 * stop, now - stuck_at))
+        due, seen = lag_observations_due(backlog, seen, now, objective_s=300.0)
+        for b in due:
+            if b.partition == 0:
+                stuck += 1
+                latest = (now, b.age_s)
+                if lag_state(b, 300.0) == 2 and late_at is None:
+                    late_at = t
+            else:
+                busy += 1
+        if t >= stop:
+            assert latest is not None
+            reported = now - (latest[0] - latest[1])
+            errors[t] = abs(reported - (now - stuck_at))
+    assert busy == 255 * 96
+    assert errors[stop] > TICK  # at the tick it stops nobody can tell yet ...
+    assert max(errors[t] for t in errors if t > stop) < 1e-6  # ... from the next on: exact
+    assert late_at == stop + int((300.0 - 20.0) // TICK) + 1  # the first tick past 300 s
+    p0 = seen["0"]
+    assert p0[3] == 2 and p0[1] == 1000 * stop  # recorded late, on the stuck message
+    # partition 0: the cadence, plus "stopped" and "late" (two changes of state)
+    assert stuck <= 96 + 2
+    assert busy + stuck <= lag_events_per_day(256, TICK, steady=True) + 2 <= 50_000
+
+
+def test_lag_events_bound_holds_whatever_the_traffic() -> None:
+    """The worst traffic for the rule: every partition flips between a backlog and nothing
+    at every tick (each tick a change of state). Each partition still writes at most its
+    budget, 180 a day plus a burst of 4: 47,104 at 256 partitions."""
+    seen: dict = {}
+    events = 0
+    for t in range(DAY_TICKS):
+        backlog = [B(p, t % 2, t if t % 2 else None, 1.0 if t % 2 else 0.0)
+                   for p in range(256)]
+        due, seen = lag_observations_due(backlog, seen, t * TICK, objective_s=300.0)
+        events += len(due)
+    assert events <= lag_events_per_day(256, TICK) == 47_104
+    assert events >= 256 * DEFAULT_LAG_PER_DAY  # the budget is what limits it here
