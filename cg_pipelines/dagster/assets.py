@@ -28,7 +28,6 @@ The engine's lease and fenced commit stay the last line: a second holder commits
 
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 from dagster import (
@@ -38,7 +37,6 @@ from dagster import (
     AssetExecutionContext,
     AssetsDefinition,
     Failure,
-    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
     StaticPartitionsDefinition,
@@ -144,8 +142,9 @@ def _run_metadata(result: RunResult, owner: str, revision: int) -> dict[str, Any
 
 def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
     """The partitioned asset of ``spec`` with its three partitioned asset checks (results of
-    each run, also when it fails: :func:`failed_run_checks`) and its freshness policy
-    (:func:`freshness_policy_of`)."""
+    each run, also when it fails: :func:`failed_run_checks`), and ``spec.freshness_policy``
+    (none by default: a partition's freshness is its ``lag_within_objective`` check, which
+    each drain run evaluates after its materialization, docs/signals.md)."""
     partitions = StaticPartitionsDefinition(spec.partition_keys())
     # Partitioned checks (Dagster 1.13): each run's results are its partition's.
     checks = [
@@ -170,7 +169,7 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
         {"nats", "delta", "spark"} if spec.uses_spark else {"nats", "delta"})
 
     @asset(
-        freshness_policy=freshness_policy_of(spec),
+        freshness_policy=spec.freshness_policy,
         name=spec.name,
         key_prefix=spec.key_prefix,
         group_name=spec.group_name,
@@ -205,19 +204,6 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
         yield result
 
     return _group_asset
-
-
-def freshness_policy_of(spec: ConsumerGroupAsset) -> FreshnessPolicy | None:
-    """The group asset's Dagster freshness policy (the 1.13 ``FreshnessPolicy`` API), derived
-    from ``spec.lag_objective_s``: warn when no partition was materialized for the objective
-    plus one sensor interval (at least 60 s, Dagster's minimum), fail after twice that.
-    ``None`` without an objective. A group
-    whose stream is idle for that long shows as stale too: no run, no materialization."""
-    if spec.lag_objective_s is None:
-        return None
-    warn = max(60.0, spec.lag_objective_s + spec.sensor_interval_s)
-    return FreshnessPolicy.time_window(fail_window=timedelta(seconds=2 * warn),
-                                       warn_window=timedelta(seconds=warn))
 
 
 def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
@@ -302,19 +288,19 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
                 check_name=DRAINED_CHECK, passed=drained, severity=AssetCheckSeverity.WARN,
                 description=f"{result.status}: {result.detail}" if result.detail else
                 result.status,
-                metadata={"partition": p, "status": result.status, "detail": result.detail}),
+                metadata={"status": result.status, "detail": result.detail}),
             AssetCheckResult(
                 check_name=FENCE_CHECK, passed=result.fence_conflicts == 0,
                 severity=AssetCheckSeverity.WARN,
                 description=f"{result.fence_conflicts} commit(s) refused by the fence: "
                 f"{result.detail}" if result.fence_conflicts else "no commit refused",
-                metadata={"partition": p, "fence_conflicts": result.fence_conflicts,
+                metadata={"fence_conflicts": result.fence_conflicts,
                           "detail": result.detail}),
             AssetCheckResult(
                 check_name=DEAD_LETTER_CHECK, passed=result.dead_lettered == 0,
                 severity=AssetCheckSeverity.WARN,
                 description=f"{result.dead_lettered:,} message(s) dead-lettered (dead-letter "
                 "stream: cg dlq ls)" if result.dead_lettered else "none dead-lettered",
-                metadata={"partition": p, "dead_lettered": result.dead_lettered}),
+                metadata={"dead_lettered": result.dead_lettered}),
         ],
     )

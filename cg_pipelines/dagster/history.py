@@ -41,8 +41,8 @@ from cg_pipelines.core.errors import one_line
 from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy
 
 __all__ = ["CHECK_MODE", "CODE_TAG", "MODE_TAG", "WORKER_TAG", "CheckState", "check_states",
-           "fail_lost_runs", "finished_runs", "partition_runs", "record_first_checks",
-           "run_worker_tags"]
+           "fail_lost_runs", "finished_runs", "partition_runs", "partition_runs_of",
+           "record_first_checks", "run_worker_tags"]
 
 CODE_TAG = "cg/code_version"
 """Run tag: the code version (:func:`~cg_pipelines.core.fingerprint.code_version` or the
@@ -309,6 +309,17 @@ def finished_runs(instance: DagsterInstance, run_ids: Iterable[str]) -> set[str]
     alive = {rec.dagster_run.run_id for rec in instance.get_run_records(
         RunsFilter(run_ids=list(ids), statuses=_QUEUED))}
     return ids - alive
+
+
+def partition_runs_of(instance: DagsterInstance, run_ids: Iterable[str]) -> set[str]:
+    """Those of ``run_ids`` that are partition runs (drain or rebuild), not check-only runs
+    (:data:`CHECK_MODE`): one run-records query, none for no ids; a run that no longer exists
+    is neither."""
+    ids = [r for r in run_ids if r]
+    if not ids:
+        return set()
+    return {rec.dagster_run.run_id for rec in instance.get_run_records(RunsFilter(run_ids=ids))
+            if rec.dagster_run.tags.get(MODE_TAG) != CHECK_MODE}
 
 
 def record_first_checks(instance: DagsterInstance, evaluations: Sequence[AssetCheckEvaluation],

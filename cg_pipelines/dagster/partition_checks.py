@@ -43,6 +43,7 @@ from cg_pipelines.dagster.history import (
     check_states,
     finished_runs,
     partition_runs,
+    partition_runs_of,
     record_first_checks,
 )
 from cg_pipelines.dagster.resources import NatsResource, PartitionRunsResource
@@ -103,10 +104,11 @@ class GroupReading:
 def read_group(spec: ConsumerGroupAsset, nats_res: NatsResource,
                runs: PartitionRunsResource, *,
                dead_letters_seen: dict[int, int] | None = None,
-               only: Iterable[int] | None = None) -> GroupReading:
+               only: Iterable[int] | None = None, any_owner: bool = False) -> GroupReading:
     """One bounded NATS session: the group's config (partition count checked), then the
     backlog of the partitions this deployment serves (and only those; with ``only``, of
-    those of ``only`` it serves); with
+    those of ``only`` it serves; with ``any_owner`` too, of all of ``only`` whoever owns
+    them); with
     ``dead_letters_seen`` (``{partition: count}`` last observed), also the dead-letter counts
     (one request) and the latest dead letter of each served partition whose count changed.
 
@@ -123,7 +125,7 @@ def read_group(spec: ConsumerGroupAsset, nats_res: NatsResource,
         served = served_partitions(assignment(v.config), served_members)
         if only is not None:
             wanted = set(only)
-            served = [p for p in served if p in wanted]
+            served = sorted(wanted) if any_owner else [p for p in served if p in wanted]
         async with JetStreamAPI(nc, timeout=nats_res.call_timeout_s) as api:
             backlog = await partition_backlog(api, spec.stream, spec.group, served)
             if dead_letters_seen is None:
@@ -199,11 +201,14 @@ class PartitionChecks:
 
 def plan_partition_checks(group: str, want: dict[tuple[str, str], bool],
                           states: dict[tuple[str, str], CheckState], ended: set[str],
-                          now: float) -> PartitionChecks:
+                          now: float, partition_runs: set[str] | None = None
+                          ) -> PartitionChecks:
     """Which results to write, from the wanted outcomes ``{(check, partition key): passed}``
     and what Dagster shows (``states``, :func:`~cg_pipelines.dagster.history.check_states`).
-    ``ended``: the run ids of those PLANNED states whose run has ended; ``now``: Unix seconds
-    (the retry's time bucket). Pure; raises nothing.
+    ``ended``: the run ids of those PLANNED states whose run has ended; ``partition_runs``:
+    those of them that were partition runs (a drain or rebuild run planned
+    ``lag_within_objective`` and failed before it: Dagster shows "execution failed"), not
+    check-only runs; ``now``: Unix seconds (the retry's time bucket). Pure; raises nothing.
 
     - no execution recorded for (check, partition): a first result, recorded run-less (Dagster
       allows one run-less result per check and partition);
@@ -212,8 +217,10 @@ def plan_partition_checks(group: str, want: dict[tuple[str, str], bool],
       materialization): the partition's checks are recorded again by a check-only run (its
       run key: the partition and the newest storage id of its checks, so one run per recorded
       state: Dagster never runs a sensor's run key twice);
-    - planned only (a check run is in progress): nothing until it ends; if it ended without a
-      result, another check run at most every :data:`CHECK_RETRY_S` seconds;
+    - planned only (a run is in progress): nothing until it ends; if a check-only run ended
+      without a result, another one at most every :data:`CHECK_RETRY_S` seconds; if a
+      partition run (failed) did, the same only while the wanted outcome is a failure (a late
+      partition shows failing; a fresh one waits for its next drain run, which evaluates it);
     - anything else (same outcome; a passing result made stale by a materialization: Dagster
       then shows no status for that partition until its next result): nothing.
 
@@ -228,7 +235,7 @@ def plan_partition_checks(group: str, want: dict[tuple[str, str], bool],
         if st is None:
             first.append((name, key))
         elif st.passed is None:
-            if st.run_id in ended:
+            if st.run_id in ended and (ok is False or st.run_id not in (partition_runs or ())):
                 rerun.setdefault(key, []).append(
                     f"{name}: its check run {st.run_id} ended without a result")
                 retry.add(key)
@@ -278,8 +285,9 @@ def partition_checks(spec: ConsumerGroupAsset, reading: GroupReading, exhausted:
     else:
         states = check_states(instance, asset_key_of(spec), {n for n, _ in want})
         planned = {st.run_id for k, st in states.items() if k in want and st.passed is None}
-        todo = plan_partition_checks(spec.group, want, states,
-                                     finished_runs(instance, planned), now)
+        ended = finished_runs(instance, planned)
+        todo = plan_partition_checks(spec.group, want, states, ended, now,
+                                     partition_runs_of(instance, ended))
         keys = set(todo.first)
     out = [*lag_evaluations(spec, [b for b in backlog
                                    if (LAG_CHECK, spec.partition_key(b.partition)) in keys]),
@@ -305,17 +313,20 @@ def partition_checks(spec: ConsumerGroupAsset, reading: GroupReading, exhausted:
 
 def evaluate_check(spec: ConsumerGroupAsset, name: str, partition_key: str,
                    nats_res: NatsResource, runs: PartitionRunsResource,
-                   instance: DagsterInstance, now: float | None = None
-                   ) -> AssetCheckEvaluation | None:
+                   instance: DagsterInstance, now: float | None = None, *,
+                   any_owner: bool = False) -> AssetCheckEvaluation | None:
     """Check ``name`` (:data:`LAG_CHECK` or :data:`RUNS_CHECK`) of one partition, computed as
-    the backlog sensor computes it and nothing else (for a check executed by hand): the
-    group's config and that partition's backlog (one NATS session); for :data:`RUNS_CHECK`
-    also its run history (:func:`~cg_pipelines.dagster.history.partition_runs`). Nothing is
-    written, no run is marked failed, no other partition is read. ``now``: Unix seconds.
+    the backlog sensor computes it and nothing else (for a check executed by hand, or by the
+    partition's own drain run): the group's config and that partition's backlog (one NATS
+    session); for :data:`RUNS_CHECK` also its run history
+    (:func:`~cg_pipelines.dagster.history.partition_runs`). Nothing is written, no run is
+    marked failed, no other partition is read. ``now``: Unix seconds. ``any_owner``: evaluate
+    it whoever owns the partition now (a drain run whose partition moved to another member
+    while it ran still tells its lag).
 
     Returns:
-        The evaluation, or ``None`` when this deployment does not serve the partition (or
-        :data:`LAG_CHECK` without a lag objective).
+        The evaluation, or ``None`` when this deployment does not serve the partition (and not
+        ``any_owner``), or :data:`LAG_CHECK` without a lag objective.
 
     Raises:
         ConfigError: ``partition_key`` is not one of the asset's, or ``name`` is not one of
@@ -326,7 +337,7 @@ def evaluate_check(spec: ConsumerGroupAsset, name: str, partition_key: str,
     if name not in BACKLOG_CHECK_NAMES:
         raise ConfigError("check", f"{name!r} is not one of {', '.join(BACKLOG_CHECK_NAMES)}")
     p = spec.partition_of(partition_key)
-    reading = read_group(spec, nats_res, runs, only=[p])
+    reading = read_group(spec, nats_res, runs, only=[p], any_owner=any_owner)
     if p not in reading.served:
         return None
     if name == LAG_CHECK:

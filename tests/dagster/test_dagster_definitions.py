@@ -62,9 +62,15 @@ def test_test_definitions_load(tmp_path: Path) -> None:
     assert {k.name for k in asset.check_keys} == {"backlog_drained",
                                                   "no_unexplained_fence_conflicts",
                                                   "no_new_dead_letters"}
-    # partitioned like the asset (Dagster 1.13), and freshness from the lag objective
+    # partitioned like the asset (Dagster 1.13); no Dagster FreshnessPolicy (per asset, on the
+    # last materialization: an idle drained group would read stale): a partition's freshness
+    # is lag_within_objective, which each drain and rebuild run evaluates after its
+    # materialization (issue 40); the other operational checks are the sensor's
     assert all(s.partitions_def == asset.partitions_def for s in asset.check_specs)
-    assert asset.specs_by_key[asset.key].freshness_policy is not None
+    assert asset.specs_by_key[asset.key].freshness_policy is None
+    for name in (JOB, f"{ASSET}_rebuild"):
+        assert sorted(n.name for n in defs.resolve_job_def(name).nodes) == [
+            ASSET, f"{ASSET}_lag_within_objective"]
 
 
 def test_cli_validate_without_nats(tmp_path: Path) -> None:

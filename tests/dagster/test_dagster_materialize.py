@@ -1,12 +1,14 @@
 """Single partitions materialized through Dagster (job ``execute_in_process`` and
-``materialize``): metadata, asset checks, the Delta table against the pandas reference; a
-partition owned by a member this deployment does not serve fails with a clear Failure."""
+``materialize``): metadata, asset checks (the run's freshness check included), the Delta table
+against the pandas reference; a partition owned by a member this deployment does not serve
+fails with a clear Failure."""
 
 from __future__ import annotations
 
 import asyncio
 
-from dagster import DagsterInstance, ExecuteInProcessResult, materialize
+import pytest
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, ExecuteInProcessResult, materialize
 from deltalake import DeltaTable
 from nats.js import JetStreamContext
 
@@ -61,9 +63,11 @@ async def test_materialize_one_partition(js: JetStreamContext, nats_server: Nats
         assert md["delta_version"] >= 1
         checks = {c.check_name: c for c in res.get_asset_check_evaluations()}
         assert set(checks) == {"backlog_drained", "no_unexplained_fence_conflicts",
-                               "no_new_dead_letters"}
+                               "no_new_dead_letters", "lag_within_objective"}
         for c in checks.values():
             assert c.passed, c
+            # the partition is the check's own (its Dagster partition key), never a metric
+            assert "partition" not in c.metadata, c.metadata
             assert c.partition == pkey(p)  # partitioned checks: the run's partition
             assert c.target_materialization_data is not None
             assert c.target_materialization_data.run_id == res.run_id
@@ -151,3 +155,33 @@ async def test_rebuild_job_rebuilds_whatever_run_config_it_is_given(
     assert failure is not None and failure.error is not None
     text = failure.error.message
     assert "cg/mode='replay'" in text and "expected 'drain' or 'rebuild'" in text
+
+
+async def test_a_drain_runs_freshness_check_never_fails_the_run(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lag_within_objective`` evaluated by the drain run itself (the partition's freshness,
+    issue 40) does not turn a drained run into a failed one: when the group cannot be read
+    after the materialization it is judged from the run's outcome (drained: passed) and says
+    so; the same check executed alone (a check-only run) fails as before."""
+    stream = unique_name
+    await h.create_group(js, stream)
+    evs = h.events_on({1})
+    await h.publish(js, stream, evs, len(evs))
+    defs = make_defs(stream, nats_server.url, warehouse)
+
+    def unreadable(*args: object, **kwargs: object) -> None:
+        raise TimeoutError("nats: timeout")
+
+    monkeypatch.setattr("cg_pipelines.dagster.checks.evaluate_check", unreadable)
+    res = await asyncio.to_thread(defs.resolve_job_def(JOB).execute_in_process,
+                                  partition_key=pkey(1), instance=instance)
+    assert res.success
+    (lag,) = [c for c in res.get_asset_check_evaluations()
+              if c.check_name == "lag_within_objective"]
+    assert lag.passed and "judged from the run, which ended drained" in (lag.description or "")
+    alone = defs.resolve_job_def(f"{ASSET}_checks").get_subset(
+        asset_selection=set(),
+        asset_check_selection={AssetCheckKey(AssetKey(ASSET), "lag_within_objective")})
+    assert not (await asyncio.to_thread(alone.execute_in_process, partition_key=pkey(1),
+                                        instance=instance, raise_on_error=False)).success

@@ -1,12 +1,14 @@
-"""Signals an operator can trust (issue 29): partitioned checks recorded outside runs on SQLite
-and Postgres instances, lag observations at a bounded rate (events per day held), run history
-in a constant number of queries, a failed run's check results, dead letters in the catalog.
+"""Signals an operator can trust (issues 29, 40): partitioned checks recorded outside runs on
+SQLite and Postgres instances, lag observations on changes of state through the sensor, run
+history in a constant number of queries, a failed run's check results, dead letters in the
+catalog.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -31,12 +33,7 @@ from nats.js import JetStreamContext
 from sqlalchemy.exc import IntegrityError
 
 from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
-from cg_pipelines.core.triggers import (
-    PartitionBacklog,
-    RetryPolicy,
-    lag_events_per_day,
-    lag_observations_due,
-)
+from cg_pipelines.core.triggers import RetryPolicy
 from cg_pipelines.dagster import build_definitions
 from cg_pipelines.dagster.history import (
     CODE_TAG,
@@ -51,6 +48,7 @@ from cg_pipelines.dagster.partition_checks import (
     CHECKS_PER_TICK,
     PartitionChecks,
     plan_partition_checks,
+    read_group,
 )
 from cg_pipelines.dagster.partition_run import failed_run_checks
 from cg_pipelines.engine.deadletter import dead_letter_headers, ensure_dlq_stream
@@ -149,6 +147,13 @@ def test_plan_partition_checks_writes_only_changes() -> None:
     assert plan_partition_checks("g", want, planned, set(), 0.0) == PartitionChecks()
     retry = plan_partition_checks("g", want, planned, {"r2"}, 1000.0)
     assert retry.run_keys == {"g-1": f"g:checks:g-1:9:{int(1000 // CHECK_RETRY_S)}"}
+    # planned by a partition run that failed before evaluating it: a check run only while
+    # the partition is late (g-1 here); a fresh one waits for its next drain run
+    assert plan_partition_checks("g", want, planned, {"r2"}, 1000.0, {"r2"}).run_keys == \
+        retry.run_keys
+    fresh = {**steady, (lag, "g-0"): _st(None, run_id="r3", sid=10)}
+    assert plan_partition_checks("g", want, fresh, {"r3"}, 1000.0, {"r3"}) == PartitionChecks()
+    assert list(plan_partition_checks("g", want, fresh, {"r3"}, 1000.0).rerun) == ["g-0"]
 
     many = {(runs, f"g-{p}"): False for p in range(CHECK_RUNS_PER_TICK + 5)}
     plan = plan_partition_checks("g", many, {k: _st(True) for k in many}, set(), 0.0)
@@ -161,55 +166,52 @@ def test_plan_partition_checks_writes_only_changes() -> None:
 # ------------------------------------------------------------------------------ lag volume
 
 
-def _b(p: int, pending: int, first: int | None, age: float) -> PartitionBacklog:
-    return PartitionBacklog(p, pending, first, age)
-
-
-@pytest.mark.parametrize(("prev", "b", "now", "due"), [
-    (None, _b(0, 0, None, 0.0), 100.0, False),            # never seen, nothing pending
-    (None, _b(0, 5, 10, 3.0), 100.0, True),               # never seen, a backlog
-    ([5, 10, 90.0], _b(0, 5, 10, 13.0), 100.0, False),    # stuck, refreshed 10 s ago
-    ([5, 10, 40.0], _b(0, 5, 10, 63.0), 100.0, True),     # stuck, 60 s since: age refreshed
-    ([0, None, 0.0], _b(0, 0, None, 0.0), 1e9, False),    # idle and unchanged: never
-    ([5, 10, 90.0], _b(0, 0, None, 0.0), 100.0, False),   # drained, but observed 10 s ago
-    ([5, 10, 40.0], _b(0, 0, None, 0.0), 100.0, True),    # drained, 60 s since
-    ([0, None, 0.0], _b(0, 3, 20, 1.0), 100.0, True),     # new backlog after an idle spell
-])
-def test_lag_observation_due(prev: list | None, b: PartitionBacklog, now: float,
-                             due: bool) -> None:
-    got, seen = lag_observations_due([b], {} if prev is None else {"0": prev}, now, 60.0)
-    assert (got == [b]) is due
-    assert seen["0"] == ([b.pending, b.first_seq, now] if due else
-                         (prev if prev is not None else [0, None, 0.0]))
-
-
-def test_lag_events_per_day_at_256_partitions() -> None:
-    """A simulated day of 30 s ticks on 256 partitions: every partition's backlog changes at
-    every tick (steady traffic, the old worst case: 737,280 a day) -> at most one observation
-    per partition per minute, 368,640 a day; idle partitions -> none; a stuck partition's age
-    is refreshed every minute (never frozen)."""
-    assert lag_events_per_day(256, 30.0) == 368_640
-    assert lag_events_per_day(256, 30.0, 300.0) == 73_728
-    seen: dict = {}
-    busy = idle = 0
-    stuck_ages: list[float] = []
-    for t in range(2880):  # a day of 30 s ticks
-        now = t * 30.0
-        backlog = [_b(p, 1 + t % 7, 1000 * t + p, 12.0) for p in range(256)]
-        due, seen = lag_observations_due(backlog, seen, now)
-        busy += len(due)
-    assert busy <= lag_events_per_day(256, 30.0) and busy == 368_640
-    seen, stuck_seen = {}, {}
-    quiet = [_b(p, 0, None, 0.0) for p in range(256)]
-    for t in range(2880):
-        due, seen = lag_observations_due(quiet, seen, t * 30.0)
-        idle += len(due)
-        due, stuck_seen = lag_observations_due([_b(0, 9, 5, t * 30.0)], stuck_seen, t * 30.0)
-        stuck_ages += [d.age_s for d in due]
-    assert idle == 0
-    assert len(stuck_ages) == 1440 and stuck_ages == sorted(stuck_ages)
-    with pytest.raises(ValueError, match="refresh interval"):
-        lag_observations_due([], {}, 0.0, 0.0)
+async def test_lag_observed_on_changes_through_the_sensor(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance) -> None:
+    """The lag rule (tests/unit/test_triggers.py holds it on a simulated day at 256
+    partitions) through the real backlog sensor's ticks on a real group, the slow cadence set
+    out of reach (1 h) so that only changes are observed: partition 3 moves for 8 ticks
+    (before each, its older messages leave the work queue, as a run would drain them, and a
+    new one arrives), then stops on its last message; partition 1 is stuck on its first
+    message throughout. 12 ticks: partition 3 is observed at its first tick and at the tick
+    after it stopped, never while moving; partition 1 once. Each observation gives the oldest
+    pending message's timestamp, so ``now - oldest_pending_timestamp`` is each partition's
+    true age at the end (checked against a fresh backlog read)."""
+    stream = unique_name
+    await th.create_group(js, stream)
+    spec = replace(make_spec(stream), lag_objective_s=None, lag_refresh_s=3600.0)
+    defs = build_definitions([spec], resources=make_resources(
+        nats_server.url, warehouse, min_pending=10**9))  # never a run: lag only
+    wq = work_queue_stream_name(stream, GROUP)
+    stuck = th.events_on({1})[:5]
+    moving = th.events_on({3})
+    await th.publish(js, stream, stuck, len(stuck))
+    published = len(stuck)
+    seen: dict[str, list[tuple[int, dict]]] = {"g-1": [], "g-3": []}
+    cursor = None
+    for t in range(12):
+        if t < 8:
+            await js.purge_stream(wq, subject="3.>")  # what a run of partition 3 drains
+            await th.publish(js, stream, [moving[t]], published + 1)
+            published += 1
+        d = await asyncio.to_thread(th.tick, defs, BACKLOG_SENSOR, instance, cursor=cursor)
+        cursor = d.cursor
+        for e in d.asset_events:
+            if type(e).__name__ == "AssetObservation" and "lag_state" in e.metadata:
+                seen[e.partition].append((t, {k: v.value for k, v in e.metadata.items()}))
+        await asyncio.sleep(0.1)
+    assert [t for t, _ in seen["g-3"]] == [0, 8]  # first seen; stopped (seen so at tick 8)
+    assert [t for t, _ in seen["g-1"]] == [0]
+    assert {o["lag_state"] for _, obs in seen.items() for _, o in obs} == {"behind"}
+    assert seen["g-3"][1][1]["pending"] == 1
+    reading = await asyncio.to_thread(read_group, spec, defs.resources["nats"],
+                                      defs.resources["partition_runs"])
+    at = time.time()
+    for p in (1, 3):
+        (b,) = [b for b in reading.backlog if b.partition == p]
+        stamp = seen[f"g-{p}"][-1][1]["oldest_pending_timestamp"]
+        assert at - stamp == pytest.approx(b.age_s, abs=0.5)  # the true age, now
 
 
 # ------------------------------------------------------------------------------ tick cost
