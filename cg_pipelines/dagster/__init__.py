@@ -21,8 +21,10 @@ processors). A user project needs a few lines::
         "warehouse": DeltaWarehouseResource(root="s3://lake/tables", ...)})
 
 What you get per group: the partitioned asset (partition keys ``<group>-<p>``) with its asset
-checks, its job, a membership sensor, a backlog sensor and a drain schedule (sensors and
-schedule start stopped), and an IO manager that hands the table to downstream assets. Make runs
+checks, its job, a membership sensor, a backlog sensor and a drain schedule (these start
+stopped), a run retention sensor (running: it deletes the asset's runs nothing reads any more,
+:mod:`cg_pipelines.dagster.retention`), and an IO manager that hands the table to downstream
+assets. Make runs
 of one partition exclusive however they are launched with the instance setting in
 :mod:`cg_pipelines.dagster.assets` (a ``dagster/partition`` tag limit). In a ``dg`` project, a
 group can be declared in ``defs.yaml`` instead: :class:`ConsumerGroupAssetComponent`

@@ -27,6 +27,7 @@ from cg_pipelines.dagster.joins import CoPartitionedAsset, build_copartitioned_d
 from cg_pipelines.dagster.partition_checks import LAG_CHECK
 from cg_pipelines.dagster.reconcile import build_reconcile_check
 from cg_pipelines.dagster.resources import PartitionRunsResource, SparkResource
+from cg_pipelines.dagster.retention import build_run_retention_sensor
 from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
 from cg_pipelines.dagster.spec import ConsumerGroupAsset, partitioned_checks_preview
 from cg_pipelines.engine.processor import with_defaults
@@ -39,7 +40,8 @@ class GroupDefinitions:
     """The Dagster parts of one consumer group: ``asset`` (partitioned, with its checks),
     ``job`` (the asset job: one partition per run, draining), ``rebuild_job`` (the same asset,
     each run rebuilding its partition from the origin stream: backfill it over the partitions
-    to recompute), ``sensors`` (membership, backlog), ``schedule`` (drain-all, or ``None``),
+    to recompute), ``sensors`` (membership, backlog, run retention), ``schedule`` (drain-all,
+    or ``None``),
     ``checks`` (the operational checks), ``checks_job`` (the partitioned operational checks of
     one partition per run, no materialization: the backlog sensor's check-only runs)."""
 
@@ -63,7 +65,9 @@ class GroupDefinitions:
 def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
     """The asset, its jobs (``<name>_job`` drains, ``<name>_rebuild`` rebuilds,
     ``<name>_checks`` records a partition's partitioned operational checks), sensors
-    (``<name>_membership``, ``<name>_backlog``), schedule (``<name>_drain``) and operational
+    (``<name>_membership``, ``<name>_backlog``, and ``<name>_run_retention``, which deletes old
+    runs of these jobs and is running by default: :mod:`cg_pipelines.dagster.retention`),
+    schedule (``<name>_drain``) and operational
     checks (:mod:`cg_pipelines.dagster.checks`) of one group;
     use these parts to compose your own ``Definitions``, or :func:`build_definitions` for all
     of it."""
@@ -97,7 +101,11 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
         description=f"Record the partitioned operational checks of one partition of "
         f"{spec.stream}.{spec.group} (the backlog sensor runs it with the checks only "
         "selected, for a partition whose results changed; it never materializes).")
-    return GroupDefinitions(asset, job, rebuild, build_sensors(spec, job, checks_job),
+    retention = build_run_retention_sensor(
+        spec.name, asset.key, spec.partition_keys(), [job.name, rebuild.name, checks_job.name],
+        sorted({k.name for k in asset.check_keys} | {k.name for c in checks for k in c.check_keys}),
+        spec.runs_resource_key)
+    return GroupDefinitions(asset, job, rebuild, [*build_sensors(spec, job, checks_job), retention],
                             build_drain_schedule(spec, job), checks, checks_job)
 
 

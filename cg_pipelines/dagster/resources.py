@@ -425,6 +425,9 @@ class PartitionRunsResource(ConfigurableResource):
     ``min_pending``, ``max_age_s``, ``retry_*``) are the deployment's and the sensor's:
     ``retry_backoff_s`` (15 s) spaces the sensor's retries of a failed *run*, while
     ``nats_retry_backoff_s`` (0.1 s) spaces a run's retries of a failed *NATS request*.
+
+    **Run retention** (``run_retention_*``): what each group's ``<asset>_run_retention``
+    sensor deletes (:mod:`cg_pipelines.dagster.retention`, docs/growth.md).
     """
 
     members: list[str] = Field(default_factory=list, description="Member names served here; "
@@ -479,6 +482,18 @@ class PartitionRunsResource(ConfigurableResource):
     retry_backoff_s: float = Field(15.0, description="Seconds to wait before retrying a "
                                    "failed partition run; doubles per consecutive failure ...")
     retry_max_backoff_s: float = Field(300.0, description="... up to this many seconds.")
+    # ------------------------------------------------------------ run retention
+    run_retention_hours: float | None = Field(
+        24.0, gt=0, description="Run retention (the <asset>_run_retention sensor, running by "
+        "default): finished runs of a group's asset created more than this many hours ago are "
+        "deleted, except the newest run_retention_keep_runs, each partition's last successful "
+        "run and the failures since, and the runs of its latest check results. None: off "
+        "(Dagster keeps every run for ever).")
+    run_retention_keep_runs: int = Field(100, ge=0, description="... the newest runs of the "
+                                         "asset that stay whatever their age ...")
+    run_retention_max_deletes: int = Field(
+        100, ge=1, description="... and the most runs one evaluation (every 60 s) deletes: "
+        "keep it above the runs a group starts in a minute.")
 
     def served(self) -> list[str] | None:
         """Served member names, or ``None`` for every member."""

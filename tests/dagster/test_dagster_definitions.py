@@ -43,7 +43,8 @@ def test_project_definitions_load() -> None:
     assert job.partitions_def is not None
     assert job.partitions_def.get_partition_keys() == [f"legs-{p}" for p in range(8)]
     assert {s.name for s in defs.sensors or []} == {"aircraft_legs_membership",
-                                                     "aircraft_legs_backlog"}
+                                                     "aircraft_legs_backlog",
+                                                     "aircraft_legs_run_retention"}
 
 
 def test_test_definitions_load(tmp_path: Path) -> None:
