@@ -70,6 +70,7 @@ from cg_pipelines.dagster.resources import (
     run_spark_session,
     stopping_foreign_spark,
 )
+from cg_pipelines.dagster.retention import build_run_retention_sensor
 from cg_pipelines.dagster.spec import TICK_ERRORS, partitioned_checks_preview
 from cg_pipelines.engine.join import JoinInput, JoinResult, run_copartitioned
 from cg_pipelines.engine.join_processor import JoinProcessor
@@ -234,7 +235,7 @@ class CoPartitionedAsset:
 class JoinDefinitions:
     """The Dagster parts of one co-partitioned asset: ``asset``, ``job`` (one partition per
     run), ``rebuild_job`` (each run rebuilds its partition from every input's origin history:
-    backfill it to recompute), ``sensors`` (the backlog sensor)."""
+    backfill it to recompute), ``sensors`` (the backlog sensor, the run retention sensor)."""
 
     asset: AssetsDefinition
     job: Any
@@ -394,8 +395,10 @@ def join_metadata(result: JoinResult, inputs: Sequence[JoinInput]) -> dict[str, 
 
 
 def build_copartitioned_definitions(spec: CoPartitionedAsset) -> JoinDefinitions:
-    """The asset, ``<name>_job`` (one partition per run) and the ``<name>_backlog`` sensor of
-    one co-partitioned asset (or pass it to ``build_definitions(..., joins=[spec])``)."""
+    """The asset, ``<name>_job`` (one partition per run), ``<name>_rebuild``, the
+    ``<name>_backlog`` sensor and the ``<name>_run_retention`` sensor (running by default, as a
+    group asset's: :mod:`cg_pipelines.dagster.retention`) of one co-partitioned asset (or pass
+    it to ``build_definitions(..., joins=[spec])``)."""
     with partitioned_checks_preview():
         asset_def = build_copartitioned_asset(spec)
     job = define_asset_job(f"{spec.name}_job", selection=[asset_def],
@@ -407,4 +410,7 @@ def build_copartitioned_definitions(spec: CoPartitionedAsset) -> JoinDefinitions
         tags={MODE_TAG: "rebuild"},
         description=f"Rebuild partition p of {spec.name} per run from every input's origin "
         "history, replacing its rows in one commit (backfill it to recompute).")
-    return JoinDefinitions(asset_def, job, rebuild, [build_join_sensor(spec, job)])
+    retention = build_run_retention_sensor(
+        spec.name, asset_def.key, spec.partition_keys(), [job.name, rebuild.name],
+        sorted(k.name for k in asset_def.check_keys), spec.runs_resource_key)
+    return JoinDefinitions(asset_def, job, rebuild, [build_join_sensor(spec, job), retention])

@@ -170,5 +170,6 @@ def test_docs_dagster_definitions_load(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "NATS_URL": "nats://x:1"})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ("['auctions_job', 'auctions_rebuild'] ['auctions_backlog'] "
+    assert out.stdout.strip() == ("['auctions_job', 'auctions_rebuild'] "
+                                  "['auctions_backlog', 'auctions_run_retention'] "
                                   "['auctions-0', 'auctions-1', 'auctions-2', 'auctions-3']")
