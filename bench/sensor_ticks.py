@@ -68,7 +68,7 @@ from cg_pipelines.core.config import (  # noqa: E402
     work_queue_stream_name,
 )
 from cg_pipelines.core.subjects import partition_for  # noqa: E402
-from cg_pipelines.core.triggers import lag_events_per_day  # noqa: E402
+from cg_pipelines.core.triggers import DEFAULT_LAG_REFRESH_S, lag_events_per_day  # noqa: E402
 from cg_pipelines.dagster import (  # noqa: E402
     ConsumerGroupAsset,
     DeltaWarehouseResource,
@@ -436,9 +436,11 @@ def main() -> None:
                                   args.max_converge), flush=True)
         for n in sizes:
             print(f"lag observations per day at a 30 s tick, {n} partitions with a backlog all "
-                  f"day: at most {lag_events_per_day(n, 30.0):,} (one per partition per "
-                  f"lag_refresh_s = 60 s; none for idle partitions); previous rule under "
-                  f"steady traffic {n * 2880:,}", flush=True)
+                  f"day: {lag_events_per_day(n, 30.0, steady=True):,} under steady traffic "
+                  f"(once per partition per lag_refresh_s = {DEFAULT_LAG_REFRESH_S:g} s), at "
+                  f"most {lag_events_per_day(n, 30.0):,} whatever the traffic (the per-partition "
+                  f"budget); none for idle partitions; the one-per-60-s rule of before "
+                  f"{n * 1440:,}", flush=True)
     print(f"total {time.perf_counter() - t_start:.0f} s")
 
 
