@@ -67,8 +67,8 @@ from cg_pipelines.core.config import (  # noqa: E402
     PartitioningFilter,
     work_queue_stream_name,
 )
+from cg_pipelines.core.lag import DEFAULT_LAG_REFRESH_S, lag_events_per_day  # noqa: E402
 from cg_pipelines.core.subjects import partition_for  # noqa: E402
-from cg_pipelines.core.triggers import DEFAULT_LAG_REFRESH_S, lag_events_per_day  # noqa: E402
 from cg_pipelines.dagster import (  # noqa: E402
     ConsumerGroupAsset,
     DeltaWarehouseResource,

@@ -4,7 +4,7 @@ partition ``p`` when ANY input has a backlog there (the group asset's retry rule
 detection and repeat suppression over the merged backlog, :mod:`cg_pipelines.core.triggers`),
 and observes each input's lag per partition when the set's lag state there changes, else at the
 slow cadence ``lag_refresh_s``, under a daily budget per partition (as a group asset's backlog
-sensor: :func:`cg_pipelines.core.triggers.lag_observations_due`)."""
+sensor: :func:`cg_pipelines.core.lag.lag_observations_due`)."""
 
 import json
 import time
@@ -28,12 +28,10 @@ from dagster import (
 from cg_pipelines.core.assignment import assignment
 from cg_pipelines.core.copartition import SetGroup, check_copartitioned
 from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.lag import LAG_STATES, lag_observations_due, lag_state
 from cg_pipelines.core.triggers import (
-    LAG_STATES,
     PartitionBacklog,
     drop_repeated_requests,
-    lag_observations_due,
-    lag_state,
     plan_backlog_runs,
     served_partitions,
 )
@@ -128,8 +126,9 @@ def merge_backlog(by_input: Mapping[str, Sequence[PartitionBacklog]],
             continue
         token = sum(r.first_seq if r.first_seq is not None else last_seqs.get(n, 0) + 1
                     for n, r in zip(names, rows, strict=True))
+        times = [r.first_time_s for r in rows if r.pending and r.first_time_s is not None]
         out.append(PartitionBacklog(first.partition, pending, token,
-                                    max(r.age_s for r in rows)))
+                                    max(r.age_s for r in rows), min(times, default=None)))
     return out
 
 
@@ -153,7 +152,7 @@ def join_backlog_tick(spec: "CoPartitionedAsset", nats_res: NatsResource,
     (:func:`read_set_backlog`), fail lost runs, plan runs for the partitions where any input
     has a backlog (the group asset's retry rule, :func:`~cg_pipelines.core.triggers.
     plan_backlog_runs`, over :func:`merge_backlog`), drop repeated requests, and observe each
-    due partition's lag per input (:func:`~cg_pipelines.core.triggers.lag_observations_due`:
+    due partition's lag per input (:func:`~cg_pipelines.core.lag.lag_observations_due`:
     on a change of state, else every ``lag_refresh_s``, at most ``lag_observations_per_day``
     a day). ``cursor`` is JSON ``{"observed":
     ..., "requested": ...}``. Never raises for NATS or config trouble: the skip reason says
@@ -195,7 +194,8 @@ def join_backlog_tick(spec: "CoPartitionedAsset", nats_res: NatsResource,
         md: dict[str, Any] = {"lag_state": LAG_STATES[lag_state(b)], "pending": b.pending,
                               "oldest_pending_age_s": MetadataValue.float(round(b.age_s, 3))}
         if b.pending > 0:
-            md["oldest_pending_timestamp"] = MetadataValue.timestamp(round(now - b.age_s, 3))
+            md["oldest_pending_timestamp"] = MetadataValue.timestamp(
+                round(b.oldest_pending_time(now), 3))
         for name, rows in reading.by_input.items():
             r = rows[index[b.partition]]
             md[f"{name}/pending"] = r.pending

@@ -43,7 +43,7 @@ from dagster import (
 
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.fingerprint import code_version
-from cg_pipelines.core.triggers import DEFAULT_LAG_PER_DAY, DEFAULT_LAG_REFRESH_S
+from cg_pipelines.core.lag import DEFAULT_LAG_PER_DAY, DEFAULT_LAG_REFRESH_S
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.history import (
     CODE_TAG,

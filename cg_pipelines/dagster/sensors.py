@@ -53,8 +53,8 @@ from dagster import (
 
 from cg_pipelines.core.assignment import assignment
 from cg_pipelines.core.config import dlq_stream_name
+from cg_pipelines.core.lag import LAG_STATES, lag_observations_due, lag_state
 from cg_pipelines.core.triggers import (
-    LAG_STATES,
     REPEAT_REQUEST_S,
     BacklogCursor,
     CursorError,
@@ -64,8 +64,6 @@ from cg_pipelines.core.triggers import (
     drop_repeated_requests,
     encode_cursor,
     gained_partitions,
-    lag_observations_due,
-    lag_state,
     plan_backlog_runs,
     summary_lines,
 )
@@ -142,7 +140,7 @@ def _lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
                       warehouse: DeltaWarehouseResource | None, log: Any, now: float
                       ) -> list[AssetObservation]:
     """Lag observations of the partitions ``due``
-    (:func:`~cg_pipelines.core.triggers.lag_observations_due`), with each one's last committed
+    (:func:`~cg_pipelines.core.lag.lag_observations_due`), with each one's last committed
     sequence when the warehouse can tell it (one watermark read for all of them). Metadata:
     ``lag_state`` (caught_up / behind / late), ``pending``, ``oldest_pending_age_s`` (seconds,
     at ``now``), ``first_pending_seq`` and, with a backlog, ``oldest_pending_timestamp``
@@ -165,7 +163,8 @@ def _lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
                               "oldest_pending_age_s": MetadataValue.float(round(b.age_s, 1)),
                               "first_pending_seq": b.first_seq or 0}
         if b.pending > 0:
-            md["oldest_pending_timestamp"] = MetadataValue.timestamp(round(now - b.age_s, 3))
+            md["oldest_pending_timestamp"] = MetadataValue.timestamp(
+                round(b.oldest_pending_time(now), 3))
         if b.partition in committed:
             md["last_committed_seq"] = committed[b.partition]
         events.append(AssetObservation(asset_key=asset_key_of(spec),
@@ -205,7 +204,7 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     With ``observe``: lag observations when a partition's lag state changes, else every
     ``spec.lag_refresh_s`` seconds while it has a backlog, at most
     ``spec.lag_observations_per_day`` a day per partition
-    (:func:`~cg_pipelines.core.triggers.lag_observations_due`), dead-letter observations of
+    (:func:`~cg_pipelines.core.lag.lag_observations_due`), dead-letter observations of
     the partitions whose count changed, and the partitioned ``lag_within_objective`` and
     ``partition_runs_succeeding`` checks of the served partitions, only where they changed
     (:func:`~cg_pipelines.dagster.partition_checks.plan_partition_checks`: first results

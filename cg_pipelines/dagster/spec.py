@@ -15,8 +15,8 @@ from dagster import AssetKey, FreshnessPolicy, PreviewWarning
 from cg_pipelines.core.config import ElasticConfig
 from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
 from cg_pipelines.core.fingerprint import code_version
+from cg_pipelines.core.lag import DEFAULT_LAG_PER_DAY, DEFAULT_LAG_REFRESH_S
 from cg_pipelines.core.record import SEQ_COLUMN
-from cg_pipelines.core.triggers import DEFAULT_LAG_PER_DAY, DEFAULT_LAG_REFRESH_S
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.resources import NatsResource
 from cg_pipelines.engine.processor import Processor, with_defaults
@@ -79,12 +79,12 @@ class ConsumerGroupAsset:
             observation: pending, oldest pending age and timestamp, state) when its state
             changes (caught up / behind / late, or stopped on a new message) and otherwise,
             while it has a backlog, at this slow cadence (default 15 minutes)
-            (:func:`cg_pipelines.core.triggers.lag_observations_due`).
+            (:func:`cg_pipelines.core.lag.lag_observations_due`).
         lag_observations_per_day: the most lag observations one partition writes a day,
             whatever its traffic (plus a burst of
-            :data:`~cg_pipelines.core.triggers.LAG_BURST`): with the defaults, 256 partitions
+            :data:`~cg_pipelines.core.lag.LAG_BURST`): with the defaults, 256 partitions
             write at most 47,104 a day, 24,576 under steady traffic
-            (:func:`cg_pipelines.core.triggers.lag_events_per_day`).
+            (:func:`cg_pipelines.core.lag.lag_events_per_day`).
         freshness_policy: a Dagster ``FreshnessPolicy`` for the asset (``None``, the default:
             none). Dagster evaluates it per asset on the last materialization of any partition,
             so an idle, drained group reads stale and a stuck partition reads fresh while

@@ -97,7 +97,8 @@ async def partition_backlog(
             out.append(PartitionBacklog(p, 0, None, 0.0))
         else:
             seq, ts_ns, after = hit
-            out.append(PartitionBacklog(p, 1 + after, seq, max(0.0, (now_ns - ts_ns) / 1e9)))
+            out.append(PartitionBacklog(p, 1 + after, seq, max(0.0, (now_ns - ts_ns) / 1e9),
+                                        ts_ns / 1e9))
     return out
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from cg_pipelines.core.fingerprint import code_version
+from cg_pipelines.core.lag import lag_breaches
 from cg_pipelines.core.triggers import (
     PartitionBacklog,
     PartitionRuns,
     RetryPolicy,
-    lag_breaches,
     plan_backlog_runs,
     retry_run_key,
 )

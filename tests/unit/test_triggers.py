@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from cg_pipelines.core.triggers import (
+from cg_pipelines.core.lag import (
     DEFAULT_LAG_PER_DAY,
     LAG_BURST,
     LAG_STATES,
+    lag_events_per_day,
+    lag_observations_due,
+    lag_state,
+)
+from cg_pipelines.core.triggers import (
     MAX_LISTED_SUBJECTS,
     SUBJECTS_PER_PARTITION,
     BacklogCursor,
@@ -19,9 +24,6 @@ from cg_pipelines.core.triggers import (
     drop_repeated_requests,
     encode_cursor,
     gained_partitions,
-    lag_events_per_day,
-    lag_observations_due,
-    lag_state,
     pending_by_partition,
     served_partitions,
     summary_lines,
