@@ -199,7 +199,15 @@ async def test_zombie_is_fenced(nats_server, nc, js, unique_name, tmp_path) -> N
         os.kill(zombie.pid, signal.SIGCONT)
     out, err = await asyncio.to_thread(zombie.communicate, timeout=60)
     zr = json.loads(out.strip().splitlines()[-1])
-    assert zr["status"] == "fenced" and zr["fence_conflicts"] == 1, (zr, err)
+    # Resumed, the zombie either commits its batch and is refused (fenced), or, when its
+    # pipelined previous commit had not pulled the next lease before the pause, finds the pin
+    # taken and the partition drained, and stops before committing: never a commit after the
+    # takeover (which the table check below would also show as duplicates).
+    assert zr["status"] in ("fenced", "drained", "handed_over"), (zr, err)
+    if zr["status"] == "fenced":
+        assert zr["fence_conflicts"] == 1, (zr, err)
+    else:
+        assert zr["fence_conflicts"] == 0 and zr["commits"] <= 1, (zr, err)
     assert keyed.mismatches(sink.read(), evs) is None
     assert await _wq_left(api, f"{stream}-g") == 0
 
