@@ -71,7 +71,7 @@ from cg_pipelines.dagster.resources import (
     stopping_foreign_spark,
 )
 from cg_pipelines.dagster.retention import build_run_retention_sensor
-from cg_pipelines.dagster.spec import TICK_ERRORS, partitioned_checks_preview
+from cg_pipelines.dagster.spec import TICK_ERRORS, PartitionKeys, partitioned_checks_preview
 from cg_pipelines.engine.join import JoinInput, JoinResult, run_copartitioned
 from cg_pipelines.engine.join_processor import JoinProcessor
 from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
@@ -86,7 +86,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class CoPartitionedAsset:
+class CoPartitionedAsset(PartitionKeys):
     """Several consumer groups, partitioned on the same key into the same number of
     partitions, materialized as one partitioned asset: one run per partition drains partition
     ``p`` of every group and commits once.
@@ -196,27 +196,6 @@ class CoPartitionedAsset:
     def effective_partition_key_prefix(self) -> str:
         return f"{self.name}-" if self.partition_key_prefix is None \
             else self.partition_key_prefix
-
-    def partition_key(self, partition: int) -> str:
-        """Dagster partition key of set partition ``partition``."""
-        return f"{self.effective_partition_key_prefix}{partition}"
-
-    def partition_keys(self) -> list[str]:
-        return [self.partition_key(p) for p in range(self.partitions)]
-
-    def partition_of(self, key: str) -> int:
-        """The set partition of Dagster partition ``key``.
-
-        Raises:
-            ConfigError: not one of this asset's keys.
-        """
-        prefix = self.effective_partition_key_prefix
-        tail = key[len(prefix):] if key.startswith(prefix) else ""
-        if not tail.isdigit() or int(tail) >= self.partitions or str(int(tail)) != tail:
-            raise ConfigError("partition_key", f"{key!r} is not a partition key of "
-                              f"{self.name} ({self.partition_key(0)} .. "
-                              f"{self.partition_key(self.partitions - 1)})")
-        return int(tail)
 
     def current_code_version(self) -> str:
         """``code_version`` when declared, else a digest of the processor and the inputs."""

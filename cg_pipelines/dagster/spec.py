@@ -28,6 +28,7 @@ from cg_pipelines.sinks.maintenance import Maintenance
 __all__ = [
     "TICK_ERRORS",
     "ConsumerGroupAsset",
+    "PartitionKeys",
     "asset_key_of",
     "check_partitions",
     "load_group_config",
@@ -39,8 +40,43 @@ TICK_ERRORS = (GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OS
 """What a sensor tick reports as a skip reason, and a run as a ``Failure``, instead of crashing."""
 
 
+class PartitionKeys:
+    """Dagster partition keys ``<prefix><p>`` of an asset with ``partitions`` consumer-group
+    partitions: what a group asset and a co-partitioned asset share (each gives ``name``,
+    ``partitions`` and its ``effective_partition_key_prefix``)."""
+
+    name: str
+    partitions: int
+
+    @property
+    def effective_partition_key_prefix(self) -> str:
+        raise NotImplementedError
+
+    def partition_key(self, partition: int) -> str:
+        """Dagster partition key of partition ``partition``."""
+        return f"{self.effective_partition_key_prefix}{partition}"
+
+    def partition_keys(self) -> list[str]:
+        """All partition keys, in partition order."""
+        return [self.partition_key(p) for p in range(self.partitions)]
+
+    def partition_of(self, key: str) -> int:
+        """The partition of Dagster partition ``key``.
+
+        Raises:
+            ConfigError: not one of this asset's keys.
+        """
+        prefix = self.effective_partition_key_prefix
+        tail = key[len(prefix):] if key.startswith(prefix) else ""
+        if not tail.isdigit() or int(tail) >= self.partitions or str(int(tail)) != tail:
+            raise ConfigError("partition_key", f"{key!r} is not a partition key of "
+                              f"{self.name} ({self.partition_key(0)} .. "
+                              f"{self.partition_key(self.partitions - 1)})")
+        return int(tail)
+
+
 @dataclass(frozen=True)
-class ConsumerGroupAsset:
+class ConsumerGroupAsset(PartitionKeys):
     """A consumer group materialized as a partitioned Dagster asset (one group partition per
     run), written to a Delta table.
 
@@ -209,27 +245,6 @@ class ConsumerGroupAsset:
         """The partition key prefix in effect (``"<group>-"`` unless given)."""
         return f"{self.group}-" if self.partition_key_prefix is None else self.partition_key_prefix
 
-    def partition_key(self, partition: int) -> str:
-        """Dagster partition key of group partition ``partition``."""
-        return f"{self.effective_partition_key_prefix}{partition}"
-
-    def partition_keys(self) -> list[str]:
-        """All partition keys, in partition order."""
-        return [self.partition_key(p) for p in range(self.partitions)]
-
-    def partition_of(self, key: str) -> int:
-        """The group partition of Dagster partition ``key``.
-
-        Raises:
-            ConfigError: not one of this asset's keys.
-        """
-        prefix = self.effective_partition_key_prefix
-        tail = key[len(prefix):] if key.startswith(prefix) else ""
-        if not tail.isdigit() or int(tail) >= self.partitions or str(int(tail)) != tail:
-            raise ConfigError("partition_key", f"{key!r} is not a partition key of "
-                              f"{self.name} ({self.partition_key(0)} .. "
-                              f"{self.partition_key(self.partitions - 1)})")
-        return int(tail)
 
 
 def check_partitions(config: ElasticConfig, spec: ConsumerGroupAsset) -> None:

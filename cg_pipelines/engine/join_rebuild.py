@@ -48,6 +48,7 @@ from cg_pipelines.engine.rebuild import (
     PartitionRebuild,
     RebuildError,
     ReplayRange,
+    fit_to_table,
     queued_batches,
 )
 from cg_pipelines.engine.state import KeyStateCache
@@ -222,15 +223,5 @@ class _SetRebuild:
         table = with_partition_column(got.table, self.partition)
         if cache is not None:
             cache.update(table)
-        if table is None:
-            return None
-        missing = [n for n in schema.names if n not in table.column_names]
-        if missing:
-            raise RebuildError(f"the processor's output lacks the table's columns {missing}: "
-                               "a partition rebuild keeps the table's schema")
-        try:
-            return table.select(schema.names).cast(schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            raise RebuildError(f"the processor's output does not fit the table's schema: "
-                               f"{e}") from e
+        return fit_to_table(table, schema)
 

@@ -76,7 +76,7 @@ from cg_pipelines.sinks.base import (
     with_partition_column,
 )
 
-__all__ = ["PartitionRebuild", "RebuildError", "ReplayRange", "queued_batches",
+__all__ = ["PartitionRebuild", "RebuildError", "ReplayRange", "fit_to_table", "queued_batches",
            "rebuild_partition"]
 
 REPLAY_CHUNK = 50_000
@@ -96,6 +96,25 @@ def queued_batches(out: queue.Queue[pa.Table | BaseException | None], written: d
             raise item
         written["rows"] += item.num_rows
         yield from item.to_batches()
+
+
+def fit_to_table(table: pa.Table | None, schema: pa.Schema) -> pa.Table | None:
+    """A rebuild's processor output as the table's columns and types (``None`` stays None).
+
+    Raises:
+        RebuildError: a table column is missing from the output, or does not cast.
+    """
+    if table is None:
+        return None
+    missing = [n for n in schema.names if n not in table.column_names]
+    if missing:
+        raise RebuildError(f"the processor's output lacks the table's columns {missing}: "
+                           "a partition rebuild keeps the table's schema")
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise RebuildError(f"the processor's output does not fit the table's schema: "
+                           f"{e}") from e
 
 
 def _payload_bytes(table: pa.Table) -> int:
@@ -488,17 +507,7 @@ class PartitionRebuild:
         if cache is not None:
             cache.update(table)
         self.ctx.step("processed", first_seq=ctx.first_seq, last_seq=ctx.last_seq)
-        if table is None:
-            return None
-        missing = [n for n in schema.names if n not in table.column_names]
-        if missing:
-            raise RebuildError(f"the processor's output lacks the table's columns {missing}: "
-                               "a partition rebuild keeps the table's schema")
-        try:
-            return table.select(schema.names).cast(schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            raise RebuildError(f"the processor's output does not fit the table's schema: "
-                               f"{e}") from e
+        return fit_to_table(table, schema)
 
 
 async def rebuild_partition(
