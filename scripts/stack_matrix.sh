@@ -15,6 +15,7 @@
 #      constrained to the lowest versions (tests/docs/pages.py).
 # Usage: bash scripts/stack_matrix.sh [lowest] [newest]   (default: both; `deptry`: step 0 only). Needs the dev venv
 # (bash scripts/setup.sh): its build, twine, uv and deptry. Set KEEP=1 to keep the temp dir.
+# uv's cache: $CG_STACK_UV_CACHE, default ~/.cache/cg-pipelines/stack-matrix-uv (bounded, see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -69,7 +70,18 @@ LIBS=(nats-py pyarrow deltalake numpy click dagster dagster-webserver dagster-po
       pytest-asyncio)
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cg-stack.XXXXXX")
-if [ "${KEEP:-0}" = 1 ]; then echo "stack_matrix: keeping $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
+# uv's cache, this script's own and bounded: pyspark is an sdist only, and every build of it left
+# a ~1.3 GB entry (sources, build/, wheel, unpacked wheel) that later runs did not always reuse
+# (59 GB over a few weeks of CI filled the disk). At exit pyspark's entries are removed (each run
+# builds it again, ~20 s per end) and unreachable entries pruned, so the cache holds one set of
+# the matrix's wheels.
+export UV_CACHE_DIR=${CG_STACK_UV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cg-pipelines/stack-matrix-uv}
+cleanup() {
+  "$DEV/uv" cache clean -q pyspark || true
+  "$DEV/uv" cache prune -q || true
+  if [ "${KEEP:-0}" = 1 ]; then echo "stack_matrix: keeping $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
 T0=$SECONDS
 log() { echo "stack_matrix: [$((SECONDS - T0)) s] $*"; }
 
