@@ -25,15 +25,22 @@ Per call, for the one consumer-group partition:
    (delta-rs keeps every file the current version references and every file removed less than
    the retention ago; ``full`` also deletes unreferenced files older than the retention whose
    tombstones already left the checkpoints, which the default mode leaks; it never enters
-   ``_``-directories such as ``_delta_log`` and ``_cg_state``), then
-   ``cleanup_metadata()`` deletes log entries and checkpoints older than the table's
-   ``delta.logRetentionDuration`` (7 days on tables the sink creates, see
-   :attr:`Maintenance.log_retention_hours`) that the latest checkpoint makes unnecessary. This
-   is the only log cleanup: the sink's commits skip delta-rs' post-commit one (it lists the
-   whole log, :data:`~cg_pipelines.sinks.deltawrite.COMMIT_HOOKS`). Time travel (and
+   ``_``-directories such as ``_delta_log`` and ``_cg_state``).
+4. **Log cleanup** (:mod:`cg_pipelines.sinks.logwindow`), every
+   :attr:`Maintenance.log_cleanup_versions` versions (and at least every
+   ``vacuum_interval_s``; a marker ``_cg_state/_log.json`` holds the version and time of the
+   last one): the log keeps what its slowest registered reader (a reconcile cursor under
+   ``_cg_reconcile/``) has not read, the versions of the last :attr:`Maintenance.log_floor_s`
+   (one hour), at most :attr:`Maintenance.log_max_versions` of those (1,000), and the time
+   travel a user asks for (:attr:`Maintenance.log_retention_hours`, off by default); without a
+   cursor the log is held up to the cap. So ``_delta_log`` holds at most
+   ``log_max_versions + log_cleanup_versions + delta.checkpointInterval`` commits (plus their
+   checkpoints) whatever the table's age and commit rate, unless time travel is asked for.
+   This is the only log cleanup: the sink's commits skip delta-rs' post-commit one (it lists
+   the whole log, :data:`~cg_pipelines.sinks.deltawrite.COMMIT_HOOKS`). Time travel (and
    ``DeltaTable.history()`` lineage) is kept for the vacuum retention (data) and the log
-   retention (commit infos) respectively. VACUUM's two commits
-   carry ``cg.operation = "vacuum"``.
+   window (commit infos) respectively. VACUUM's two commits carry
+   ``cg.operation = "vacuum"``.
 
 Maintenance never changes a row or a watermark. Failures are returned as figures
 (``error``), never raised into the run whose data is already committed.
@@ -56,6 +63,7 @@ from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.deltaread import DeltaTableAccess
 from cg_pipelines.sinks.deltastate import TableView
 from cg_pipelines.sinks.deltawrite import COMMIT_HOOKS
+from cg_pipelines.sinks.logwindow import clean_log, keep_from, list_log, reader_versions
 from cg_pipelines.sinks.statesnapshot import STATE_DIR
 
 if TYPE_CHECKING:
@@ -67,6 +75,7 @@ COMPACT_ATTEMPTS: Final = 3
 """Compaction attempts when a commit race is lost while the watermark stays put."""
 
 _VACUUM_MARKER: Final = f"{STATE_DIR}/_vacuum.json"
+_LOG_MARKER: Final = f"{STATE_DIR}/_log.json"
 
 
 @dataclass(frozen=True)
@@ -86,22 +95,30 @@ class Maintenance:
         vacuum_interval_s: seconds between two VACUUM + log cleanups of the table (default
             3,600: the cost is one listing of the table's files).
         snapshots: write the partitions' state snapshots (default on).
-        log_cleanup: delete expired log entries (``cleanup_metadata()``) in :meth:`maintain
-            <DeltaMaintenance.maintain>`, at most every ``vacuum_interval_s`` (default on),
-            and never in a commit (:data:`~cg_pipelines.sinks.deltawrite.COMMIT_HOOKS`).
-            Off: commits run delta-rs' default hooks, which clean up after each checkpoint
-            and list the whole log to do so.
-        log_retention_hours: ``delta.logRetentionDuration`` of a table the sink creates
-            (default ``None``: the larger of 168 = 7 days and ``vacuum_retention_hours``;
-            Delta's own default is 30 days, pass 720 for it): log entries (commit
-            infos, the ``cg.*`` lineage of ``DeltaTable.history()``, the coverage reconcile
-            reads) and checkpoints older than this are deleted by the log cleanup, so a
-            table's ``_delta_log`` holds about (commits per hour) x this many entries. Must be
-            >= ``vacuum_retention_hours``: time travel to a version needs its log entries as
-            well as its data files, so a shorter log retention would keep data files no
-            version can reach any more; with the two equal, time travel reaches back exactly
-            the vacuum retention. A reconcile (``docs/reconcile.md``) must run at least once
-            per log retention.
+        log_cleanup: clean up the log window (the module docstring's 4.) in :meth:`maintain
+            <DeltaMaintenance.maintain>` (default on), and never in a commit
+            (:data:`~cg_pipelines.sinks.deltawrite.COMMIT_HOOKS`). Off: commits run delta-rs'
+            default hooks, which clean up after each checkpoint (by
+            ``delta.logRetentionDuration``) and list the whole log to do so.
+        log_floor_s: seconds; versions committed this recently are kept (default 3,600: a
+            held snapshot, a commit's conflict check and a zombie's fence read the versions
+            since their snapshot), up to ``log_max_versions``.
+        log_max_versions: the most versions the readers (reconcile cursors) and the floor
+            hold behind the newest (default 1,000; ``None``: no cap, then a stuck or
+            abandoned cursor holds the log for ever). A cursor the cap overtakes fails its
+            next check with :class:`~cg_pipelines.engine.coverage_log.CoverageLogError`
+            (restart it): run the reconcile check at least every ``log_max_versions``
+            commits of the table.
+        log_cleanup_versions: the log is cleaned up once the table is this many versions past
+            the last cleanup (default 100), and at least every ``vacuum_interval_s``.
+        log_retention_hours: time travel and lineage (``DeltaTable.history()``) a user asks
+            for: versions younger than this are kept, whatever the cap (default ``None``:
+            none beyond the window above). Also the ``delta.logRetentionDuration`` of a table
+            the sink creates (``None``: the larger of 168 = 7 days and
+            ``vacuum_retention_hours``), which only other writers' cleanups (and delta-rs'
+            own with ``log_cleanup=False``) go by. When set, it must be >=
+            ``vacuum_retention_hours``: time travel to a version needs its log entries as well
+            as its data files.
 
     A table the sink creates also gets ``delta.deletedFileRetentionDuration`` =
     ``vacuum_retention_hours`` (Delta's default is 7 days): how long removed files stay listed
@@ -120,6 +137,9 @@ class Maintenance:
     snapshots: bool = True
     log_cleanup: bool = True
     log_retention_hours: float | None = None
+    log_floor_s: float = 3600.0
+    log_max_versions: int | None = 1000
+    log_cleanup_versions: int = 100
 
     def __post_init__(self) -> None:
         if self.compact_min_files < 2:
@@ -140,6 +160,15 @@ class Maintenance:
                 f"must be >= vacuum_retention_hours ({self.vacuum_retention_hours}), got "
                 f"{self.log_retention_hours}: time travel within the vacuum retention needs the "
                 "log entries of those versions")
+
+        if self.log_floor_s < 0:
+            raise ConfigError("log_floor_s", f"must be >= 0 seconds, got {self.log_floor_s}")
+        if self.log_max_versions is not None and self.log_max_versions < 1:
+            raise ConfigError("log_max_versions",
+                              f"must be >= 1 (or None: no cap), got {self.log_max_versions}")
+        if self.log_cleanup_versions < 1:
+            raise ConfigError("log_cleanup_versions",
+                              f"must be >= 1, got {self.log_cleanup_versions}")
 
     def table_properties(self) -> dict[str, str]:
         """Delta table properties for a table created under this policy (see above)."""
@@ -220,7 +249,8 @@ class DeltaMaintenance(DeltaTableAccess):
             Figures for run metadata: ``maintain_s`` (seconds), ``files_live`` (the partition's
             live data files afterwards), ``compact`` ("no", "done", "fenced", "failed"),
             ``files_compacted``, ``files_added``, ``snapshots_written``, ``vacuum`` ("no",
-            "done"), ``files_vacuumed``.
+            "done"), ``files_vacuumed``, ``log_cleanup`` ("done" when it ran),
+            ``log_keep_from`` (the oldest version kept), ``log_files_deleted``.
         """
         t0 = time.monotonic()
         pol = self._maintenance
@@ -258,6 +288,8 @@ class DeltaMaintenance(DeltaTableAccess):
         if (pol.vacuum_retention_hours is not None or pol.log_cleanup) \
                 and self._vacuum_due(pol):
             self._vacuum(app_id, pol, out)
+        if pol.log_cleanup and self._filesystem() is not None and self._log_due(pol, view):
+            self._clean_log(pol, out)
 
     def _upkeep_view(self, app_id: str) -> TableView | None:
         """The snapshot the upkeep works on, and the end of ``app_id``'s run (see
@@ -355,8 +387,39 @@ class DeltaMaintenance(DeltaTableAccess):
                              post_commithook_properties=pol.commit_hooks(), full=True)
             out["vacuum"] = "done"
             out["files_vacuumed"] = len(gone)
-        if pol.log_cleanup:
-            # Lists _delta_log once; deletes the entries older than the table's
-            # delta.logRetentionDuration that the latest checkpoint makes unnecessary.
+        if pol.log_cleanup and fs is None:
+            # delta-rs' own filesystem handler (no native one): its cleanup, by the table's
+            # delta.logRetentionDuration (the reader-bounded window needs the native one)
             dt.cleanup_metadata()
             out["log_cleanup"] = "done"
+
+    def _log_due(self, pol: Maintenance, view: TableView) -> bool:
+        """Whether the log window is due a cleanup: ``log_cleanup_versions`` versions or
+        ``vacuum_interval_s`` seconds past the last one (the marker)."""
+        fs = self._filesystem()
+        assert fs is not None
+        try:
+            with fs.open_input_stream(_LOG_MARKER) as f:
+                last = json.loads(f.read())
+            version, at = int(last["version"]), float(last["at"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError, OSError):
+            return True
+        return view.version - version >= pol.log_cleanup_versions \
+            or time.time() - at >= pol.vacuum_interval_s
+
+    def _clean_log(self, pol: Maintenance, out: dict[str, int | float | str]) -> None:
+        """One cleanup of the log window (:mod:`cg_pipelines.sinks.logwindow`): one listing
+        of ``_delta_log`` and one of ``_cg_reconcile``, then the deletions."""
+        fs = self._filesystem()
+        assert fs is not None
+        listing = list_log(fs)
+        fs.create_dir(STATE_DIR, recursive=True)
+        with fs.open_output_stream(_LOG_MARKER) as f:  # first, as the VACUUM marker
+            f.write(json.dumps({"version": listing.newest, "at": time.time()}).encode())
+        keep = keep_from(listing, reader_versions(fs), floor_s=pol.log_floor_s,
+                         max_versions=pol.log_max_versions,
+                         time_travel_s=None if pol.log_retention_hours is None
+                         else pol.log_retention_hours * 3600)
+        out["log_files_deleted"] = clean_log(fs, listing, keep)
+        out["log_keep_from"] = keep
+        out["log_cleanup"] = "done"
