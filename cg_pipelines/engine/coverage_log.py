@@ -14,12 +14,14 @@ the set's table as a group is on its own. A drain commit without ``cg.coverage``
 batch, whose records stay on the Spark executors, or a commit of a library before coverage) is
 trusted to cover its partition through its ``cg.last_origin_seq``: not verified.
 
-**Log retention rule**: Delta log cleanup (``delta.logRetentionDuration``: 7 days on tables the
-sink creates, Delta's 30 days on others) deletes commit files older than that once a checkpoint
-follows them. The cursor never needs a version it already read; a check must therefore run at
-least once per retention period so it reads every version before cleanup removes it. When a
-version after the cursor is gone, :class:`CoverageLogError` says so (the coverage of those
-commits is lost; restart the cursor at the current origin position with
+**Log window rule**: the sink's log cleanup (:mod:`cg_pipelines.sinks.logwindow`) keeps every
+version a cursor stored under ``_cg_reconcile/`` has not read, but at most
+``Maintenance.log_max_versions`` (1,000) versions behind the newest; other writers' cleanups go
+by ``delta.logRetentionDuration`` (7 days on tables the sink creates, 30 on others). The cursor
+never needs a version it already read; a check must therefore run at least once per
+``log_max_versions`` commits of the table so it reads every version before cleanup removes it.
+When a version after the cursor is gone, :class:`CoverageLogError` says so (the coverage of
+those commits is lost; restart the cursor at the current origin position with
 ``cg reconcile --restart``).
 
 The cursor (:class:`~cg_pipelines.core.coverage.ReconcileCursor`) is stored as
@@ -108,8 +110,9 @@ class DeltaLogCoverage:
             if info is None:
                 if self._last_checkpoint() >= v:
                     raise CoverageLogError(
-                        f"Delta version {v} is no longer in the table's log (log cleanup keeps "
-                        "delta.logRetentionDuration, 7 days by default), so the coverage of "
+                        f"Delta version {v} is no longer in the table's log (the log cleanup "
+                        "holds unread versions for at most Maintenance.log_max_versions, "
+                        "1,000 by default), so the coverage of "
                         "the commits after the reconcile cursor is lost: run the check more "
                         "often than that, and restart its cursor (cg reconcile --restart)")
                 return out, last, True
