@@ -16,18 +16,18 @@ Compressed-time ageing, append + ``KeyedState`` and merge + ``KeyedState``:
    **Time is compressed, retention with it** (the default): the ``--versions`` stand for
    ``--days`` (30) of the table's life at a steady commit rate, and the library's time-based
    defaults are scaled by the same factor (bench seconds per simulated second, from the
-   ageing's own pace from version 500 to 1,000, before anything expires): the 7-day log
-   retention (``Maintenance.log_retention_hours``) and the hourly VACUUM + log cleanup
-   (``vacuum_interval_s``). The data-file retention is 0 hours: delta-rs' VACUUM takes whole
-   hours, and anything under one rounds down (stricter: files on disk are then the live ones
-   plus those removed since the last VACUUM). At 10,000 versions over 30 days the 7-day
-   window holds about 2,333 versions: the table is past its first week, in the steady state
-   a table at ~333 commits a day keeps for ever, which is what "day 30" means.
-   ``--library-retention`` keeps the library's settings unscaled instead: then nothing
-   expires while the bench runs and the aged table holds every log entry, tombstone and data
-   file it ever wrote (a table whose 7-day window holds all ``--versions``: 10,000 commits a
-   week). ``--retention-hours`` / ``--log-retention-s`` / ``--vacuum-interval`` set the three
-   by hand.
+   ageing's own pace from version 500 to 1,000, before anything expires): the log window's
+   one-hour floor (``Maintenance.log_floor_s``; its 1,000-version cap is a count, not scaled)
+   and the hourly VACUUM (``vacuum_interval_s``). The data-file retention is 0 hours:
+   delta-rs' VACUUM takes whole hours, and anything under one rounds down (stricter: files on
+   disk are then the live ones plus those removed since the last VACUUM). The table is past
+   its first week, in the steady state a table at ~333 commits a day keeps for ever, which is
+   what "day 30" means. ``--library-retention`` keeps the library's settings unscaled
+   instead: the log window is then the 1,000-version cap (no reconcile cursor: the log is held
+   up to the cap; the floor's hour never passes while the bench runs), while every data file
+   and tombstone of the 7-day vacuum retention stays (a table committing 10,000 times in
+   minutes). ``--retention-hours`` / ``--log-retention-s`` (time travel,
+   ``log_retention_hours``) / ``--vacuum-interval`` set the three by hand.
 3. **Timed cycles**, ``--cycles`` of them (default 3), interleaved: publish ``--messages``
    messages over ``--keys`` keys to the origin, then drain the 4 partitions of the aged group
    and of the control group (order alternating per cycle). A cycle's time is the sum of the 4
@@ -54,18 +54,21 @@ one line::
 
 (``files``: live data files / data files on disk of the aged append table, all partitions.)
 
+``--store s3``: both tables in a bucket of moto's S3 server (started in this process,
+:class:`~cg_pipelines.testing.s3.MotoS3Server`) instead of local directories.
+
 Run: ``.venv/bin/python bench/aging.py [--versions 10000] [--days 30] [--messages 200]
 [--keys 2000] [--cycles 3] [--modes append,merge] [--library-retention]
-[--retention-hours H --log-retention-s S --vacuum-interval S]``; ``--smoke``: 40 versions,
-1 cycle (seconds).
+[--retention-hours H --log-retention-s S --vacuum-interval S] [--store local|s3]``;
+``--smoke``: 40 versions, 1 cycle (seconds).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import os
 import random
 import statistics
 import sys
@@ -74,10 +77,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import nats
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from nats.js.api import StreamConfig
 
@@ -97,6 +102,7 @@ from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
 from cg_pipelines.sinks.base import PARTITION_COLUMN, app_id_for  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
 from cg_pipelines.sinks.maintenance import Maintenance  # noqa: E402
+from cg_pipelines.sinks.storage import table_filesystem  # noqa: E402
 
 PARTS = 4
 DECODER = JsonDecoder([JsonField("k", "string", nullable=False),
@@ -113,6 +119,16 @@ def transform(table: pa.Table, ctx: BatchContext) -> pa.Table:
                    table["v"].cast(pa.int64()))
     return pa.table({"k": table["k"], "v": table["v"].cast(pa.int64()), "total": total,
                      "_seq": table["_seq"]})
+
+
+S = TypeVar("S", bound=DeltaSink)
+STORE: dict[str, str] = {}
+"""Storage options of the tables (``--store s3``: moto's); empty: local directories."""
+
+
+def open_sink(path: str, cls: type[S], **kw: Any) -> S:
+    """A ``cls`` sink of the table at ``path`` with the bench's storage options."""
+    return cls(path, storage_options=STORE or None, **kw)
 
 
 class TimedSink(DeltaSink):
@@ -132,23 +148,23 @@ class TimedSink(DeltaSink):
 
 def table_figures(path: str, sink: DeltaSink) -> dict[str, int]:
     """Versions, live data files, data files on disk, log bytes, checkpoints."""
-    on_disk = 0
-    for _root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d not in ("_delta_log", "_cg_state")]
-        on_disk += sum(1 for f in files if f.endswith(".parquet"))
-    log = Path(path) / "_delta_log"
-    entries = list(log.iterdir())
+    fs = table_filesystem(path, STORE)
+    assert fs is not None
+    on_disk = sum(1 for i in fs.get_file_info(pafs.FileSelector("", recursive=True))
+                  if i.path.endswith(".parquet") and not i.path.startswith(("_delta_log",
+                                                                           "_cg_state")))
+    entries = fs.get_file_info(pafs.FileSelector("_delta_log"))
     loads = []
     for _ in range(3):  # what the backlog sensor does each tick: load, read watermarks
         t = time.perf_counter()
-        DeltaSink(path).watermarks(["aging/0"])
+        open_sink(path, DeltaSink).watermarks(["aging/0"])
         loads.append(time.perf_counter() - t)
     parts = [u.split(f"{PARTITION_COLUMN}=")[1].split("/")[0] for u in sink.file_uris()]
     return {"versions": sink.stats().version, "live": len(parts),
             "live_part": max((parts.count(p) for p in set(parts)), default=0),
             "log_entries": len(entries),
-            "on_disk": on_disk, "log_bytes": sum(e.stat().st_size for e in entries),
-            "checkpoints": sum(1 for e in entries if ".checkpoint." in e.name),
+            "on_disk": on_disk, "log_bytes": sum(e.size or 0 for e in entries),
+            "checkpoints": sum(1 for e in entries if ".checkpoint." in e.base_name),
             "load_s": statistics.median(loads)}
 
 
@@ -176,19 +192,21 @@ def maintenance(args: argparse.Namespace, seconds_per_version: float) -> Mainten
     scale = seconds_per_version * args.versions / (args.days * DAY_S)
     return Maintenance(vacuum_retention_hours=0,
                        vacuum_interval_s=LIBRARY.vacuum_interval_s * scale,
-                       log_retention_hours=LIBRARY.log_retention() * scale)
+                       log_floor_s=LIBRARY.log_floor_s * scale)
 
 
 def retention_line(pol: Maintenance, args: argparse.Namespace) -> str:
     """What the upkeep keeps, in bench seconds and (compressed) in simulated time."""
-    log_s = pol.log_retention() * 3600
-    line = (f"log retention {log_s:,.1f} s, VACUUM + log cleanup every "
-            f"{pol.vacuum_interval_s:,.1f} s, data-file retention "
+    travel = ("none" if pol.log_retention_hours is None
+              else f"{pol.log_retention_hours * 3600:,.1f} s")
+    line = (f"log window: floor {pol.log_floor_s:,.1f} s, cap {pol.log_max_versions} versions, "
+            f"cleaned every {pol.log_cleanup_versions} versions, time travel {travel}; "
+            f"VACUUM every {pol.vacuum_interval_s:,.1f} s, data-file retention "
             f"{pol.vacuum_retention_hours} h")
     if not compressed(args):
         return line
     return (f"{line} (compressed time: {args.versions:,} versions = {args.days:g} days, so "
-            f"7 days of log and hourly upkeep)")
+            f"an hour's floor and hourly upkeep)")
 
 
 def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part: int,
@@ -226,7 +244,7 @@ def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part:
 def compact_all(path: str, write: Append | Merge, pol: Maintenance) -> float:
     """Compact every partition's small files (2 or more) as the ageing's holder of each
     partition would; returns the seconds it took."""
-    sink = DeltaSink(path, write=write, schema=SCHEMA,
+    sink = open_sink(path, DeltaSink, write=write, schema=SCHEMA,
                      maintenance=replace(pol, compact_min_files=2))
     t = time.perf_counter()
     for p in range(PARTS):
@@ -238,7 +256,7 @@ def compact_all(path: str, write: Append | Merge, pol: Maintenance) -> float:
 def upkeep_seconds(path: str, write: Append | Merge, pol: Maintenance, app_id: str) -> float:
     """Seconds of one VACUUM + log cleanup of the table (what ``maintain`` adds once per
     ``vacuum_interval_s``), with ``pol``'s retention."""
-    sink = DeltaSink(path, write=write, schema=SCHEMA, maintenance=replace(
+    sink = open_sink(path, DeltaSink, write=write, schema=SCHEMA, maintenance=replace(
         pol, vacuum_interval_s=0.0, compact=False, snapshots=False))
     t = time.perf_counter()
     figures = sink.maintain(0, app_id)
@@ -300,16 +318,18 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
         # holds about what the compressed window will), sets the time scale; then the table
         # gets the scaled retention and ages on.
         calib = min(1_000, args.versions // 2)
-        first = TimedSink(paths["aged"], write=write, schema=SCHEMA, maintenance=LIBRARY)
+        first = open_sink(paths["aged"], TimedSink, write=write, schema=SCHEMA,
+                          maintenance=LIBRARY)
         await asyncio.to_thread(age, first, keys_of, calib // 2, per_part, rnd.randrange(1 << 30))
         v0, t0 = first.stats().version, time.perf_counter()
         await asyncio.to_thread(age, first, keys_of, calib, per_part, rnd.randrange(1 << 30))
         pol = maintenance(args, (time.perf_counter() - t0) / max(1, first.stats().version - v0))
-        DeltaTable(paths["aged"]).alter.set_table_properties(pol.table_properties())
+        DeltaTable(paths["aged"], storage_options=STORE or None).alter.set_table_properties(
+            pol.table_properties())
     else:
         pol = maintenance(args, 0.0)
     print(f"  {mode}: {retention_line(pol, args)}", flush=True)
-    sinks = {g: TimedSink(paths[g], write=write, schema=SCHEMA, maintenance=pol)
+    sinks = {g: open_sink(paths[g], TimedSink, write=write, schema=SCHEMA, maintenance=pol)
              for g in ("aged", "control")}
     await asyncio.to_thread(age, sinks["aged"], keys_of, args.versions, per_part,
                             rnd.randrange(1 << 30))
@@ -322,8 +342,8 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
     # small files short of compaction, so the first timed runs would all compact (once every
     # compact_min_files runs in steady state, on day 1 as on day 30); compact them now.
     compact_s = await asyncio.to_thread(compact_all, paths["aged"], write, timed_pol)
-    sinks = {g: TimedSink(paths[g], write=write, schema=SCHEMA, maintenance=timed_pol)
-             for g in ("aged", "control")}
+    sinks = {g: open_sink(paths[g], TimedSink, write=write, schema=SCHEMA,
+                          maintenance=timed_pol) for g in ("aged", "control")}
     api = JetStreamAPI(nc)
     published = 0
     times: dict[str, list[float]] = {"aged": [], "control": []}
@@ -361,13 +381,22 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
 async def main(args: argparse.Namespace) -> None:
     rnd = random.Random(7)
     results: dict[str, dict[str, float | int | str]] = {}
-    with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats", port=0) as srv:
+    with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats", port=0) as srv, \
+            contextlib.ExitStack() as stack:
+        root = tmp
+        if args.store == "s3":
+            from cg_pipelines.testing.s3 import MotoS3Server
+
+            s3 = stack.enter_context(MotoS3Server())
+            root = s3.create_bucket("cg-aging")
+            STORE.update(s3.storage_options())
         nc = await nats.connect(srv.url)
         try:
             for mode in args.modes.split(","):
-                results[mode] = await run_mode(nc, tmp, mode, args, rnd)
+                results[mode] = await run_mode(nc, root, mode, args, rnd)
         finally:
             await nc.close()
+    print(f"store: {args.store}")
     print(f"{args.messages} messages over {args.keys:,} keys a cycle, {PARTS} partitions, "
           f"medians of {args.cycles} interleaved cycles; compaction at "
           f"{LIBRARY.compact_min_files} small files")
@@ -405,6 +434,8 @@ if __name__ == "__main__":
     ap.add_argument("--retention-hours", type=int, default=None)
     ap.add_argument("--vacuum-interval", type=float, default=None)
     ap.add_argument("--log-retention-s", type=float, default=None)
+    ap.add_argument("--store", choices=["local", "s3"], default="local",
+                    help="s3: the tables in moto's S3 server (in this process)")
     ap.add_argument("--smoke", action="store_true", help="40 versions, 1 cycle")
     a = ap.parse_args()
     if a.smoke:
