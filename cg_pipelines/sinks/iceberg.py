@@ -49,11 +49,15 @@ properties of :func:`pyiceberg.catalog.load_catalog`): :func:`sqlite_catalog` (e
 server), a Postgres-backed SQL catalog (:func:`sql_catalog`), REST (``{"type": "rest",
 "uri": ...}``; the fence only needs ``AssertRefSnapshotId``, which REST servers check).
 
-Maintenance (:meth:`IcebergSink.maintain`): snapshot expiry (pyiceberg's
-``table.maintenance.expire_snapshots()``), and the catalog keeps at most
-``write.metadata.previous-versions-max`` old metadata files. pyiceberg 0.12 has NO data file
-compaction, no orphan file removal, and its snapshot expiry does not delete files: those
-need Spark/Java Iceberg (``rewrite_data_files``, ``remove_orphan_files``).
+Maintenance (:meth:`IcebergSink.maintain`, under the partition's lease): the partition's
+small files compacted in one fenced transaction (:mod:`cg_pipelines.sinks.iceberg_compact`:
+the partition rewritten whole, pyiceberg 0.12 having no rewrite; the thresholds of Delta's
+:class:`~cg_pipelines.sinks.maintenance.Maintenance`), then snapshot expiry (pyiceberg's
+``table.maintenance.expire_snapshots()``); the catalog keeps at most
+``write.metadata.previous-versions-max`` old metadata files. pyiceberg 0.12 has no orphan file
+removal, and its snapshot expiry does not delete files: the files compacted or expired away
+stay in storage until Spark/Java Iceberg's ``remove_orphan_files`` (or ``expire_snapshots``)
+deletes them.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ from cg_pipelines.core.errors import ContractError, UsageError
 from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, check_watermarks
 from cg_pipelines.sinks.deltawrite import conform, current_of
+from cg_pipelines.sinks.iceberg_compact import compact_partition
 from cg_pipelines.sinks.iceberg_read import (
     IcebergTableAccess,
     iceberg_s3_properties,
@@ -88,6 +93,7 @@ from cg_pipelines.sinks.iceberg_read import (
     sql_catalog,
     sqlite_catalog,
 )
+from cg_pipelines.sinks.maintenance import Maintenance
 from cg_pipelines.sinks.storage import mask_options
 from cg_pipelines.version import __version__
 
@@ -133,6 +139,7 @@ class IcebergSink(IcebergTableAccess):
         commit_retries: int = 100,
         keep_snapshots: int = 100,
         metadata_versions: int = 100,
+        maintenance: Maintenance | None = None,
     ) -> None:
         """
         Args:
@@ -145,6 +152,10 @@ class IcebergSink(IcebergTableAccess):
             commit_retries: commits lost to OTHER partitions retried before giving up.
             keep_snapshots: :meth:`maintain` expires all but the newest this many snapshots.
             metadata_versions: ``write.metadata.previous-versions-max`` of a created table.
+            maintenance: the compaction thresholds of :meth:`maintain` (``compact``,
+                ``compact_min_files``, ``target_size``; default :class:`~cg_pipelines.sinks.
+                maintenance.Maintenance`'s: 16 small files, 128 MiB); its Delta settings
+                (VACUUM, log) do not apply.
 
         Raises:
             UsageError: no namespace in ``identifier``; ``write`` not Append/Merge/None;
@@ -170,6 +181,7 @@ class IcebergSink(IcebergTableAccess):
         self._retries = commit_retries
         self._keep = keep_snapshots
         self._metadata_versions = metadata_versions
+        self._maintenance = maintenance if maintenance is not None else Maintenance()
         self._lock = threading.Lock()
         self._tables: dict[str, Table] = {}
         self._snapshots: list[int] = []
@@ -485,17 +497,26 @@ class IcebergSink(IcebergTableAccess):
         return int(before)
 
     def maintain(self, partition: int, app_id: str) -> dict[str, int | float | str]:
-        """Expire all but the newest ``keep_snapshots`` snapshots (metadata only: pyiceberg
-        0.12 deletes no files, has no compaction), never one a branch or tag points at.
-        Called by the engine under the partition's lease after its last commit; the table is
-        shared, so any partition's call expires the whole table's old snapshots. Changes no
-        row and no watermark. Returns figures for the run's metadata (``iceberg_snapshots``,
-        ``iceberg_snapshots_expired``, ``iceberg_expire_seconds``, ``iceberg_compaction``);
-        a failure is reported as ``error`` (type and message), not raised."""
+        """Compact ``partition``'s small files when due (:mod:`cg_pipelines.sinks.
+        iceberg_compact`, one fenced transaction), then expire all but the newest
+        ``keep_snapshots`` snapshots (metadata only: pyiceberg 0.12 deletes no files), never
+        one a branch or tag points at. Called by the engine under the partition's lease after
+        its last commit; the table is shared, so any partition's call expires the whole
+        table's old snapshots. Changes no row and no watermark. Returns figures for the run's
+        metadata (``iceberg_compaction``, ``iceberg_files_compacted``,
+        ``iceberg_files_live``, ``iceberg_snapshots``, ``iceberg_snapshots_expired``,
+        ``iceberg_expire_seconds``); a failure is reported as ``error`` (type and message),
+        not raised."""
         t0 = time.monotonic()
-        figures: dict[str, int | float | str] = {
-            "iceberg_compaction": "not available in pyiceberg 0.12"}
+        figures: dict[str, int | float | str] = {}
         try:
+            if self.load() is not None and compact_partition(
+                    lambda: self._no_pyiceberg_retry(self._require()), partition,
+                    self._maintenance, lambda t: _wm(t, app_id),
+                    lambda wm: self._summary(app_id, wm, "compact", {"partition": partition}),
+                    figures):
+                with self._lock:  # the held base is stale: the next commit reloads
+                    self._tables.pop(app_id, None)
             tbl = self.load()
             snaps = [] if tbl is None else sorted(
                 tbl.snapshots(), key=lambda s: (s.timestamp_ms, s.sequence_number or 0))

@@ -1,0 +1,74 @@
+"""Compaction of one consumer-group partition of an Iceberg table, under the partition's lease
+(:meth:`IcebergSink.maintain <cg_pipelines.sinks.iceberg.IcebergSink.maintain>`, issue 40).
+
+pyiceberg 0.12 has no data-file rewrite (no ``rewrite_data_files``), so a partition with at
+least :attr:`Maintenance.compact_min_files <cg_pipelines.sinks.maintenance.Maintenance.
+compact_min_files>` data files smaller than :attr:`Maintenance.target_size
+<cg_pipelines.sinks.maintenance.Maintenance.target_size>` (the same thresholds as Delta's) is
+rewritten whole: its rows are read at one table state and written back by ``overwrite(rows,
+overwrite_filter=EqualTo("_partition", p))`` in ONE transaction built on that state. No row and
+no watermark changes; the snapshots carry ``cg.operation = "compact"``. The fence is the
+sink's: the catalog refuses the commit when any commit landed since that state
+(``AssertRefSnapshotId``, pyiceberg's retry off); then, with the partition's watermark
+unchanged (another partition's commit), the compaction is read and tried again (at most
+:data:`~cg_pipelines.sinks.maintenance.COMPACT_ATTEMPTS` attempts in all), with it moved (a
+newer holder committed) it is given up (``"fenced"``): the newer holder compacts after its own
+run. The partition's rows are held in memory while rewritten (as in ``replace_partition``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import EqualTo
+from pyiceberg.table import Table
+
+from cg_pipelines.core.statesnap import needs_compaction
+from cg_pipelines.sinks.base import PARTITION_COLUMN
+from cg_pipelines.sinks.maintenance import COMPACT_ATTEMPTS, Maintenance
+
+__all__ = ["compact_partition", "partition_files"]
+
+
+def partition_files(tbl: Table, partition: int) -> list[int]:
+    """The sizes (bytes) of the partition's live data files in ``tbl``'s current snapshot."""
+    where = EqualTo(PARTITION_COLUMN, int(partition))
+    return [t.file.file_size_in_bytes for t in tbl.scan(row_filter=where).plan_files()]
+
+
+def compact_partition(load: Callable[[], Table], partition: int, pol: Maintenance,
+                      watermark: Callable[[Table], int],
+                      summary: Callable[[int], dict[str, str]],
+                      out: dict[str, int | float | str]) -> bool:
+    """Compact ``partition`` when due (see the module docstring); ``load`` gives the table's
+    latest state, ``watermark`` the partition's watermark in a state, ``summary`` the
+    snapshot summary for a watermark. Figures go into ``out``: ``iceberg_compaction`` ("no",
+    "done", "fenced", "failed"), ``iceberg_files_compacted``, ``iceberg_files_live``.
+    Returns whether a compaction was committed."""
+    where = EqualTo(PARTITION_COLUMN, int(partition))
+    out["iceberg_compaction"] = "no"
+    tbl = load()
+    sizes = partition_files(tbl, partition)
+    out["iceberg_files_live"] = len(sizes)
+    if not pol.compact or not needs_compaction(sizes, pol.compact_min_files, pol.target_size):
+        return False
+    wm = watermark(tbl)
+    for _attempt in range(COMPACT_ATTEMPTS):
+        sizes = partition_files(tbl, partition)
+        rows = tbl.scan(row_filter=where).to_arrow()
+        try:
+            with tbl.transaction() as txn:
+                txn.overwrite(rows, overwrite_filter=where, snapshot_properties=summary(wm))
+        except CommitFailedException:
+            tbl = load()
+            if watermark(tbl) != wm:
+                out["iceberg_compaction"] = "fenced"
+                return False
+            continue
+        out["iceberg_compaction"] = "done"
+        out["iceberg_files_compacted"] = len(sizes)
+        out["iceberg_files_live"] = len(partition_files(load(), partition))
+        return True
+    out["iceberg_compaction"] = "failed"
+    return False
