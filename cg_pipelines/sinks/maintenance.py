@@ -119,11 +119,19 @@ class Maintenance:
             own with ``log_cleanup=False``) go by. When set, it must be >=
             ``vacuum_retention_hours``: time travel to a version needs its log entries as well
             as its data files.
+        tombstone_retention_hours: ``delta.deletedFileRetentionDuration`` of a table the sink
+            creates (default ``None``: ``vacuum_retention_hours``; see below).
 
     A table the sink creates also gets ``delta.deletedFileRetentionDuration`` =
-    ``vacuum_retention_hours`` (Delta's default is 7 days): how long removed files stay listed
-    (as tombstones) in every checkpoint. Existing tables keep their properties (change them
-    with ``DeltaTable.alter.set_table_properties`` while no run commits).
+    ``tombstone_retention_hours``, by default ``vacuum_retention_hours`` (Delta's default is 7
+    days): how long removed files stay listed (as tombstones) in every checkpoint, so what
+    every checkpoint write and snapshot load carries (one tombstone per rewritten file: about
+    one per commit on a merge table). A shorter one (e.g. 1, the log window's floor) keeps the
+    checkpoints small; VACUUM (``full``) then protects a removed file for that long after its
+    removal and for ``vacuum_retention_hours`` after it was written, so a reader scanning a
+    snapshot older than the tombstone retention may find an old file gone. Existing tables keep
+    their properties (change them with ``DeltaTable.alter.set_table_properties`` while no run
+    commits).
 
     Raises:
         ConfigError: bad numbers.
@@ -140,6 +148,7 @@ class Maintenance:
     log_floor_s: float = 3600.0
     log_max_versions: int | None = 1000
     log_cleanup_versions: int = 100
+    tombstone_retention_hours: float | None = None
 
     def __post_init__(self) -> None:
         if self.compact_min_files < 2:
@@ -166,6 +175,9 @@ class Maintenance:
         if self.log_max_versions is not None and self.log_max_versions < 1:
             raise ConfigError("log_max_versions",
                               f"must be >= 1 (or None: no cap), got {self.log_max_versions}")
+        if self.tombstone_retention_hours is not None and self.tombstone_retention_hours < 0:
+            raise ConfigError("tombstone_retention_hours",
+                              "must be >= 0 (or None: the vacuum retention)")
         if self.log_cleanup_versions < 1:
             raise ConfigError("log_cleanup_versions",
                               f"must be >= 1, got {self.log_cleanup_versions}")
@@ -173,9 +185,11 @@ class Maintenance:
     def table_properties(self) -> dict[str, str]:
         """Delta table properties for a table created under this policy (see above)."""
         props = {}
-        if self.vacuum_retention_hours is not None:
+        tombstones = self.tombstone_retention_hours if self.tombstone_retention_hours \
+            is not None else self.vacuum_retention_hours
+        if tombstones is not None:
             props["delta.deletedFileRetentionDuration"] = \
-                f"interval {int(self.vacuum_retention_hours) * 3600} seconds"
+                f"interval {round(tombstones * 3600)} seconds"
         props["delta.logRetentionDuration"] = \
             f"interval {max(1, round(self.log_retention() * 3600))} seconds"
         return props

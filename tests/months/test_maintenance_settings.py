@@ -42,3 +42,9 @@ def test_created_tables_carry_the_retention_properties(tmp_path: Path) -> None:
     conf = DeltaTable(str(tmp_path / "b")).metadata().configuration
     assert conf["delta.deletedFileRetentionDuration"] == f"interval {24 * 3600} seconds"
     assert conf["delta.logRetentionDuration"] == f"interval {48 * 3600} seconds"
+    DeltaSink(str(tmp_path / "c"), maintenance=Maintenance(
+        tombstone_retention_hours=1)).ensure_table(schema)
+    conf = DeltaTable(str(tmp_path / "c")).metadata().configuration
+    assert conf["delta.deletedFileRetentionDuration"] == "interval 3600 seconds"
+    with pytest.raises(ConfigError, match="tombstone_retention_hours"):
+        Maintenance(tombstone_retention_hours=-1)
