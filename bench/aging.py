@@ -56,6 +56,12 @@ one line::
 
 ``--store s3``: both tables in a bucket of moto's S3 server (started in this process,
 :class:`~cg_pipelines.testing.s3.MotoS3Server`) instead of local directories.
+``--format iceberg``: Iceberg tables (:class:`~cg_pipelines.sinks.iceberg.IcebergSink`, an
+embedded SQLite catalog, data on local disk or moto S3) aged the same way, with the library's
+upkeep (compaction of a partition's 16 small files under its lease, snapshot expiry to the
+newest 100); the time-based retention flags do not apply. Then ``log n`` is the snapshots
+kept, ``ckpts`` the metadata files the catalog keeps, ``log KiB`` the current metadata file,
+``upkeep s`` one snapshot expiry.
 
 Run: ``.venv/bin/python bench/aging.py [--versions 10000] [--days 30] [--messages 200]
 [--keys 2000] [--cycles 3] [--modes append,merge] [--library-retention]
@@ -69,6 +75,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import statistics
 import sys
@@ -101,6 +108,8 @@ from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
 from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
 from cg_pipelines.sinks.base import PARTITION_COLUMN, app_id_for  # noqa: E402
 from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
+from cg_pipelines.sinks.iceberg import IcebergSink  # noqa: E402
+from cg_pipelines.sinks.iceberg_compact import partition_files  # noqa: E402
 from cg_pipelines.sinks.maintenance import Maintenance  # noqa: E402
 from cg_pipelines.sinks.storage import table_filesystem  # noqa: E402
 
@@ -124,10 +133,17 @@ def transform(table: pa.Table, ctx: BatchContext) -> pa.Table:
 S = TypeVar("S", bound=DeltaSink)
 STORE: dict[str, str] = {}
 """Storage options of the tables (``--store s3``: moto's); empty: local directories."""
+ICEBERG: dict[str, str] = {}
+"""``--format iceberg``: the catalog's properties; empty: Delta tables."""
 
 
-def open_sink(path: str, cls: type[S], **kw: Any) -> S:
-    """A ``cls`` sink of the table at ``path`` with the bench's storage options."""
+def open_sink(path: str, cls: type[S], **kw: Any) -> Any:
+    """A ``cls`` sink of the table at ``path`` (Delta: a path, Iceberg: an identifier) with
+    the bench's storage options (Iceberg: :class:`TimedIcebergSink` for :class:`TimedSink`,
+    else :class:`IcebergSink`)."""
+    if ICEBERG:
+        kls = TimedIcebergSink if cls is TimedSink else IcebergSink
+        return kls(path, catalog=dict(ICEBERG), **kw)
     return cls(path, storage_options=STORE or None, **kw)
 
 
@@ -144,6 +160,44 @@ class TimedSink(DeltaSink):
             return super().last_rows(key, keys, columns, order_by, partition, app_id=app_id)
         finally:
             self.state_s += time.perf_counter() - t
+
+
+class TimedIcebergSink(IcebergSink):
+    """An IcebergSink that adds up the seconds spent reading state."""
+
+    state_s = 0.0
+
+    def last_rows(self, *args: Any, **kw: Any) -> pa.Table:
+        t = time.perf_counter()
+        try:
+            return super().last_rows(*args, **kw)
+        finally:
+            self.state_s += time.perf_counter() - t
+
+
+def iceberg_figures(ident: str, sink: IcebergSink) -> dict[str, int | float]:
+    """Versions (the last sequence number), live data files, snapshots, metadata files."""
+    tbl = sink.load()
+    assert tbl is not None
+    counts = [len(partition_files(tbl, p)) for p in range(PARTS)]
+    loads = []
+    for _ in range(3):  # what the backlog sensor does each tick: load, read watermarks
+        t = time.perf_counter()
+        open_sink(ident, IcebergSink).watermarks(["aging/0"])
+        loads.append(time.perf_counter() - t)
+    on_disk = -1
+    loc = tbl.location()
+    if loc.startswith("file://"):
+        on_disk = sum(1 for _r, _d, files in os.walk(loc[len("file://"):]) for f in files
+                      if f.endswith(".parquet"))
+    meta = tbl.metadata_location
+    size = 0
+    if meta.startswith("file://"):
+        size = os.path.getsize(meta[len("file://"):])
+    return {"versions": sink.stats().version, "live": sum(counts), "live_part": max(counts),
+            "log_entries": len(tbl.snapshots()), "on_disk": on_disk, "log_bytes": size,
+            "checkpoints": len(tbl.metadata.metadata_log) + 1,
+            "load_s": statistics.median(loads)}
 
 
 def table_figures(path: str, sink: DeltaSink) -> dict[str, int]:
@@ -182,7 +236,8 @@ def maintenance(args: argparse.Namespace, seconds_per_version: float) -> Mainten
     """The aged and control tables' upkeep: the library's retention in compressed time (see
     the module docstring), the library's own (``--library-retention``), or set by hand."""
     if args.library_retention:
-        return LIBRARY
+        return LIBRARY if args.tombstone_hours is None else replace(
+            LIBRARY, tombstone_retention_hours=args.tombstone_hours)
     if not compressed(args):
         return Maintenance(
             vacuum_retention_hours=168 if args.retention_hours is None else args.retention_hours,
@@ -197,6 +252,9 @@ def maintenance(args: argparse.Namespace, seconds_per_version: float) -> Mainten
 
 def retention_line(pol: Maintenance, args: argparse.Namespace) -> str:
     """What the upkeep keeps, in bench seconds and (compressed) in simulated time."""
+    if ICEBERG:
+        return (f"iceberg upkeep: compaction at {pol.compact_min_files} small files "
+                f"(< {pol.target_size >> 20} MiB), the newest 100 snapshots kept")
     travel = ("none" if pol.log_retention_hours is None
               else f"{pol.log_retention_hours * 3600:,.1f} s")
     line = (f"log window: floor {pol.log_floor_s:,.1f} s, cap {pol.log_max_versions} versions, "
@@ -279,7 +337,7 @@ async def wait_for(api: JetStreamAPI, wq: str, messages: int) -> None:
         await asyncio.sleep(0.05)
 
 
-async def drain(nc: nats.NATS, stream: str, group: str, sink: TimedSink,
+async def drain(nc: nats.NATS, stream: str, group: str, sink: Any,
                 steps: dict[str, float]) -> tuple[float, float]:
     """Drain the group's 4 partitions; (seconds, state-read seconds); adds the runs' step
     timings into ``steps``."""
@@ -309,11 +367,12 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
         assert p is not None
         keys_of[p].append(f"k{i}")
     write = Merge(key="k") if mode == "merge" else Append()
-    paths = {g: f"{tmp}/{mode}-{g}" for g in ("aged", "control")}
+    paths = {g: f"cg.{mode}_{g}" if ICEBERG else f"{tmp}/{mode}-{g}"
+             for g in ("aged", "control")}
     per_part = args.messages // PARTS
     t = time.monotonic()
     # in threads: the event loop keeps answering the server's pings meanwhile
-    if compressed(args):
+    if compressed(args) and not ICEBERG:
         # The ageing's own pace, versions 500 to 1,000 with nothing expiring (the log then
         # holds about what the compressed window will), sets the time scale; then the table
         # gets the scaled retention and ages on.
@@ -327,7 +386,7 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
         DeltaTable(paths["aged"], storage_options=STORE or None).alter.set_table_properties(
             pol.table_properties())
     else:
-        pol = maintenance(args, 0.0)
+        pol = LIBRARY if ICEBERG else maintenance(args, 0.0)
     print(f"  {mode}: {retention_line(pol, args)}", flush=True)
     sinks = {g: open_sink(paths[g], TimedSink, write=write, schema=SCHEMA, maintenance=pol)
              for g in ("aged", "control")}
@@ -371,7 +430,7 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
             f"{k} {v / args.cycles:.3f}" for k, v in sorted(steps[g].items())), flush=True)
     upkeep = {g: upkeep_seconds(paths[g], write, pol, app_id_for(stream, g, 0))
               for g in ("aged", "control")}
-    figs = table_figures(paths["aged"], sinks["aged"])
+    figs = (iceberg_figures if ICEBERG else table_figures)(paths["aged"], sinks["aged"])
     return {**figs, "state_s": statistics.median(state_s), "aged_s": aged,
             "control_s": control, "ratio": aged / control, "policy": retention_line(pol, args),
             "upkeep_aged_s": upkeep["aged"], "upkeep_control_s": upkeep["control"],
@@ -390,13 +449,22 @@ async def main(args: argparse.Namespace) -> None:
             s3 = stack.enter_context(MotoS3Server())
             root = s3.create_bucket("cg-aging")
             STORE.update(s3.storage_options())
+        if args.format == "iceberg":
+            from cg_pipelines.sinks.iceberg import iceberg_s3_properties
+            from cg_pipelines.sinks.iceberg_read import sqlite_wal
+
+            sqlite_wal(f"{tmp}/catalog.db")
+            ICEBERG.update({"type": "sql", "uri": f"sqlite:///{tmp}/catalog.db",
+                            "init_catalog_tables": "true",
+                            "warehouse": f"{root}/wh" if STORE else f"file://{tmp}/wh",
+                            **iceberg_s3_properties(STORE)})
         nc = await nats.connect(srv.url)
         try:
             for mode in args.modes.split(","):
                 results[mode] = await run_mode(nc, root, mode, args, rnd)
         finally:
             await nc.close()
-    print(f"store: {args.store}")
+    print(f"store: {args.store}, format: {args.format}")
     print(f"{args.messages} messages over {args.keys:,} keys a cycle, {PARTS} partitions, "
           f"medians of {args.cycles} interleaved cycles; compaction at "
           f"{LIBRARY.compact_min_files} small files")
@@ -432,8 +500,11 @@ if __name__ == "__main__":
     ap.add_argument("--library-retention", action="store_true",
                     help="the library's retention unscaled: nothing expires during the run")
     ap.add_argument("--retention-hours", type=int, default=None)
+    ap.add_argument("--tombstone-hours", type=float, default=None,
+                    help="with --library-retention: Maintenance.tombstone_retention_hours")
     ap.add_argument("--vacuum-interval", type=float, default=None)
     ap.add_argument("--log-retention-s", type=float, default=None)
+    ap.add_argument("--format", choices=["delta", "iceberg"], default="delta")
     ap.add_argument("--store", choices=["local", "s3"], default="local",
                     help="s3: the tables in moto's S3 server (in this process)")
     ap.add_argument("--smoke", action="store_true", help="40 versions, 1 cycle")
