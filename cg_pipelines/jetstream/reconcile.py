@@ -1,6 +1,6 @@
-"""Origin <-> work-queue reconciliation of an elastic group: the reads (the logic is
-:mod:`cg_pipelines.core.reconcile`, the cursor :class:`~cg_pipelines.core.coverage.
-ReconcileCursor`).
+"""Origin <-> work-queue reconciliation of an elastic group: the reads (the judgement is
+:mod:`cg_pipelines.core.reconcile_window`, pure, over :mod:`cg_pipelines.core.reconcile`; the
+cursor :class:`~cg_pipelines.core.coverage.ReconcileCursor`).
 
 One check (a "tick") goes on from its cursor and reads, in this order (so a message a run
 commits and purges meanwhile is still seen: the coverage is read after the work queue):
@@ -16,9 +16,10 @@ commits and purges meanwhile is still seen: the coverage is read after the work 
    coverage);
 5. the origin window's subjects, times and headers (batched direct get: the origin needs
    ``allow_direct``), partitioned as the work queue's transform does, and judged
-   (:func:`~cg_pipelines.core.reconcile.judge`): a matching message nobody covers is a gap only
-   when the source has passed it; otherwise it is "not yet sourced" (a stall or a lag, reported
-   as :class:`~cg_pipelines.core.reconcile.SourcingStall`), and the cursor stops before it.
+   (:func:`~cg_pipelines.core.reconcile_window.judge_window`): a matching message nobody
+   covers is a gap only when the source has passed it; otherwise it is "not yet sourced" (a
+   stall or a lag, reported as :class:`~cg_pipelines.core.reconcile.SourcingStall`), and the
+   cursor stops before it.
 
 The source has passed origin sequence ``s`` when a message at or after ``s`` was in the work
 queue before the backlog scan (sourcing is in order): still queued, or settled by a commit read
@@ -38,7 +39,6 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,13 +50,12 @@ from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.core.coverage import CommitCoverage, ReconcileCursor
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.partitioning import SubjectPartitioner
-from cg_pipelines.core.reconcile import (
-    ORIGIN_SEQ_HEADER,
-    REPLAY_OF_HEADER,
-    OriginGap,
-    ReconcileReport,
-    SourcingStall,
-    judge,
+from cg_pipelines.core.reconcile import ORIGIN_SEQ_HEADER, REPLAY_OF_HEADER, ReconcileReport
+from cg_pipelines.core.reconcile_window import (
+    ReconcileWindow,
+    SourceState,
+    fold_coverage,
+    judge_window,
 )
 from cg_pipelines.core.record import SEQ_COLUMN
 from cg_pipelines.jetstream import admin
@@ -185,13 +184,14 @@ async def _dead(api: JetStreamAPI, dlq: str) -> list[int]:
     return dead
 
 
-def _source(info: dict[str, Any], stream: str) -> tuple[bool, int, float]:
-    """``(present, lag, active seconds)`` of the work queue's source for ``stream``."""
+def _source(info: dict[str, Any], stream: str) -> SourceState:
+    """The work queue's source for ``stream`` (``active`` is reported in nanoseconds)."""
     for s in info.get("sources") or []:
         if s.get("name") == stream:
             active = int(s.get("active") if s.get("active") is not None else -1)
-            return True, int(s.get("lag") or 0), (active / 1e9 if active >= 0 else -1.0)
-    return False, 0, -1.0
+            return SourceState(True, int(s.get("lag") or 0),
+                               active / 1e9 if active >= 0 else -1.0)
+    return SourceState(False)
 
 
 async def reconcile_group(
@@ -260,7 +260,7 @@ async def reconcile_group(
     lo = max(first_stored, cursor.origin_through + 1)
     hi = min(end, lo + max_messages - 1)
     wq_info = await api.stream_info(wq)
-    present, lag, active_s = _source(wq_info, stream)
+    source = _source(wq_info, stream)
     now = time.time()
     # 2. the work queue's backlog (before the coverage: a message committed meanwhile is
     # in the coverage read after)
@@ -272,23 +272,16 @@ async def reconcile_group(
     wq_top = int((wq_info.get("state") or {}).get("last_seq") or 0)
     evidence = max([cursor.origin_through, *cursor.committed.values()])
     # 3. the recorded coverage
-    read = caught_up = 0
+    read = 0
     done = coverage is None
-    while not done and read < max_versions:
+    while coverage is not None and not done and read < max_versions:
         commits, upto, done = await asyncio.to_thread(
-            coverage.read, cursor.version, min(500, max_versions - read))  # type: ignore[union-attr]
+            coverage.read, cursor.version, min(500, max_versions - read))
         read += max(0, upto - cursor.version)
-        for c in commits:
-            if c.seqs is not None:
-                cursor.add_covered(c.seqs, c.partition)
-                if c.wq_last is not None and c.wq_last <= wq_top and len(c.seqs):
-                    evidence = max(evidence, int(c.seqs[-1]))
-            if c.through is not None:
-                cursor.add_rebuilt(c.partition, c.through)
+        evidence = fold_coverage(cursor, commits, wq_top, evidence)
         if upto == cursor.version:
             done = True
         cursor.version = upto
-    caught_up = bool(done)
     # 4. dead letters (and an old table's rows)
     dead = np.asarray(await _dead(api, dlq_stream_name(stream, group)), np.int64)
     in_table = np.array([], np.int64)
@@ -297,7 +290,7 @@ async def reconcile_group(
         if isinstance(got, pa.ChunkedArray | pa.Array):
             got = got.drop_null().to_numpy(zero_copy_only=False)
         in_table = np.asarray(got, dtype=np.int64)
-    # 5. the origin window, judged
+    # 5. the origin window, judged (cg_pipelines.core.reconcile_window)
     origin = await _scan(api, stream, lo, hi, api.timeout) if hi >= lo else []
     seqs = (np.concatenate([t["seq"].to_numpy() for t in origin]).astype(np.int64)
             if origin else np.array([], np.int64))
@@ -305,53 +298,11 @@ async def reconcile_group(
     headers = pa.chunked_array([c for t in origin for c in t["headers"].chunks], pa.string())
     times = (np.concatenate([t["time"].cast(pa.int64()).to_numpy() for t in origin])
              if origin else np.array([], np.int64))
-    parts = _partitions(config, subjects)
     replayed = np.asarray(_header_ints(headers, REPLAY_OF_HEADER) if len(headers) else [],
                           np.int64)
-    extra = np.concatenate([queued, dead, replayed, in_table])
-    cov = np.isin(seqs, extra) | np.isin(seqs, cursor.covered())
-    for p, through in cursor.rebuilt.items():
-        cov |= (parts == p) & (seqs <= through)
-    # the source passed s: a covered message at or after s (sourcing is in order) ...
-    top = max(evidence, int(queued.max()) if len(queued) else 0,
-              int(in_table.max()) if len(in_table) else 0)  # an old table's rows: trusted
-    healthy = present and lag == 0 and 0 <= active_s <= stall_after_s
-    sourced = seqs <= top
-    if healthy:  # ... or a live source with no lag and time enough
-        sourced |= times < int((now - grace_s) * 1e9)
-    if caught_up or not len(seqs):
-        undecided = np.zeros(len(seqs), bool)
-    else:  # each message's partition's highest committed origin sequence, looked up
-        lut = np.zeros(max([int(parts.max()), *cursor.committed]) + 2, np.int64)
-        for p, c in cursor.committed.items():
-            lut[p] = c
-        undecided = seqs > lut[parts]  # parts -1 reads the last slot: 0
-    j = judge(seqs, parts, cov, sourced=sourced, undecided=undecided)
-    matching = parts >= 0
-    expected = seqs[matching]
-
-    def count(covered: np.ndarray) -> int:
-        return int(np.isin(expected, covered).sum())
-
-    elsewhere = np.isin(seqs, extra)
-    counts = (count(queued), int((cov & matching & ~elsewhere).sum()) + count(in_table),
-              count(dead), count(replayed))
-    if len(j.gap_seqs):
-        cursor.add_gaps(j.gap_seqs, j.gap_parts, j.runs)
-    settled = int(seqs[j.stop]) - 1 if j.stop < len(seqs) else hi
-    if hi >= lo:
-        cursor.advance(settled)
-    stall = None
-    if j.not_yet_sourced:
-        first_i = int(np.flatnonzero(seqs == j.first_unsourced)[0])
-        since = datetime.fromtimestamp(int(times[first_i]) / 1e9, UTC).isoformat(
-            timespec="seconds")
-        state = ("no source" if not present else "stalled"
-                 if active_s < 0 or active_s > stall_after_s else "lagging")
-        stall = SourcingStall(state, since, j.not_yet_sourced, j.first_unsourced, lag,
-                              round(active_s, 3))
-    gaps = [OriginGap(*g) for g in cursor.gap_runs()]
-    return ReconcileReport(
-        stream, group, lo, settled if hi >= lo else hi, len(seqs), int(matching.sum()),
-        *counts, gaps, j.not_yet_sourced, lag,
-        settled < end or not caught_up, stall, read, caught_up, cursor.gaps_untracked)
+    window = ReconcileWindow(
+        stream, group, lo, hi, end, seqs, _partitions(config, subjects), times, source,
+        queued=queued, dead=dead, replayed=replayed, in_table=in_table, evidence=evidence,
+        caught_up=bool(done), versions_read=read, now_s=now, grace_s=grace_s,
+        stall_after_s=stall_after_s)
+    return judge_window(window, cursor)
