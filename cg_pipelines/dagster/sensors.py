@@ -39,7 +39,6 @@ from dagster import (
     DagsterInvariantViolationError,
     DefaultScheduleStatus,
     DefaultSensorStatus,
-    MetadataValue,
     RunRequest,
     ScheduleDefinition,
     ScheduleEvaluationContext,
@@ -52,14 +51,14 @@ from dagster import (
 )
 
 from cg_pipelines.core.assignment import assignment
-from cg_pipelines.core.config import dlq_stream_name
-from cg_pipelines.core.lag import LAG_STATES, lag_observations_due, lag_state
 from cg_pipelines.core.triggers import (
     REPEAT_REQUEST_S,
     BacklogCursor,
+    BacklogRequest,
     CursorError,
     MembershipCursor,
-    PartitionBacklog,
+    RetryPolicy,
+    TickPlan,
     decode_cursor,
     drop_repeated_requests,
     encode_cursor,
@@ -67,14 +66,14 @@ from cg_pipelines.core.triggers import (
     plan_backlog_runs,
     summary_lines,
 )
+from cg_pipelines.dagster.backlog_observers import OBSERVERS, TickView
 from cg_pipelines.dagster.history import CODE_TAG, fail_lost_runs, partition_runs
 from cg_pipelines.dagster.partition_checks import (
     EXCLUDED_RUNS,
     LOG_LINES,
-    partition_checks,
+    GroupReading,
     read_group,
 )
-from cg_pipelines.dagster.reconcile import reconcile_evaluation
 from cg_pipelines.dagster.resources import (
     DeltaWarehouseResource,
     NatsResource,
@@ -86,8 +85,6 @@ from cg_pipelines.dagster.spec import (
     asset_key_of,
     load_group_config,
 )
-from cg_pipelines.jetstream.backlog import DeadLetterSummary
-from cg_pipelines.sinks.base import app_id_for
 
 __all__ = ["BacklogTick", "backlog_tick", "build_drain_schedule", "build_sensors"]
 
@@ -101,10 +98,6 @@ Job = Any
 def _request(spec: ConsumerGroupAsset, p: int, run_key: str) -> RunRequest:
     return RunRequest(run_key=run_key, partition_key=spec.partition_key(p),
                       tags={CODE_TAG: spec.current_code_version()})
-
-
-RECONCILE_TIMEOUT_S = 30.0
-"""Seconds a tick gives the ``origin_reconciled`` evaluation (the tick limit is 60 s)."""
 
 
 @dataclass
@@ -136,98 +129,26 @@ def _read_cursor(text: str | None, kind: type[CursorT], log: Any) -> tuple[Curso
         return kind(), warning
 
 
-def _lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
-                      warehouse: DeltaWarehouseResource | None, log: Any, now: float
-                      ) -> list[AssetObservation]:
-    """Lag observations of the partitions ``due``
-    (:func:`~cg_pipelines.core.lag.lag_observations_due`), with each one's last committed
-    sequence when the warehouse can tell it (one watermark read for all of them). Metadata:
-    ``lag_state`` (caught_up / behind / late), ``pending``, ``oldest_pending_age_s`` (seconds,
-    at ``now``), ``first_pending_seq`` and, with a backlog, ``oldest_pending_timestamp``
-    (the oldest pending message's time, Unix seconds: its age at any later time is that
-    time's distance from it, true as long as the partition is stuck on that message)."""
-    if not due:
-        return []
-    committed: dict[int, int] = {}
-    if warehouse is not None:
-        try:
-            ids = {b.partition: app_id_for(spec.stream, spec.group, b.partition) for b in due}
-            marks = warehouse.sink(spec.table_name).watermarks(ids.values())
-            committed = {p: marks[a] for p, a in ids.items()}
-        except Exception as e:  # noqa: BLE001 - the lag is still worth reporting
-            log.warning(f"cannot read the committed watermarks of {spec.table_name}: {e}")
-    events = []
-    for b in due:
-        state = LAG_STATES[lag_state(b, spec.lag_objective_s)]
-        md: dict[str, Any] = {"lag_state": state, "pending": b.pending,
-                              "oldest_pending_age_s": MetadataValue.float(round(b.age_s, 1)),
-                              "first_pending_seq": b.first_seq or 0}
-        if b.pending > 0:
-            md["oldest_pending_timestamp"] = MetadataValue.timestamp(
-                round(b.oldest_pending_time(now), 3))
-        if b.partition in committed:
-            md["last_committed_seq"] = committed[b.partition]
-        events.append(AssetObservation(asset_key=asset_key_of(spec),
-                                       partition=spec.partition_key(b.partition), metadata=md))
-    return events
+@dataclass
+class _RunPlan:
+    """The runs part of a tick: the plan, the requests to send (repeats dropped), the reason
+    lines, the requests' tags and the cursor's ``errors`` and ``requested``."""
+
+    plan: TickPlan
+    policy: RetryPolicy
+    send: list[BacklogRequest]
+    reasons: list[str]
+    tags: dict[str, str]
+    errors: dict[str, str]
+    requested: dict[int, tuple[str, float]]
 
 
-def _dead_letter_observations(spec: ConsumerGroupAsset, changed: list[DeadLetterSummary]
-                              ) -> list[AssetObservation]:
-    """One observation per partition whose dead-letter count changed: how many, the latest
-    one's dead-letter and source sequences and reason (cut at 400 characters)."""
-    out = []
-    for d in changed:
-        reason = " ".join((d.latest_reason or "").split())
-        out.append(AssetObservation(
-            asset_key=asset_key_of(spec), partition=spec.partition_key(d.partition),
-            metadata={"dead_letters": d.count, "latest_dead_letter_seq": d.latest_seq or 0,
-                      "latest_dead_letter_source_seq": d.latest_source_seq or 0,
-                      "latest_dead_letter_reason": reason[:400],
-                      "dead_letter_stream": dlq_stream_name(spec.stream, spec.group)}))
-    return out
-
-
-def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
-                 runs: PartitionRunsResource, log: Any, *,
-                 instance: DagsterInstance | None = None,
-                 warehouse: DeltaWarehouseResource | None = None,
-                 cursor: str | None = None, observe: bool = False,
-                 now: float | None = None, job_name: str | None = None,
-                 check_job: str | None = None) -> BacklogTick:
-    """One backlog tick: read the group
-    (:func:`~cg_pipelines.dagster.partition_checks.read_group`), mark failed the runs whose
-    worker process is gone, plan the runs with retries
-    (:func:`~cg_pipelines.core.triggers.plan_backlog_runs`, run history from ``instance``:
-    a constant number of queries, :func:`~cg_pipelines.dagster.history.partition_runs`).
-
-    With ``observe``: lag observations when a partition's lag state changes, else every
-    ``spec.lag_refresh_s`` seconds while it has a backlog, at most
-    ``spec.lag_observations_per_day`` a day per partition
-    (:func:`~cg_pipelines.core.lag.lag_observations_due`), dead-letter observations of
-    the partitions whose count changed, and the partitioned ``lag_within_objective`` and
-    ``partition_runs_succeeding`` checks of the served partitions, only where they changed
-    (:func:`~cg_pipelines.dagster.partition_checks.plan_partition_checks`: first results
-    recorded run-less in ``instance``, later ones by check-only runs of ``check_job`` in
-    ``check_requests``, none without ``check_job``; all evaluations are returned in
-    ``check_evaluations`` instead without an instance; a check executed by hand is
-    :func:`~cg_pipelines.dagster.partition_checks.evaluate_check`, not a tick). Repeated run
-    requests are dropped (:func:`~cg_pipelines.core.triggers.drop_repeated_requests`).
-    ``now``: Unix seconds (default the clock). ``job_name``: the partition runs' job, set on
-    their requests (needed when the sensor targets several jobs). Never raises for NATS or
-    config trouble: the skip reason says it.
-    """
-    now = time.time() if now is None else now
-    state, warning = _read_cursor(cursor, BacklogCursor, log) if observe else (
-        BacklogCursor(), "")
-    if warning:
-        cursor = encode_cursor(state)
-    try:
-        reading = read_group(spec, nats_res, runs,
-                             dead_letters_seen=state.dead_letters if observe else None)
-    except TICK_ERRORS as e:
-        return BacklogTick(skip_reason=_with_warning(
-            f"consumer group {spec.stream}.{spec.group}: {e}", warning), cursor=cursor)
+def _plan_runs(spec: ConsumerGroupAsset, runs: PartitionRunsResource, reading: GroupReading,
+               state: BacklogCursor, instance: DagsterInstance | None, log: Any, now: float, *,
+               observe: bool) -> _RunPlan:
+    """Mark failed the runs whose worker process is gone, read the run history (a constant
+    number of queries), plan the runs with retries and drop repeated requests (with
+    ``observe``); logs at most ``LOG_LINES`` lines."""
     policy = runs.retry_policy()
     code = spec.current_code_version()
     keys = {b.partition: spec.partition_key(b.partition) for b in reading.backlog
@@ -254,39 +175,67 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                               + reasons, LOG_LINES):
         log.info(line)
     tags = {CODE_TAG: code, "dagster/max_runtime": str(int(runs.run_timeout_s + 120))}
-    out = BacklogTick(
-        run_requests=[RunRequest(run_key=r.run_key, partition_key=spec.partition_key(
-            r.partition), tags=tags, job_name=job_name) for r in send],
-        cursor=cursor)
+    return _RunPlan(plan, policy, send, reasons, tags, errors, requested)
+
+
+def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
+                 runs: PartitionRunsResource, log: Any, *,
+                 instance: DagsterInstance | None = None,
+                 warehouse: DeltaWarehouseResource | None = None,
+                 cursor: str | None = None, observe: bool = False,
+                 now: float | None = None, job_name: str | None = None,
+                 check_job: str | None = None) -> BacklogTick:
+    """One backlog tick: read the group
+    (:func:`~cg_pipelines.dagster.partition_checks.read_group`), mark failed the runs whose
+    worker process is gone, plan the runs with retries
+    (:func:`~cg_pipelines.core.triggers.plan_backlog_runs`, run history from ``instance``:
+    a constant number of queries, :func:`~cg_pipelines.dagster.history.partition_runs`).
+
+    With ``observe``, the observers of :data:`~cg_pipelines.dagster.backlog_observers.
+    OBSERVERS`, in order: lag observations when a partition's lag state changes, else every
+    ``spec.lag_refresh_s`` seconds while it has a backlog, at most
+    ``spec.lag_observations_per_day`` a day per partition
+    (:func:`~cg_pipelines.core.lag.lag_observations_due`), dead-letter observations of
+    the partitions whose count changed, and the partitioned ``lag_within_objective`` and
+    ``partition_runs_succeeding`` checks of the served partitions, only where they changed
+    (:func:`~cg_pipelines.dagster.partition_checks.plan_partition_checks`: first results
+    recorded run-less in ``instance``, later ones by check-only runs of ``check_job`` in
+    ``check_requests``, none without ``check_job``; all evaluations are returned in
+    ``check_evaluations`` instead without an instance; a check executed by hand is
+    :func:`~cg_pipelines.dagster.partition_checks.evaluate_check`, not a tick). Repeated run
+    requests are dropped (:func:`~cg_pipelines.core.triggers.drop_repeated_requests`).
+    ``now``: Unix seconds (default the clock). ``job_name``: the partition runs' job, set on
+    their requests (needed when the sensor targets several jobs). Never raises for NATS or
+    config trouble: the skip reason says it.
+    """
+    now = time.time() if now is None else now
+    state, warning = _read_cursor(cursor, BacklogCursor, log) if observe else (
+        BacklogCursor(), "")
+    if warning:
+        cursor = encode_cursor(state)
+    try:
+        reading = read_group(spec, nats_res, runs,
+                             dead_letters_seen=state.dead_letters if observe else None)
+    except TICK_ERRORS as e:
+        return BacklogTick(skip_reason=_with_warning(
+            f"consumer group {spec.stream}.{spec.group}: {e}", warning), cursor=cursor)
+    rp = _plan_runs(spec, runs, reading, state, instance, log, now, observe=observe)
+    out = BacklogTick(run_requests=[
+        RunRequest(run_key=r.run_key, partition_key=spec.partition_key(r.partition),
+                   tags=rp.tags, job_name=job_name) for r in rp.send], cursor=cursor)
     if not out.run_requests:
         out.skip_reason = _with_warning(
-            "; ".join(summary_lines(reasons, 5)) or "no partition with backlog", warning)
+            "; ".join(summary_lines(rp.reasons, 5)) or "no partition with backlog", warning)
     if not observe:
         return out
-    due, seen = lag_observations_due(reading.backlog, state.observed, now, spec.lag_refresh_s,
-                                     objective_s=spec.lag_objective_s,
-                                     per_day=spec.lag_observations_per_day)
-    events: list[AssetObservation | AssetCheckEvaluation] = [
-        *_lag_observations(spec, due, warehouse, log, now),
-        *_dead_letter_observations(spec, reading.dead_changed)]
-    try:
-        out.check_evaluations, out.check_requests = partition_checks(
-            spec, reading, plan.exhausted, policy, instance, log, now, check_job)
-    except Exception as e:  # noqa: BLE001 - the runs and the lag still matter; next tick
-        log.warning(f"partitioned checks not recorded: {type(e).__name__}: {e}")
-    reconciled_at = state.reconciled_at
-    if (spec.reconcile_interval_s is not None and warehouse is not None
-            and now - reconciled_at >= spec.reconcile_interval_s):
-        try:
-            events.append(reconcile_evaluation(spec, nats_res, warehouse,
-                                               timeout_s=RECONCILE_TIMEOUT_S))
-            reconciled_at = now
-        except Exception as e:  # noqa: BLE001 - reported, retried at the next tick
-            log.warning(f"origin_reconciled not evaluated: {type(e).__name__}: {e}")
-    out.asset_events = events
+    view = TickView(spec, nats_res, warehouse, instance, log, now, reading,
+                    rp.plan.exhausted, rp.policy, check_job, state)
     # errors: pruned by partition_runs to the partitions' newest failures
-    out.cursor = encode_cursor(BacklogCursor(seen, reconciled_at, dict(reading.dead_counts),
-                                             errors, requested))
+    nxt = BacklogCursor(dict(state.observed), state.reconciled_at, dict(state.dead_letters),
+                        rp.errors, rp.requested)
+    for observer in OBSERVERS:
+        nxt = observer(view, nxt, out)
+    out.cursor = encode_cursor(nxt)
     return out
 
 
