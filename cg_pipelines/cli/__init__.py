@@ -54,7 +54,7 @@ class CgGroup(click.Group):
                       message="%(prog)s (cg-pipelines) %(version)s")
 @group_connection_options
 @click.pass_context
-def main(ctx: click.Context, **settings: Any) -> None:
+def main(ctx: click.Context, /, **settings: Any) -> None:
     """Partitioned consumer groups on NATS JetStream."""
     drop_ssl_eof_notice()  # asyncio's harmless TLS-close notice is noise on a terminal
     ctx.obj = Ctx(settings)

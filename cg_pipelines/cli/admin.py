@@ -40,7 +40,7 @@ def _show_config(c: Ctx, kind: str, stream: str, group: str, v: Any) -> None:
 
 
 def _config_dict(cfg: StaticConfig | ElasticConfig, rev: int) -> dict[str, Any]:
-    d = json.loads(cfg.to_json())
+    d: dict[str, Any] = json.loads(cfg.to_json())
     d["revision"] = rev
     d["assignment"] = {m: ps for m, ps in assignment(cfg).items()}
     return d
@@ -63,7 +63,7 @@ def _config_text(kind: str, stream: str, group: str, cfg: Any, rev: int) -> str:
     return "\n".join(lines)
 
 
-def _members_option(f: Callable) -> Callable:
+def _members_option(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--members", "-m", multiple=True,
                      help="Member name(s); repeat or comma separate.")(f)
     return click.option("--mapping", multiple=True,
@@ -230,7 +230,7 @@ def elastic_delete(c: Ctx, stream: str, group: str) -> None:
     c.out({"deleted": group}, f"deleted elastic group {group}")
 
 
-def _membership_command(name: str, fn: Callable, verb: str) -> None:
+def _membership_command(name: str, fn: Callable[..., Any], verb: str) -> None:
     @elastic.command(name)
     @click.argument("stream")
     @click.argument("group")

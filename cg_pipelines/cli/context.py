@@ -152,7 +152,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]],
                       *(line(r) for r in cells)])
 
 
-def group_connection_options(f: Callable) -> Callable:
+def group_connection_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The connection options of the top-level group (environment and defaults)."""
     for flags, dest, kw in reversed(_SETTINGS):
         f = click.option(*flags, dest, show_default="default" in kw and not kw.get("is_flag"),

@@ -49,9 +49,10 @@ def connect_dir(given: str | None) -> Path:
 def read_state(folder: Path) -> dict[str, Any] | None:
     """The ``server.json`` of ``folder``, or ``None`` when there is none (or it is unreadable)."""
     try:
-        return json.loads((folder / "server.json").read_text())
+        state: dict[str, Any] = json.loads((folder / "server.json").read_text())
     except (OSError, ValueError):
         return None
+    return state
 
 
 def _pid_alive(pid: int) -> bool:
@@ -143,7 +144,7 @@ def start(state_dir: str | None, master: str, port: int, driver_memory: str,
         from cg_pipelines.spark.session import warm_up_connect
 
         try:
-            took = warm_up_connect(state["url"], rounds=warm_up)
+            took = warm_up_connect(str(state["url"]), rounds=warm_up)
         except Exception as e:  # noqa: BLE001 - the server runs; warming is best effort
             click.echo(f"warm-up failed ({type(e).__name__}: {e}); the server is up", err=True)
         else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from nats.js import JetStreamContext
 
@@ -73,7 +74,7 @@ def _api(js: JetStreamContext, timeout: float) -> JetStreamAPI:
     return JetStreamAPI.from_js(js, timeout=timeout)
 
 
-async def _stream_info(api: JetStreamAPI, stream: str) -> dict:
+async def _stream_info(api: JetStreamAPI, stream: str) -> dict[str, Any]:
     """Stream info; raises ``StreamNotFoundError`` naming ``stream`` if it does not exist."""
     try:
         return await api.stream_info(stream)
@@ -176,7 +177,7 @@ async def static_step_down(
 
 def work_queue_stream_config(
     stream: str, group: str, config: ElasticConfig, *, replicas: int, storage: str
-) -> dict:
+) -> dict[str, Any]:
     """Wire config of the elastic group's work-queue stream ``<stream>-<group>``.
 
     Retention workqueue, no subjects, one source (the origin stream) with one subject transform
@@ -446,10 +447,11 @@ async def set_set_mappings(
     read = [SetGroup(s, g, (await store.get(s, g)).config) for s, g in groups]
     new = set_assignment(read, members)
     mappings = as_mappings(new)
-    written = {}
+    written: dict[tuple[str, str], Versioned[ElasticConfig]] = {}
     for sg in read:
-        written[(sg.stream, sg.group)] = await store.update(
-            sg.stream, sg.group, lambda c, sg=sg: _set_membership(c, sg, mappings))
+        def change(c: ElasticConfig, sg: SetGroup = sg) -> ElasticConfig:
+            return _set_membership(c, sg, mappings)
+        written[(sg.stream, sg.group)] = await store.update(sg.stream, sg.group, change)
     return SetMembership(previous_set_assignment(read), new, written)
 
 
@@ -502,7 +504,9 @@ async def member_status(
     ``kind`` is ``"static"`` or ``"elastic"``. The reference's check answers "active" for a
     member when any member's consumer exists; here each member is judged by its own consumer.
     """
-    store: ConfigStore = ConfigStore(js, "static" if kind == "static" else "elastic", timeout)
+    store: ConfigStore[StaticConfig] | ConfigStore[ElasticConfig] = (
+        ConfigStore(js, "static", timeout) if kind == "static"
+        else ConfigStore(js, "elastic", timeout))
     cfg = (await store.get(stream, group)).config
     assign = assignment(cfg)
     api = _api(js, timeout)
@@ -517,7 +521,8 @@ async def member_status(
             for pg in ci.get("priority_groups") or []:
                 if pg.get("group") == PRIORITY_GROUP and pg.get("pinned_client_id"):
                     pinned = pg["pinned_client_id"]
-        active = bool(ci) and (pinned is not None or int(ci.get("num_waiting") or 0) > 0)
+        active = ci is not None and (pinned is not None
+                                     or int(ci.get("num_waiting") or 0) > 0)
         out.append(MemberStatus(m, cfg.is_member(m), ci is not None, active, pinned,
                                 tuple(assign.get(m, ()))))
     return out

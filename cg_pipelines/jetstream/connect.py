@@ -349,7 +349,7 @@ class ConnectOptions:
                 raise self._error(NatsConnectError, f"creds file {self.creds} is not a NATS "
                                   f"credentials file (no '{missing[0]}' block)")
         if self.nkey_seed:
-            import nkeys
+            import nkeys  # type: ignore[import-untyped]  # nkeys ships no type hints
 
             seed = self._read(self.nkey_seed, "NKey seed file").strip()
             try:

@@ -19,7 +19,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar, cast, overload
 
 import nats.errors
 import nats.js.errors as jserr
@@ -75,12 +75,23 @@ class ConfigStore(Generic[C]):
             bucket.
     """
 
+    @overload
+    def __init__(self: ConfigStore[StaticConfig], js: JetStreamContext,
+                 kind: Literal["static"], timeout: float = 5.0,
+                 no_leader_s: float = 20.0) -> None: ...
+
+    @overload
+    def __init__(self: ConfigStore[ElasticConfig], js: JetStreamContext,
+                 kind: Literal["elastic"], timeout: float = 5.0,
+                 no_leader_s: float = 20.0) -> None: ...
+
     def __init__(self, js: JetStreamContext, kind: Kind, timeout: float = 5.0,
                  no_leader_s: float = 20.0) -> None:
         self.js = js
         self.kind: Kind = kind
         self.bucket_name = STATIC_BUCKET if kind == "static" else ELASTIC_BUCKET
-        self.cls: type[C] = StaticConfig if kind == "static" else ElasticConfig  # type: ignore[assignment]
+        # the overloads tie C to ``kind``: C is StaticConfig exactly when kind is "static"
+        self.cls: type[C] = cast("type[C]", StaticConfig if kind == "static" else ElasticConfig)
         self.timeout = timeout
         self.no_leader_s = no_leader_s
         self._kv: KeyValue | None = None
@@ -136,7 +147,8 @@ class ConfigStore(Generic[C]):
 
     def decode(self, data: bytes) -> C:
         """Parse and validate stored bytes. Raises ``ConfigError`` naming the problem."""
-        return self.cls.from_json(data).validate()
+        cfg: C = self.cls.from_json(data).validate()
+        return cfg
 
     async def get(self, stream: str, group: str) -> Versioned[C]:
         """The group's config and revision.
@@ -156,7 +168,7 @@ class ConfigStore(Generic[C]):
                 e.field, f"{e.rule} (stored {self.kind} config {stream}.{group} at revision "
                 f"{entry.revision})"
             ) from None
-        return Versioned(cfg, entry.revision)
+        return Versioned(cfg, entry.revision or 0)
 
     async def get_raw(self, stream: str, group: str) -> tuple[bytes, int]:
         """The stored bytes and revision, unparsed (to act on a config that does not validate,
@@ -166,7 +178,7 @@ class ConfigStore(Generic[C]):
             entry = await self._call(lambda: kv.get(config_key(stream, group)))
         except jserr.KeyNotFoundError:
             raise GroupNotFoundError(self.kind, stream, group) from None
-        return entry.value or b"", entry.revision
+        return entry.value or b"", entry.revision or 0
 
     async def create(self, stream: str, group: str, cfg: C, *, replicas: int = 1) -> Versioned[C]:
         """Store a new group config (validated first); idempotent for an equal config.

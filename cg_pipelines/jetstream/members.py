@@ -179,7 +179,8 @@ class _Member:
         self.is_async = inspect.iscoroutinefunction(handler)
         self.config = config
         self.api = JetStreamAPI.from_js(js)
-        self.store: ConfigStore = ConfigStore(js, "static" if kind == "static" else "elastic")
+        self.store: ConfigStore[StaticConfig] | ConfigStore[ElasticConfig] = (
+            ConfigStore(js, "static") if kind == "static" else ConfigStore(js, "elastic"))
         if kind == "static":
             self.on_stream = stream
             self.cname = static_member_consumer_name(group, member)
@@ -207,8 +208,9 @@ class _Member:
     def consumer_wire_config(self, filters: list[str]) -> dict[str, Any]:
         c = self.config
         timeout = max(c.ack_wait_s, MIN_PRIORITY_TIMEOUT_S)
+        durable, name = (self.cname, None) if self.kind == "static" else (None, self.cname)
         return consumer_config(
-            **({"durable_name": self.cname} if self.kind == "static" else {"name": self.cname}),
+            durable_name=durable, name=name,
             filter_subjects=filters, ack_wait_s=c.ack_wait_s, max_ack_pending=c.max_ack_pending,
             max_deliver=c.max_deliver,
             inactive_threshold_s=c.ack_wait_s if self.kind == "elastic" else None,
@@ -296,7 +298,7 @@ class _Member:
         try:
             while not self.stopping.is_set():
                 try:
-                    entry = await watcher.updates(timeout=0.5)
+                    entry = await watcher.updates(timeout=0.5)  # type: ignore[no-untyped-call]
                 except (TimeoutError, nats.errors.TimeoutError):
                     continue
                 if entry is None:
@@ -316,7 +318,7 @@ class _Member:
             return None
         finally:
             with contextlib.suppress(Exception):
-                await watcher.stop()
+                await watcher.stop()  # type: ignore[no-untyped-call]
 
     def reject(self, revision: int, e: ConfigError) -> None:
         """An invalid revision: keep the last valid config, say why (no payload echoed)."""
@@ -404,9 +406,10 @@ class _Member:
             return None
         finally:
             self.stopping.set()
-            for t in (*tasks, watch, stop_wait):
+            every: list[asyncio.Task[Any]] = [*tasks, watch, stop_wait]
+            for t in every:
                 t.cancel()
-            for t in (*tasks, watch, stop_wait):
+            for t in every:
                 with contextlib.suppress(BaseException):
                     await t
             await self.api.close()

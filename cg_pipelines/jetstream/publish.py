@@ -123,7 +123,7 @@ async def publish_many(
                 end = min(start + window, total)
                 for i in range(start, end):
                     await nc.publish(subjects[i], payloads[i], reply=box.subject)
-                await nc.flush(timeout=timeout_s)
+                await nc.flush(timeout=timeout_s)  # type: ignore[arg-type]  # nats-py hints int; a float works (asyncio.wait_for)
                 deadline = time.monotonic() + timeout_s
                 while len(acks.payloads) < end - start:
                     acks.arrived.clear()

@@ -145,7 +145,8 @@ def _partitions(config: Any, subjects: pa.ChunkedArray) -> np.ndarray:
     enc = pc.dictionary_encode(subjects).combine_chunks()
     lut = np.array([-1 if (p := part(s)) is None else p for s in enc.dictionary.to_pylist()],
                    dtype=np.int64)
-    return lut[enc.indices.to_numpy(zero_copy_only=False)]
+    out: np.ndarray = lut[enc.indices.to_numpy(zero_copy_only=False)]
+    return out
 
 
 async def _queued(api: JetStreamAPI, wq: str, state: dict[str, Any], upto: int,

@@ -175,7 +175,8 @@ class SparkStandaloneCluster:
             OSError: the master does not answer.
         """
         with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=5) as r:
-            return json.loads(r.read())
+            state: dict[str, Any] = json.loads(r.read())
+        return state
 
     def applications(self) -> list[dict[str, Any]]:
         """Applications the master has seen (active and completed), each with ``name``,

@@ -207,10 +207,11 @@ class SourceOptions:
             timeout = float(options.get("timeout", "10"))
         except ValueError:
             raise UsageError("option 'timeout' must be a number of seconds") from None
-        conn = {k: options.get(k) or None for k in _CONNECT_OPTIONS}
+        conn: dict[str, str | None] = {k: options.get(k) or None for k in _CONNECT_OPTIONS}
         return cls(
             connect=ConnectOptions(
-                servers=str(servers), connect_timeout=timeout, name="cg_pipelines-spark", **conn
+                servers=str(servers), connect_timeout=timeout, name="cg_pipelines-spark",
+                **conn,  # type: ignore[arg-type]  # the str | None fields named in _CONNECT_OPTIONS
             ),
             stream=str(stream),
             subject=str(options.get("subject") or ">"),

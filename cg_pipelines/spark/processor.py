@@ -69,6 +69,20 @@ SparkTransform = Callable[[SparkSession, DataFrame, BatchContext], DataFrame]
 state as ``last_<column>`` columns."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _RangeFacts:
+    """What one job over a decoded range found: ``n`` messages, the ``first`` and ``last``
+    work-queue sequences and the last one's ``origin`` sequence (None: no message), the
+    ``dead`` rows (Arrow, sorted by ``seq``, with ``reason``) and the good rows' state ``keys``."""
+
+    n: int
+    first: int | None
+    last: int | None
+    origin: int | None
+    dead: pa.Table
+    keys: list[object]
+
+
 class SparkProcessor(ProcessorBase):
     """Processing step that runs a Spark transform on each batch.
 
@@ -212,8 +226,8 @@ class SparkProcessor(ProcessorBase):
             facts = self._range_facts(decoded)
             read_s = time.monotonic() - t
             t = time.monotonic()
-            messages = facts["n"]
-            dead_table = facts["dead"]
+            messages = facts.n
+            dead_table = facts.dead
             dead = [DeadLetter(q, r) for q, r in zip(dead_table["seq"].to_pylist(),
                                                      dead_table["reason"].to_pylist(),
                                                      strict=True)]
@@ -223,16 +237,17 @@ class SparkProcessor(ProcessorBase):
             if messages > len(dead):
                 df = decoded.filter(F.col(_DEAD).isNull()).select(
                     *[f.name for f in self.decoder.arrow_schema], SEQ_COLUMN, "_subject", "_time")
-                df = self._attach_state(spark, df, facts["keys"], ctx)
-                sub = dataclasses.replace(ctx, first_seq=facts["first"], last_seq=facts["last"])
+                df = self._attach_state(spark, df, facts.keys, ctx)
+                sub = dataclasses.replace(ctx, first_seq=facts.first or ctx.first_seq,
+                                          last_seq=facts.last or ctx.last_seq)
                 out = self._finish(self.transform(spark, df, sub).toArrow())
             return RangeProcessed(
-                Processed(out, dead), dead_records, messages, facts["first"], facts["last"],
-                facts["origin"], {"read_executors": read_s, "process": time.monotonic() - t})
+                Processed(out, dead), dead_records, messages, facts.first, facts.last,
+                facts.origin, {"read_executors": read_s, "process": time.monotonic() - t})
         finally:
             decoded.unpersist()
 
-    def _range_facts(self, decoded: DataFrame) -> dict[str, object]:
+    def _range_facts(self, decoded: DataFrame) -> _RangeFacts:
         """One job over the decoded range (it reads, decodes and caches it): messages, first
         and last work-queue sequence, the last one's origin sequence, the dead rows (Arrow,
         sorted by sequence, with ``reason``) and, with declared state, the good rows' keys."""
@@ -260,9 +275,8 @@ class SparkProcessor(ProcessorBase):
         if "keys" in row.column_names and len(row["keys"]):
             keys = sorted(row["keys"].combine_chunks().flatten().drop_null().to_pylist(),
                           key=lambda v: (str(type(v)), v))
-        return {"n": int(row["n"][0].as_py() or 0), "first": row["first"][0].as_py(),
-                "last": row["last"][0].as_py(), "origin": row["origin"][0].as_py(),
-                "dead": dead, "keys": keys}
+        return _RangeFacts(int(row["n"][0].as_py() or 0), row["first"][0].as_py(),
+                           row["last"][0].as_py(), row["origin"][0].as_py(), dead, keys)
 
     def _attach_state(self, spark: SparkSession, df: DataFrame, keys: list[object],
                       ctx: BatchContext) -> DataFrame:

@@ -110,7 +110,7 @@ class MotoS3Server:
 
     def client(self) -> Any:
         """A boto3 S3 client (``botocore.client.S3``) for this server (dummy credentials)."""
-        import boto3
+        import boto3  # type: ignore[import-untyped]  # boto3 ships no type hints (boto3-stubs: not a dependency)
 
         return boto3.client(
             "s3",
