@@ -13,10 +13,16 @@ and how often: ``docs/signals.md``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from dagster import AssetObservation, DagsterInstance, MetadataValue
+from dagster import (
+    AssetCheckEvaluation,
+    AssetObservation,
+    DagsterInstance,
+    MetadataValue,
+    RunRequest,
+)
 
 from cg_pipelines.core.config import dlq_stream_name
 from cg_pipelines.core.lag import LAG_STATES, lag_observations_due, lag_state
@@ -28,15 +34,30 @@ from cg_pipelines.dagster.spec import ConsumerGroupAsset, asset_key_of
 from cg_pipelines.jetstream.backlog import DeadLetterSummary
 from cg_pipelines.sinks.base import app_id_for
 
-if TYPE_CHECKING:
-    from cg_pipelines.dagster.sensors import BacklogTick
-
-__all__ = ["OBSERVERS", "RECONCILE_TIMEOUT_S", "BacklogObserver", "TickView",
+__all__ = ["OBSERVERS", "RECONCILE_TIMEOUT_S", "BacklogObserver", "BacklogTick", "TickView",
            "dead_letter_observations", "lag_observations", "observe_checks",
            "observe_dead_letters", "observe_lag", "observe_reconcile"]
 
 RECONCILE_TIMEOUT_S = 30.0
 """Seconds a tick gives the ``origin_reconciled`` evaluation (the tick limit is 60 s)."""
+
+
+@dataclass
+class BacklogTick:
+    """What one backlog tick decided: ``run_requests``; ``skip_reason`` when there are none;
+    ``asset_events`` (per-partition lag and dead-letter observations, the unpartitioned
+    ``origin_reconciled`` evaluation; the drain schedule drops them); the sensor's next
+    ``cursor``; ``check_evaluations``: with an instance, the partitioned check results
+    recorded run-less (first results), without one all of them; ``check_requests``: the
+    check-only runs requested (partitions whose recorded results changed), apart from
+    ``run_requests`` (the partition runs) and never reasons for a skip."""
+
+    run_requests: list[RunRequest] = field(default_factory=list)
+    skip_reason: str | None = None
+    asset_events: list[AssetObservation | AssetCheckEvaluation] = field(default_factory=list)
+    cursor: str | None = None
+    check_evaluations: list[AssetCheckEvaluation] = field(default_factory=list)
+    check_requests: list[RunRequest] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -69,7 +90,7 @@ class TickView:
     previous: BacklogCursor
 
 
-BacklogObserver = Callable[[TickView, BacklogCursor, "BacklogTick"], BacklogCursor]
+BacklogObserver = Callable[[TickView, BacklogCursor, BacklogTick], BacklogCursor]
 """``observer(view, cursor, out) -> cursor``: adds its events to ``out`` and returns ``cursor``
 (the sensor's next cursor so far, frozen) with its own fields replaced."""
 

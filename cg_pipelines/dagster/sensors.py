@@ -29,11 +29,10 @@ Signals, their meaning and volume: ``docs/signals.md``.
 
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dagster import (
-    AssetCheckEvaluation,
     AssetObservation,
     DagsterInstance,
     DagsterInvariantViolationError,
@@ -66,7 +65,7 @@ from cg_pipelines.core.triggers import (
     plan_backlog_runs,
     summary_lines,
 )
-from cg_pipelines.dagster.backlog_observers import OBSERVERS, TickView
+from cg_pipelines.dagster.backlog_observers import OBSERVERS, BacklogTick, TickView
 from cg_pipelines.dagster.history import CODE_TAG, fail_lost_runs, partition_runs
 from cg_pipelines.dagster.partition_checks import (
     EXCLUDED_RUNS,
@@ -98,24 +97,6 @@ Job = Any
 def _request(spec: ConsumerGroupAsset, p: int, run_key: str) -> RunRequest:
     return RunRequest(run_key=run_key, partition_key=spec.partition_key(p),
                       tags={CODE_TAG: spec.current_code_version()})
-
-
-@dataclass
-class BacklogTick:
-    """What one backlog tick decided: ``run_requests``; ``skip_reason`` when there are none;
-    ``asset_events`` (per-partition lag and dead-letter observations, the unpartitioned
-    ``origin_reconciled`` evaluation; the drain schedule drops them); the sensor's next
-    ``cursor``; ``check_evaluations``: with an instance, the partitioned check results
-    recorded run-less (first results), without one all of them; ``check_requests``: the
-    check-only runs requested (partitions whose recorded results changed), apart from
-    ``run_requests`` (the partition runs) and never reasons for a skip."""
-
-    run_requests: list[RunRequest] = field(default_factory=list)
-    skip_reason: str | None = None
-    asset_events: list[AssetObservation | AssetCheckEvaluation] = field(default_factory=list)
-    cursor: str | None = None
-    check_evaluations: list[AssetCheckEvaluation] = field(default_factory=list)
-    check_requests: list[RunRequest] = field(default_factory=list)
 
 
 def _read_cursor(text: str | None, kind: type[CursorT], log: Any) -> tuple[CursorT, str]:
