@@ -21,8 +21,8 @@ from pyiceberg.table import Table
 
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.sinks.base import PARTITION_COLUMN
-from cg_pipelines.sinks.deltaread import TableStats
 from cg_pipelines.sinks.storage import option_name
+from cg_pipelines.sinks.table import TableStats
 
 __all__ = ["IcebergTableAccess", "iceberg_s3_properties", "key_tuples", "optional_schema",
            "sql_catalog", "sqlite_catalog"]
@@ -115,6 +115,11 @@ class IcebergTableAccess:
         return tbl
 
     def exists(self) -> bool:
+        """Whether the table exists in the catalog.
+
+        Raises:
+            pyiceberg errors other than ``NoSuchTableError`` (e.g. the catalog is unreachable).
+        """
         return self.load() is not None
 
     # ---------------------------------------------------------------- reads
@@ -141,6 +146,16 @@ class IcebergTableAccess:
             return self._scan(tbl, where, columns)
         rows = self._scan(tbl, where, None).filter(filter)
         return rows.select(columns) if columns is not None else rows
+
+    def read_partitions(self, partitions: Sequence[int] | None = None) -> pa.Table:
+        """:meth:`read` of the rows of ``partitions`` (``None``: all), pruning files by the
+        partition column (the :class:`~cg_pipelines.sinks.table.TableSink` read).
+
+        Raises:
+            pyiceberg / pyarrow errors: read failures.
+        """
+        return self.read(row_filter=None if partitions is None
+                         else In(PARTITION_COLUMN, list(partitions)))
 
     @staticmethod
     def _scan(tbl: Table, row_filter: BooleanExpression | str,
