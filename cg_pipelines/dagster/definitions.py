@@ -22,7 +22,7 @@ from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.dagster.assets import build_group_asset
 from cg_pipelines.dagster.checks import build_group_checks
 from cg_pipelines.dagster.history import CHECK_MODE, MODE_TAG
-from cg_pipelines.dagster.io_manager import DeltaTableIOManager
+from cg_pipelines.dagster.io_manager import table_io_manager
 from cg_pipelines.dagster.joins import CoPartitionedAsset, build_copartitioned_definitions
 from cg_pipelines.dagster.partition_checks import LAG_CHECK
 from cg_pipelines.dagster.reconcile import build_reconcile_check
@@ -175,9 +175,11 @@ def build_definitions(
         resources: your resources under the keys the groups name (defaults ``nats``,
             ``warehouse``, and ``spark`` for Spark processors). A
             :class:`~cg_pipelines.dagster.PartitionRunsResource` (serve every member, default
-            engine options) and a :class:`~cg_pipelines.dagster.DeltaTableIOManager` (so
-            downstream assets can take a group asset as input) are added under their keys
-            unless given.
+            engine options) and the warehouse's IO manager
+            (:func:`~cg_pipelines.dagster.io_manager.table_io_manager`: a
+            :class:`~cg_pipelines.dagster.DeltaTableIOManager` or an
+            :class:`~cg_pipelines.dagster.iceberg.IcebergTableIOManager`, so downstream
+            assets can take a group asset as input) are added under their keys unless given.
         executor: default executor; in-process by default (one asset per run, so a run needs
             no extra step process).
         kwargs: passed to ``Definitions`` (e.g. ``asset_checks``, ``loggers``).
@@ -198,9 +200,7 @@ def build_definitions(
             # the IO manager then reads Spark DataFrames through its own SparkResource only.
             warehouse = res[g.warehouse_resource_key]
             sp = spark if isinstance(spark, SparkResource) else None
-            own = getattr(warehouse, "io_manager", None)  # e.g. IcebergWarehouseResource's
-            res[g.io_manager_key] = own(sp) if callable(own) else DeltaTableIOManager(
-                warehouse=warehouse, spark=sp)
+            res[g.io_manager_key] = table_io_manager(warehouse, sp)
     parts = [build_group_definitions(g) for g in groups]
     joined = [build_copartitioned_definitions(j) for j in joins]
     kwargs["asset_checks"] = [*(c for p in parts for c in p.checks),

@@ -60,7 +60,6 @@ from cg_pipelines.dagster.partition_run import (
     run_failure,
     run_mode,
     table_metadata,
-    table_stats,
     trim_traceback,
     wait_for_earlier_runs,
 )
@@ -72,6 +71,7 @@ from cg_pipelines.dagster.resources import (
 )
 from cg_pipelines.dagster.retention import build_run_retention_sensor
 from cg_pipelines.dagster.spec import TICK_ERRORS, PartitionKeys, partitioned_checks_preview
+from cg_pipelines.dagster.warehouse import Warehouse
 from cg_pipelines.engine.join import JoinInput, JoinResult, run_copartitioned
 from cg_pipelines.engine.join_processor import JoinProcessor
 from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
@@ -279,7 +279,7 @@ def _materialize(context: AssetExecutionContext, spec: CoPartitionedAsset,
                  config: PartitionRunConfig) -> MaterializeResult:
     res = context.resources
     nats_res: NatsResource = getattr(res, spec.nats_resource_key)
-    warehouse = getattr(res, spec.warehouse_resource_key)
+    warehouse: Warehouse = getattr(res, spec.warehouse_resource_key)
     runs: PartitionRunsResource = getattr(res, spec.runs_resource_key)
     p = spec.partition_of(context.partition_key)
     context.instance.add_run_tags(context.run.run_id, {
@@ -318,7 +318,7 @@ def _materialize(context: AssetExecutionContext, spec: CoPartitionedAsset,
     if result.status == "held":
         raise Failure(f"partition {p} was not processed: {result.detail}; it is retried when "
                       "the holder lets go", metadata=md)
-    md.update(table_metadata(table_stats(sink, p), sink.uri, spec.table_name, sink.table_format))
+    md.update(table_metadata(sink, p, spec.table_name))
     dead = sum(r.dead_lettered for r in result.inputs.values())
     fenced = result.status == "fenced"
     return MaterializeResult(metadata=md, check_results=[

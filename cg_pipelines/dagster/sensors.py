@@ -75,17 +75,14 @@ from cg_pipelines.dagster.partition_checks import (
     read_group,
 )
 from cg_pipelines.dagster.reconcile import reconcile_evaluation
-from cg_pipelines.dagster.resources import (
-    DeltaWarehouseResource,
-    NatsResource,
-    PartitionRunsResource,
-)
+from cg_pipelines.dagster.resources import NatsResource, PartitionRunsResource
 from cg_pipelines.dagster.spec import (
     TICK_ERRORS,
     ConsumerGroupAsset,
     asset_key_of,
     load_group_config,
 )
+from cg_pipelines.dagster.warehouse import Warehouse
 from cg_pipelines.jetstream.backlog import DeadLetterSummary
 from cg_pipelines.sinks.base import app_id_for
 
@@ -137,7 +134,7 @@ def _read_cursor(text: str | None, kind: type[CursorT], log: Any) -> tuple[Curso
 
 
 def _lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
-                      warehouse: DeltaWarehouseResource | None, log: Any, now: float
+                      warehouse: Warehouse | None, log: Any, now: float
                       ) -> list[AssetObservation]:
     """Lag observations of the partitions ``due``
     (:func:`~cg_pipelines.core.lag.lag_observations_due`), with each one's last committed
@@ -191,7 +188,7 @@ def _dead_letter_observations(spec: ConsumerGroupAsset, changed: list[DeadLetter
 def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                  runs: PartitionRunsResource, log: Any, *,
                  instance: DagsterInstance | None = None,
-                 warehouse: DeltaWarehouseResource | None = None,
+                 warehouse: Warehouse | None = None,
                  cursor: str | None = None, observe: bool = False,
                  now: float | None = None, job_name: str | None = None,
                  check_job: str | None = None) -> BacklogTick:
