@@ -174,10 +174,16 @@ class IcebergTableAccess:
         return [t.file.file_path for t in scan.plan_files()]
 
     def last_rows(self, key: str, keys: Sequence[object], columns: Sequence[str],
-                  order_by: str, partition: int | None = None) -> pa.Table:
+                  order_by: str, partition: int | None = None, *,
+                  app_id: str | None = None) -> pa.Table:
         """Each of ``keys``' last committed row (greatest ``order_by``), with ``columns``
         (the state-sink contract; see :meth:`DeltaSink.last_rows
-        <cg_pipelines.sinks.delta.DeltaSink.last_rows>`). Sorted by key."""
+        <cg_pipelines.sinks.delta.DeltaSink.last_rows>`). Sorted by key. ``app_id`` (the
+        run's identity) is accepted and not needed: the read is of the latest table state.
+
+        Raises:
+            pyiceberg / pyarrow errors: read failures, unknown columns.
+        """
         cols = list(dict.fromkeys([key, order_by, *columns]))
         tbl = self.load()
         if tbl is None:
