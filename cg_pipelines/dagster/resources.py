@@ -204,7 +204,7 @@ class SparkResource(ConfigurableResource):
             return None
         try:
             run = self.get_resource_context().dagster_run
-        except Exception:  # noqa: BLE001 - used outside a run (no resource context)
+        except Exception:  # used outside a run (no resource context)
             return None
         if run is None or (partition := run.tags.get("dagster/partition")) is None:
             return None
@@ -219,7 +219,7 @@ class SparkResource(ConfigurableResource):
         session takes ~0; a new JVM several seconds; a Spark Connect session well under 1)."""
         try:
             log = self.get_resource_context().log
-        except Exception:  # noqa: BLE001 - used outside a run (no resource context)
+        except Exception:  # used outside a run (no resource context)
             return
         if log is not None:
             kind = f"Spark Connect {self.remote}" if self.remote else f"master {self.master}"

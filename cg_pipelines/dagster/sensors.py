@@ -151,7 +151,7 @@ def _lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
             ids = {b.partition: app_id_for(spec.stream, spec.group, b.partition) for b in due}
             marks = warehouse.sink(spec.table_name).watermarks(ids.values())
             committed = {p: marks[a] for p, a in ids.items()}
-        except Exception as e:  # noqa: BLE001 - the lag is still worth reporting
+        except Exception as e:  # the lag is still worth reporting
             log.warning(f"cannot read the committed watermarks of {spec.table_name}: {e}")
     events = []
     for b in due:
@@ -269,7 +269,7 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     try:
         out.check_evaluations, out.check_requests = partition_checks(
             spec, reading, plan.exhausted, policy, instance, log, now, check_job)
-    except Exception as e:  # noqa: BLE001 - the runs and the lag still matter; next tick
+    except Exception as e:  # the runs and the lag still matter; next tick
         log.warning(f"partitioned checks not recorded: {type(e).__name__}: {e}")
     reconciled_at = state.reconciled_at
     if (spec.reconcile_interval_s is not None and warehouse is not None
@@ -278,7 +278,7 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
             events.append(reconcile_evaluation(spec, nats_res, warehouse,
                                                timeout_s=RECONCILE_TIMEOUT_S))
             reconciled_at = now
-        except Exception as e:  # noqa: BLE001 - reported, retried at the next tick
+        except Exception as e:  # reported, retried at the next tick
             log.warning(f"origin_reconciled not evaluated: {type(e).__name__}: {e}")
     out.asset_events = events
     # errors: pruned by partition_runs to the partitions' newest failures

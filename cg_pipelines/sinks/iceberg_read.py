@@ -126,7 +126,7 @@ class IcebergTableAccess:
 
     def read(self, columns: list[str] | None = None,
              row_filter: BooleanExpression | str | None = None,
-             filter: pc.Expression | None = None) -> pa.Table:  # noqa: A002 (DeltaSink's name)
+             filter: pc.Expression | None = None) -> pa.Table:  # DeltaSink's name
         """The latest snapshot's rows, projected to ``columns``, filtered by ``row_filter``
         (a pyiceberg expression or string, e.g. ``"_partition == 3"``: prunes files) and/or
         ``filter`` (a pyarrow expression, as :meth:`DeltaSink.read
