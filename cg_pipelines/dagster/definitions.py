@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from dagster import (
     AssetChecksDefinition,
@@ -110,6 +111,7 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
 
 
 _Spec = ConsumerGroupAsset | CoPartitionedAsset
+_SpecT = TypeVar("_SpecT", ConsumerGroupAsset, CoPartitionedAsset)
 
 
 def _check_resources(groups: Sequence[_Spec], resources: Mapping[str, Any]) -> None:
@@ -150,6 +152,18 @@ def _check_partition_keys(groups: Sequence[_Spec]) -> None:
                                   f"partition key {key!r}: give them different "
                                   "partition_key_prefix values")
             seen[key] = g.name
+
+
+def _format_kinds(spec: _SpecT, resources: Mapping[str, Any]) -> _SpecT:
+    """``spec`` with default kinds (``kinds=None``) that name its warehouse's table format
+    (``nats``, ``iceberg``, and ``spark`` when the processor uses Spark) instead of the
+    asset's own default ``delta``; ``spec`` itself when it declares kinds or its warehouse
+    holds Delta tables."""
+    fmt = getattr(resources[spec.warehouse_resource_key], "table_format", "delta")
+    if spec.kinds is not None or fmt == "delta":
+        return spec
+    kinds = {"nats", fmt, "spark"} if spec.uses_spark else {"nats", fmt}
+    return dataclasses.replace(spec, kinds=frozenset(kinds))
 
 
 def build_definitions(
@@ -201,8 +215,8 @@ def build_definitions(
             warehouse = res[g.warehouse_resource_key]
             sp = spark if isinstance(spark, SparkResource) else None
             res[g.io_manager_key] = table_io_manager(warehouse, sp)
-    parts = [build_group_definitions(g) for g in groups]
-    joined = [build_copartitioned_definitions(j) for j in joins]
+    parts = [build_group_definitions(_format_kinds(g, res)) for g in groups]
+    joined = [build_copartitioned_definitions(_format_kinds(j, res)) for j in joins]
     kwargs["asset_checks"] = [*(c for p in parts for c in p.checks),
                               *kwargs.get("asset_checks", ())]
     return Definitions(

@@ -100,8 +100,9 @@ class ConsumerGroupAsset(PartitionKeys):
             exclusive keys on it). ``""`` gives plain ``"0".."N-1"``.
         key_prefix: asset key prefix (a string or path components).
         group_name: Dagster asset group.
-        kinds: Dagster kinds shown in the UI (default ``nats``, ``delta``, and ``spark`` when the
-            processor uses Spark).
+        kinds: Dagster kinds shown in the UI (default ``nats``, the table format (``delta``;
+            ``build_definitions`` names its warehouse's, e.g. ``iceberg``), and ``spark`` when
+            the processor uses Spark).
         pool: Dagster concurrency pool of the asset (``None``: none).
         sensor_interval_s: minimum seconds between the sensors' ticks. Publish-to-commit
             time under the backlog sensor is at most about this plus a run's start and drain

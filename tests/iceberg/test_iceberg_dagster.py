@@ -54,6 +54,8 @@ async def test_append_group_on_iceberg_and_downstream_reads(
     defs = _defs(spec, nats_server.url, wh)
     resources = defs.resources
     assert isinstance(resources["cg_io_manager"], IcebergTableIOManager)
+    (asset_spec,) = [a for a in defs.resolve_all_asset_specs() if a.key.to_user_string() == ASSET]
+    assert asset_spec.kinds == {"nats", "iceberg"}  # the asset's kind names no Delta either
     group = build_group_definitions(spec).asset
     written: dict[int, list[int]] = {}
     for p in (0, 3):
