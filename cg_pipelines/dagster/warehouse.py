@@ -267,3 +267,13 @@ class IcebergWarehouseResource(ConfigurableResource):
 
         return IcebergSink(self.identifier(table), catalog=self.catalog(), write=write,
                            commit_metadata=commit_metadata)
+
+
+if TYPE_CHECKING:  # mypy (strict on this module) checks that both sides keep the contracts
+
+    def _delta_keeps_them(w: DeltaWarehouseResource, s: DeltaSink) -> tuple[Warehouse, TableSink]:
+        return w, s
+
+    def _iceberg_keeps_them(w: IcebergWarehouseResource, s: IcebergSink
+                            ) -> tuple[Warehouse, TableSink]:
+        return w, s
