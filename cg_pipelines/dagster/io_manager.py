@@ -217,11 +217,8 @@ def spark_frame(spark: Any, sink: IcebergSink, parts: Sequence[int] | None = Non
     executors from the current snapshot's Parquet files (pyiceberg writes copy-on-write only,
     so those files are the table); tables on object storage (Spark needs hadoop-aws and
     ``s3a://`` settings for them) are read by pyiceberg on the driver and handed over."""
-    from pyiceberg.expressions import In
-
-    flt = In(PARTITION_COLUMN, list(parts)) if parts is not None else None
-    files = sink.data_files(flt)
+    files = sink.partition_data_files(parts)
     if not files or not all(f.startswith(("file:", "/")) for f in files):
-        return spark.createDataFrame(sink.read(row_filter=flt))  # pyspark 4 takes Arrow
+        return spark.createDataFrame(sink.read_partitions(parts))  # pyspark 4 takes Arrow
     df = spark.read.parquet(*files)
     return df if parts is None else df.where(df[PARTITION_COLUMN].isin(parts))

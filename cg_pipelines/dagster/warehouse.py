@@ -226,14 +226,14 @@ class IcebergWarehouseResource(ConfigurableResource):
             UsageError: as :meth:`catalog_properties`.
             pyiceberg errors: the catalog cannot be loaded.
         """
-        from pyiceberg.catalog import load_catalog
+        from cg_pipelines.sinks.iceberg_read import iceberg_catalog
 
         props = self.catalog_properties()
         key = tuple(sorted({**props, "name": self.catalog_name}.items()))
         with _CATALOGS_LOCK:
             cat = _CATALOGS.get(key)
             if cat is None:
-                cat = _CATALOGS[key] = load_catalog(self.catalog_name, **props)
+                cat = _CATALOGS[key] = iceberg_catalog(self.catalog_name, props)
             return cat
 
     def identifier(self, table: str) -> str:

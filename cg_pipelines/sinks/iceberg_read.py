@@ -49,6 +49,16 @@ def iceberg_s3_properties(storage_options: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def iceberg_catalog(name: str, properties: Mapping[str, str]) -> Catalog:
+    """pyiceberg's ``load_catalog(name, **properties)``: a catalog of any type (``sql``,
+    ``rest``, ...) from its properties (secrets included: do not log them).
+
+    Raises:
+        pyiceberg errors: an unknown type, a catalog that cannot be reached.
+    """
+    return load_catalog(name, **properties)
+
+
 def sql_catalog(uri: str, warehouse: str, *, name: str = "cg",
                 storage_options: Mapping[str, str] | None = None) -> Catalog:
     """pyiceberg's SQL catalog: ``uri`` a SQLAlchemy URL (``sqlite:///path/catalog.db``,
@@ -172,6 +182,12 @@ class IcebergTableAccess:
             return []
         scan = tbl.scan(row_filter=row_filter if row_filter is not None else AlwaysTrue())
         return [t.file.file_path for t in scan.plan_files()]
+
+    def partition_data_files(self, partitions: Sequence[int] | None = None) -> list[str]:
+        """:meth:`data_files` of the rows of ``partitions`` (``None``: all), pruned by the
+        partition column."""
+        return self.data_files(None if partitions is None
+                               else In(PARTITION_COLUMN, list(partitions)))
 
     def last_rows(self, key: str, keys: Sequence[object], columns: Sequence[str],
                   order_by: str, partition: int | None = None, *,
