@@ -132,7 +132,7 @@ def _check_resources(groups: Sequence[_Spec], resources: Mapping[str, Any]) -> N
             raise ConfigError("resources", f"{g.name} declares per-key state on "
                               f"{state.key!r} but the warehouse resource "
                               f"{type(warehouse).__name__} cannot serve it (its sink has no "
-                              "last_rows): use DeltaWarehouseResource")
+                              "last_rows): use DeltaWarehouseResource or IcebergWarehouseResource")
 
 
 def _check_partition_keys(groups: Sequence[_Spec]) -> None:
