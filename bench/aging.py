@@ -95,23 +95,23 @@ from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter  # noqa: E402
-from cg_pipelines.core.decode import JsonDecoder, JsonField  # noqa: E402
-from cg_pipelines.core.partitioning import SubjectPartitioner  # noqa: E402
-from cg_pipelines.core.state import KeyedState  # noqa: E402
-from cg_pipelines.core.write import Append, Merge  # noqa: E402
-from cg_pipelines.engine import ArrowProcessor, EngineOptions, run_partition  # noqa: E402
-from cg_pipelines.engine.processor import BatchContext  # noqa: E402
-from cg_pipelines.jetstream import admin  # noqa: E402
-from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
-from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
-from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
-from cg_pipelines.sinks.base import PARTITION_COLUMN, app_id_for  # noqa: E402
-from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
-from cg_pipelines.sinks.iceberg import IcebergSink  # noqa: E402
-from cg_pipelines.sinks.iceberg_compact import partition_files  # noqa: E402
-from cg_pipelines.sinks.maintenance import Maintenance  # noqa: E402
-from cg_pipelines.sinks.storage import table_filesystem  # noqa: E402
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.decode import JsonDecoder, JsonField
+from cg_pipelines.core.partitioning import SubjectPartitioner
+from cg_pipelines.core.state import KeyedState
+from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.engine import ArrowProcessor, EngineOptions, run_partition
+from cg_pipelines.engine.processor import BatchContext
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.publish import publish_many
+from cg_pipelines.local.nats_server import NatsServer
+from cg_pipelines.sinks.base import PARTITION_COLUMN, app_id_for
+from cg_pipelines.sinks.delta import DeltaSink
+from cg_pipelines.sinks.iceberg import IcebergSink
+from cg_pipelines.sinks.iceberg_compact import partition_files
+from cg_pipelines.sinks.maintenance import Maintenance
+from cg_pipelines.sinks.storage import table_filesystem
 
 PARTS = 4
 DECODER = JsonDecoder([JsonField("k", "string", nullable=False),

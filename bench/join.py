@@ -49,17 +49,17 @@ from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter  # noqa: E402
-from cg_pipelines.core.decode import JsonDecoder, JsonField  # noqa: E402
-from cg_pipelines.engine import ArrowProcessor, EngineOptions, run_partition  # noqa: E402
-from cg_pipelines.engine.join import JoinInput, run_copartitioned  # noqa: E402
-from cg_pipelines.engine.join_processor import ArrowJoinProcessor, JoinContext  # noqa: E402
-from cg_pipelines.engine.processor import BatchContext  # noqa: E402
-from cg_pipelines.jetstream import admin  # noqa: E402
-from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
-from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
-from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
-from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.decode import JsonDecoder, JsonField
+from cg_pipelines.engine import ArrowProcessor, EngineOptions, run_partition
+from cg_pipelines.engine.join import JoinInput, run_copartitioned
+from cg_pipelines.engine.join_processor import ArrowJoinProcessor, JoinContext
+from cg_pipelines.engine.processor import BatchContext
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.publish import publish_many
+from cg_pipelines.local.nats_server import NatsServer
+from cg_pipelines.sinks.delta import DeltaSink
 
 DECODER = JsonDecoder([JsonField("key", "string", nullable=False),
                        JsonField("v", "int", nullable=False)])
@@ -78,7 +78,7 @@ def join_transform(tables: Mapping[str, pa.Table], ctx: JoinContext) -> pa.Table
     return pa.concat_tables([_rows(tables[s], s) for s in SIDES])
 
 
-def single_transform(side: str):  # noqa: ANN201 - an ArrowTransform
+def single_transform(side: str):  # an ArrowTransform
     def transform(table: pa.Table, ctx: BatchContext) -> pa.Table:
         return _rows(table, side)
     return transform

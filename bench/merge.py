@@ -38,16 +38,16 @@ from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter  # noqa: E402
-from cg_pipelines.core.decode import JsonDecoder, JsonField  # noqa: E402
-from cg_pipelines.core.write import Append, Merge  # noqa: E402
-from cg_pipelines.engine import ArrowProcessor, EngineOptions, run_partition  # noqa: E402
-from cg_pipelines.engine.processor import BatchContext  # noqa: E402
-from cg_pipelines.jetstream import admin  # noqa: E402
-from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
-from cg_pipelines.jetstream.publish import publish_many  # noqa: E402
-from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
-from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.decode import JsonDecoder, JsonField
+from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.engine import ArrowProcessor, EngineOptions, run_partition
+from cg_pipelines.engine.processor import BatchContext
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.publish import publish_many
+from cg_pipelines.local.nats_server import NatsServer
+from cg_pipelines.sinks.delta import DeltaSink
 
 DECODER = JsonDecoder([JsonField("device", "string", nullable=False),
                        JsonField("temp", "int", nullable=False),

@@ -53,15 +53,15 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config  # noqa: E402
-from cg_pipelines.jetstream.rangeread import (  # noqa: E402
+from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config
+from cg_pipelines.jetstream.rangeread import (
     GenericReply,
     _header_columns,
     direct_get_reply,
     read_range,
     reply_columns,
 )
-from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
+from cg_pipelines.local.nats_server import NatsServer
 
 CARRIERS = ["AA", "AS", "B6", "DL", "EV", "F9", "FL", "HA", "MQ", "OO", "UA", "US", "VX", "WN",
             "YV", "9E"]

@@ -28,17 +28,17 @@ from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter  # noqa: E402
-from cg_pipelines.core.coverage import ReconcileCursor, encode_seqs  # noqa: E402
-from cg_pipelines.core.subjects import partition_for  # noqa: E402
-from cg_pipelines.engine.coverage_log import DeltaLogCoverage  # noqa: E402
-from cg_pipelines.jetstream import admin  # noqa: E402
-from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
-from cg_pipelines.jetstream.connect import ConnectOptions  # noqa: E402
-from cg_pipelines.jetstream.reconcile import reconcile_group  # noqa: E402
-from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
-from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
-from cg_pipelines.sinks.storage import table_filesystem  # noqa: E402
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.coverage import ReconcileCursor, encode_seqs
+from cg_pipelines.core.subjects import partition_for
+from cg_pipelines.engine.coverage_log import DeltaLogCoverage
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.connect import ConnectOptions
+from cg_pipelines.jetstream.reconcile import reconcile_group
+from cg_pipelines.local.nats_server import NatsServer
+from cg_pipelines.sinks.delta import DeltaSink
+from cg_pipelines.sinks.storage import table_filesystem
 
 P = 4
 KEYS = 1_000
@@ -46,7 +46,7 @@ BATCH = 10_000
 S = "Bench"
 
 
-async def _publish(js, first: int, n: int) -> np.ndarray:  # noqa: ANN001
+async def _publish(js, first: int, n: int) -> np.ndarray:
     """Publish ``n`` messages (acknowledged, 5,000 in flight); their partitions."""
     keys = [f"k{(first + i) * 7919 % KEYS}" for i in range(n)]
     for i in range(0, n, 5_000):

@@ -75,8 +75,8 @@ from cg_pipelines.dagster import (  # noqa: E402
     NatsResource,
     PartitionRunsResource,
     build_definitions,
-    partition_checks,  # noqa: E402
-    sensors,  # noqa: E402
+    partition_checks,
+    sensors,
 )
 from cg_pipelines.dagster.history import CODE_TAG  # noqa: E402
 from cg_pipelines.dagster.partition_checks import (  # noqa: E402

@@ -50,17 +50,17 @@ from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter  # noqa: E402
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter  # noqa: E402
-from cg_pipelines.dagster.history import WORKER_TAG  # noqa: E402
-from cg_pipelines.jetstream import admin  # noqa: E402
-from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
-from cg_pipelines.jetstream.backlog import partition_backlog  # noqa: E402
-from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
-from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
-from tests.support import keyed  # noqa: E402
-from tests.support.daemon import daemon, make_home, start_sensor  # noqa: E402
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.dagster.history import WORKER_TAG
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.backlog import partition_backlog
+from cg_pipelines.local.nats_server import NatsServer
+from cg_pipelines.sinks.delta import DeltaSink
+from tests.support import keyed
+from tests.support.daemon import daemon, make_home, start_sensor
 
 STREAM, GROUP, ASSET = "telemetry", "bydevice", "device_state"
 

@@ -21,15 +21,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cg_pipelines.engine.processor import BatchContext, Record, records_to_arrow  # noqa: E402
-from cg_pipelines.engine.state import KeyStateCache  # noqa: E402
-from cg_pipelines.spark.session import (  # noqa: E402
+from cg_pipelines.engine.processor import BatchContext, Record, records_to_arrow
+from cg_pipelines.engine.state import KeyStateCache
+from cg_pipelines.spark.session import (
     get_spark,
     session_start_seconds,
     stop_spark,
 )
-from flights.data import event_payloads, load_flights, subjects  # noqa: E402
-from flights.legs import LEG_STATE, legs_processor  # noqa: E402
+from flights.data import event_payloads, load_flights, subjects
+from flights.legs import LEG_STATE, legs_processor
 
 
 def main() -> None:

@@ -88,7 +88,7 @@ class SparkStarter:
             get_spark(self.master, app_name="cg_pipelines",
                       conf=_spark_conf(os.environ.get("CG_SPARK_CONF", "")),
                       class_archive=class_archive())
-        except Exception as e:  # noqa: BLE001 - reported when the runs need the session
+        except Exception as e:  # reported when the runs need the session
             self.error = e
         self.seconds = time.monotonic() - t
 
@@ -205,7 +205,7 @@ def _warm_up_in_background(url: str) -> threading.Thread:
         try:
             took = warm_up_connect(url, rounds=3)
             click.echo("spark connect warm-up jobs: " + ", ".join(f"{s:.1f} s" for s in took))
-        except Exception as e:  # noqa: BLE001 - best effort: the runs work on a cold server
+        except Exception as e:  # best effort: the runs work on a cold server
             click.echo(f"spark connect warm-up failed: {e}", err=True)
 
     thread = threading.Thread(target=warm, name="spark-connect-warm-up", daemon=True)
@@ -469,7 +469,7 @@ class OverlappedVerifier:
                 self.mismatches += bad
                 if bad:
                     self.details.append(f"partition {p}: {detail}")
-        except BaseException as e:  # noqa: BLE001 - reported by finish()
+        except BaseException as e:  # reported by finish()
             self.error = e
 
     def partition_done(self, p: int) -> None:

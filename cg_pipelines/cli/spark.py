@@ -145,7 +145,7 @@ def start(state_dir: str | None, master: str, port: int, driver_memory: str,
 
         try:
             took = warm_up_connect(str(state["url"]), rounds=warm_up)
-        except Exception as e:  # noqa: BLE001 - the server runs; warming is best effort
+        except Exception as e:  # the server runs; warming is best effort
             click.echo(f"warm-up failed ({type(e).__name__}: {e}); the server is up", err=True)
         else:
             click.echo("warm-up jobs: " + ", ".join(f"{s:.1f} s" for s in took))

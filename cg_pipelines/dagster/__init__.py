@@ -49,7 +49,8 @@ from cg_pipelines.dagster.spec import ConsumerGroupAsset
 
 # What a user project needs. The building blocks (the asset, sensors, schedule and checks
 # factories, the backlog tick, run config) stay importable from their submodules:
-# cg_pipelines.dagster.{assets,sensors,checks,history,spec,resources,io_manager,definitions}.
+# cg_pipelines.dagster.{assets,sensors,checks,history,spec,resources,warehouse,io_manager,
+# definitions}; the Iceberg warehouse and IO manager from cg_pipelines.dagster.iceberg.
 __all__ = [
     "CoPartitionedAsset",
     "ConsumerGroupAsset",

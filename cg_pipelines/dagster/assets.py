@@ -1,7 +1,10 @@
 """The partitioned asset of a consumer group, its job and its asset checks.
 
 Each run drains one group partition through the ordered engine
-(:func:`cg_pipelines.engine.run_partition`) into the group's Delta table.
+(:func:`cg_pipelines.engine.run_partition`) into the group's table, Delta or Iceberg: the op
+speaks to the ``warehouse`` resource only through
+:class:`~cg_pipelines.dagster.warehouse.Warehouse` and to its table through
+:class:`~cg_pipelines.sinks.table.TableSink` (resolve the run, run it, report it).
 
 **One run per partition at a time, however it was launched** (asset job, ``dagster asset
 materialize --partition``, UI materialization, UI backfill, sensor, schedule). Every such run
@@ -28,6 +31,7 @@ The engine's lease and fenced commit stay the last line: a second holder commits
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import (
@@ -55,12 +59,10 @@ from cg_pipelines.dagster.partition_run import (
     run_failure,
     run_mode,
     table_metadata,
-    table_stats,
     trim_traceback,
     wait_for_earlier_runs,
 )
 from cg_pipelines.dagster.resources import (
-    DeltaWarehouseResource,
     NatsResource,
     PartitionRunsResource,
     run_spark_session,
@@ -71,9 +73,12 @@ from cg_pipelines.dagster.spec import (
     ConsumerGroupAsset,
     load_group_config,
 )
+from cg_pipelines.dagster.warehouse import Warehouse
+from cg_pipelines.engine.processor import Processor
 from cg_pipelines.engine.rebuild import rebuild_partition
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.runner import run_partition
+from cg_pipelines.sinks.table import TableSink
 
 __all__ = [
     "PartitionRunConfig",
@@ -206,11 +211,44 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
     return _group_asset
 
 
+@dataclass(frozen=True)
+class GroupRun:
+    """What a partition run of a group asset works with, resolved before it touches the
+    partition (``_resolve``): the ``partition``, its ``owner`` member and the group
+    config's ``revision``, the run's ``mode`` (``drain``/``rebuild``), the runs it ``waited``
+    for, the table ``sink``, the ``processor`` (bound to the run's Spark session if it uses
+    Spark) and the ``nats`` and ``runs`` resources."""
+
+    partition: int
+    owner: str
+    revision: int
+    mode: str
+    waited: list[str]
+    sink: TableSink
+    processor: Processor
+    nats: NatsResource
+    runs: PartitionRunsResource
+
+
 def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
                  config: PartitionRunConfig) -> MaterializeResult:
+    run = _resolve(context, spec, config)
+    result = _run(context, spec, config, run)
+    return _report(spec, run, result)
+
+
+def _resolve(context: AssetExecutionContext, spec: ConsumerGroupAsset,
+             config: PartitionRunConfig) -> GroupRun:
+    """Tag the run, wait for earlier runs of its partition, check this deployment serves the
+    partition's owner, and make the run's sink and processor (nothing is leased yet).
+
+    Raises:
+        Failure: an earlier run is still in progress after ``run_timeout_s``, the group's
+            config cannot be read, or another deployment serves the partition's owner.
+    """
     res = context.resources
     nats_res: NatsResource = getattr(res, spec.nats_resource_key)
-    warehouse: DeltaWarehouseResource = getattr(res, spec.warehouse_resource_key)
+    warehouse: Warehouse = getattr(res, spec.warehouse_resource_key)
     runs: PartitionRunsResource = getattr(res, spec.runs_resource_key)
     p = spec.partition_of(context.partition_key)
     # The code version (retry rule) and this run's worker process (lost-run detection), for
@@ -236,31 +274,54 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
     processor = spec.processor
     if spec.uses_spark:
         processor = processor.bind(run_spark_session(getattr(res, spec.spark_resource_key)))
+    return GroupRun(p, owner, v.revision, mode, waited, sink, processor, nats_res, runs)
+
+
+def _run(context: AssetExecutionContext, spec: ConsumerGroupAsset, config: PartitionRunConfig,
+         run: GroupRun) -> RunResult:
+    """Drain (or rebuild) the partition through the engine; log its summary line.
+
+    Raises:
+        Failure: the engine raised (:func:`run_failure`: the cause first, then the
+            partition's facts).
+    """
+    p, sink, processor, opts = run.partition, run.sink, run.processor, run.runs.engine_options()
     progress = RunProgress(context.log, p)
     try:
-        if mode == "rebuild":
-            result = nats_res.run(
+        if run.mode == "rebuild":
+            result = run.nats.run(
                 lambda nc: rebuild_partition(nc, spec.stream, spec.group, p, processor, sink,
-                                             runs.engine_options(),
-                                             allow_partial=config.allow_partial,
+                                             opts, allow_partial=config.allow_partial,
                                              hook=progress),
-                timeout_s=runs.run_timeout_s)
+                timeout_s=run.runs.run_timeout_s)
         else:
-            result = nats_res.run(
-                lambda nc: run_partition(nc, spec.stream, spec.group, p, processor, sink,
-                                         runs.engine_options(), hook=progress),
-                timeout_s=runs.run_timeout_s)
+            result = run.nats.run(
+                lambda nc: run_partition(nc, spec.stream, spec.group, p, processor, sink, opts,
+                                         hook=progress),
+                timeout_s=run.runs.run_timeout_s)
     except Exception as e:
         raise run_failure(e, spec, p) from trim_traceback(e)
     context.log.info(summary_line(p, result))
-    md = _run_metadata(result, owner, v.revision)
-    md["mode"] = mode
+    return result
+
+
+def _report(spec: ConsumerGroupAsset, run: GroupRun, result: RunResult) -> MaterializeResult:
+    """The materialization of a run that ended: its metadata (the run's figures, the table's:
+    :func:`table_metadata`, ``table_versions``) and the three check results.
+
+    Raises:
+        Failure: the run halted at a message (``dead_letter_policy='halt'``) or processed
+            nothing because another holder has the partition (``held``); with the metadata.
+    """
+    p = run.partition
+    md = _run_metadata(result, run.owner, run.revision)
+    md["mode"] = run.mode
     md["write_mode"] = spec.write.name
-    md["delta_versions"] = MetadataValue.json(sink.versions_written)
+    md["table_versions"] = MetadataValue.json(run.sink.versions_written)
     if result.maintenance:
         md["maintenance"] = MetadataValue.json(result.maintenance)
-    md["waited_for_runs"] = ", ".join(waited)
-    if mode == "rebuild":
+    md["waited_for_runs"] = ", ".join(run.waited)
+    if run.mode == "rebuild":
         md.update({"rebuilt": result.status == "rebuilt",
                    "origin_first_seq": result.origin_first_seq or 0,
                    "origin_last_seq": result.origin_last_seq or 0,
@@ -278,29 +339,31 @@ def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
         # after its backoff (the holder's lease returns within the ack wait).
         raise Failure(f"partition {p} was not processed: {result.detail}; it is retried "
                       "when the holder lets go", metadata=md)
-    md.update(table_metadata(table_stats(sink, p), sink.uri, spec.table_name,
-                              sink.table_format))
+    md.update(table_metadata(run.sink, p, spec.table_name))
+    return MaterializeResult(metadata=md, check_results=_check_results(result))
+
+
+def _check_results(result: RunResult) -> list[AssetCheckResult]:
+    """The partition's three check results of a run that ended (drained, fence, dead
+    letters)."""
     drained = result.status in ("drained", "empty", "rebuilt")
-    return MaterializeResult(
-        metadata=md,
-        check_results=[
-            AssetCheckResult(
-                check_name=DRAINED_CHECK, passed=drained, severity=AssetCheckSeverity.WARN,
-                description=f"{result.status}: {result.detail}" if result.detail else
-                result.status,
-                metadata={"status": result.status, "detail": result.detail}),
-            AssetCheckResult(
-                check_name=FENCE_CHECK, passed=result.fence_conflicts == 0,
-                severity=AssetCheckSeverity.WARN,
-                description=f"{result.fence_conflicts} commit(s) refused by the fence: "
-                f"{result.detail}" if result.fence_conflicts else "no commit refused",
-                metadata={"fence_conflicts": result.fence_conflicts,
-                          "detail": result.detail}),
-            AssetCheckResult(
-                check_name=DEAD_LETTER_CHECK, passed=result.dead_lettered == 0,
-                severity=AssetCheckSeverity.WARN,
-                description=f"{result.dead_lettered:,} message(s) dead-lettered (dead-letter "
-                "stream: cg dlq ls)" if result.dead_lettered else "none dead-lettered",
-                metadata={"dead_lettered": result.dead_lettered}),
-        ],
-    )
+    return [
+        AssetCheckResult(
+            check_name=DRAINED_CHECK, passed=drained, severity=AssetCheckSeverity.WARN,
+            description=f"{result.status}: {result.detail}" if result.detail else
+            result.status,
+            metadata={"status": result.status, "detail": result.detail}),
+        AssetCheckResult(
+            check_name=FENCE_CHECK, passed=result.fence_conflicts == 0,
+            severity=AssetCheckSeverity.WARN,
+            description=f"{result.fence_conflicts} commit(s) refused by the fence: "
+            f"{result.detail}" if result.fence_conflicts else "no commit refused",
+            metadata={"fence_conflicts": result.fence_conflicts,
+                      "detail": result.detail}),
+        AssetCheckResult(
+            check_name=DEAD_LETTER_CHECK, passed=result.dead_lettered == 0,
+            severity=AssetCheckSeverity.WARN,
+            description=f"{result.dead_lettered:,} message(s) dead-lettered (dead-letter "
+            "stream: cg dlq ls)" if result.dead_lettered else "none dead-lettered",
+            metadata={"dead_lettered": result.dead_lettered}),
+    ]

@@ -29,8 +29,9 @@ from cg_pipelines.core.lag import LAG_STATES, lag_observations_due, lag_state
 from cg_pipelines.core.triggers import BacklogCursor, PartitionBacklog, RetryPolicy, RetryWait
 from cg_pipelines.dagster.partition_checks import GroupReading, partition_checks
 from cg_pipelines.dagster.reconcile import reconcile_evaluation
-from cg_pipelines.dagster.resources import DeltaWarehouseResource, NatsResource
+from cg_pipelines.dagster.resources import NatsResource
 from cg_pipelines.dagster.spec import ConsumerGroupAsset, asset_key_of
+from cg_pipelines.dagster.warehouse import Warehouse
 from cg_pipelines.jetstream.backlog import DeadLetterSummary
 from cg_pipelines.sinks.base import app_id_for
 
@@ -79,7 +80,7 @@ class TickView:
 
     spec: ConsumerGroupAsset
     nats_res: NatsResource
-    warehouse: DeltaWarehouseResource | None
+    warehouse: Warehouse | None
     instance: DagsterInstance | None
     log: Any
     now: float
@@ -96,7 +97,7 @@ BacklogObserver = Callable[[TickView, BacklogCursor, BacklogTick], BacklogCursor
 
 
 def lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
-                     warehouse: DeltaWarehouseResource | None, log: Any, now: float
+                     warehouse: Warehouse | None, log: Any, now: float
                      ) -> list[AssetObservation]:
     """Lag observations of the partitions ``due``
     (:func:`~cg_pipelines.core.lag.lag_observations_due`), with each one's last committed
@@ -113,7 +114,7 @@ def lag_observations(spec: ConsumerGroupAsset, due: list[PartitionBacklog],
             ids = {b.partition: app_id_for(spec.stream, spec.group, b.partition) for b in due}
             marks = warehouse.sink(spec.table_name).watermarks(ids.values())
             committed = {p: marks[a] for p, a in ids.items()}
-        except Exception as e:  # noqa: BLE001 - the lag is still worth reporting
+        except Exception as e:  # the lag is still worth reporting
             log.warning(f"cannot read the committed watermarks of {spec.table_name}: {e}")
     events = []
     for b in due:
@@ -174,7 +175,7 @@ def observe_checks(view: TickView, cursor: BacklogCursor, out: BacklogTick) -> B
         out.check_evaluations, out.check_requests = partition_checks(
             view.spec, view.reading, view.exhausted, view.policy, view.instance, view.log,
             view.now, view.check_job)
-    except Exception as e:  # noqa: BLE001 - the runs and the lag still matter; next tick
+    except Exception as e:  # the runs and the lag still matter; next tick
         view.log.warning(f"partitioned checks not recorded: {type(e).__name__}: {e}")
     return cursor
 
@@ -190,7 +191,7 @@ def observe_reconcile(view: TickView, cursor: BacklogCursor, out: BacklogTick
     try:
         out.asset_events.append(reconcile_evaluation(spec, view.nats_res, view.warehouse,
                                                      timeout_s=RECONCILE_TIMEOUT_S))
-    except Exception as e:  # noqa: BLE001 - reported, retried at the next tick
+    except Exception as e:  # reported, retried at the next tick
         view.log.warning(f"origin_reconciled not evaluated: {type(e).__name__}: {e}")
         return cursor
     return replace(cursor, reconciled_at=view.now)

@@ -56,7 +56,7 @@ from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.record import SEQ_COLUMN
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.definitions import build_definitions
-from cg_pipelines.dagster.io_manager import DeltaTableIOManager
+from cg_pipelines.dagster.io_manager import table_io_manager
 from cg_pipelines.dagster.resources import (
     DeltaWarehouseResource,
     NatsResource,
@@ -253,7 +253,7 @@ def build_resources(declared: dict[str, dict[str, Any]]) -> dict[str, Any]:
         spark = out.get("spark")
         out["cg_io_manager"] = _shared(
             "cg_io_manager", [declared.get("warehouse"), declared.get("spark")],
-            lambda: DeltaTableIOManager(warehouse=out["warehouse"], spark=spark))
+            lambda: table_io_manager(out["warehouse"], spark))
     return out
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from dagster import (
     AssetChecksDefinition,
@@ -22,7 +23,7 @@ from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.dagster.assets import build_group_asset
 from cg_pipelines.dagster.checks import build_group_checks
 from cg_pipelines.dagster.history import CHECK_MODE, MODE_TAG
-from cg_pipelines.dagster.io_manager import DeltaTableIOManager
+from cg_pipelines.dagster.io_manager import table_io_manager
 from cg_pipelines.dagster.joins import CoPartitionedAsset, build_copartitioned_definitions
 from cg_pipelines.dagster.partition_checks import LAG_CHECK
 from cg_pipelines.dagster.reconcile import build_reconcile_check
@@ -110,6 +111,7 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
 
 
 _Spec = ConsumerGroupAsset | CoPartitionedAsset
+_SpecT = TypeVar("_SpecT", ConsumerGroupAsset, CoPartitionedAsset)
 
 
 def _check_resources(groups: Sequence[_Spec], resources: Mapping[str, Any]) -> None:
@@ -130,7 +132,7 @@ def _check_resources(groups: Sequence[_Spec], resources: Mapping[str, Any]) -> N
             raise ConfigError("resources", f"{g.name} declares per-key state on "
                               f"{state.key!r} but the warehouse resource "
                               f"{type(warehouse).__name__} cannot serve it (its sink has no "
-                              "last_rows): use DeltaWarehouseResource")
+                              "last_rows): use DeltaWarehouseResource or IcebergWarehouseResource")
 
 
 def _check_partition_keys(groups: Sequence[_Spec]) -> None:
@@ -150,6 +152,18 @@ def _check_partition_keys(groups: Sequence[_Spec]) -> None:
                                   f"partition key {key!r}: give them different "
                                   "partition_key_prefix values")
             seen[key] = g.name
+
+
+def _format_kinds(spec: _SpecT, resources: Mapping[str, Any]) -> _SpecT:
+    """``spec`` with default kinds (``kinds=None``) that name its warehouse's table format
+    (``nats``, ``iceberg``, and ``spark`` when the processor uses Spark) instead of the
+    asset's own default ``delta``; ``spec`` itself when it declares kinds or its warehouse
+    holds Delta tables."""
+    fmt = getattr(resources[spec.warehouse_resource_key], "table_format", "delta")
+    if spec.kinds is not None or fmt == "delta":
+        return spec
+    kinds = {"nats", fmt, "spark"} if spec.uses_spark else {"nats", fmt}
+    return dataclasses.replace(spec, kinds=frozenset(kinds))
 
 
 def build_definitions(
@@ -175,9 +189,11 @@ def build_definitions(
         resources: your resources under the keys the groups name (defaults ``nats``,
             ``warehouse``, and ``spark`` for Spark processors). A
             :class:`~cg_pipelines.dagster.PartitionRunsResource` (serve every member, default
-            engine options) and a :class:`~cg_pipelines.dagster.DeltaTableIOManager` (so
-            downstream assets can take a group asset as input) are added under their keys
-            unless given.
+            engine options) and the warehouse's IO manager
+            (:func:`~cg_pipelines.dagster.io_manager.table_io_manager`: a
+            :class:`~cg_pipelines.dagster.DeltaTableIOManager` or an
+            :class:`~cg_pipelines.dagster.iceberg.IcebergTableIOManager`, so downstream
+            assets can take a group asset as input) are added under their keys unless given.
         executor: default executor; in-process by default (one asset per run, so a run needs
             no extra step process).
         kwargs: passed to ``Definitions`` (e.g. ``asset_checks``, ``loggers``).
@@ -198,11 +214,9 @@ def build_definitions(
             # the IO manager then reads Spark DataFrames through its own SparkResource only.
             warehouse = res[g.warehouse_resource_key]
             sp = spark if isinstance(spark, SparkResource) else None
-            own = getattr(warehouse, "io_manager", None)  # e.g. IcebergWarehouseResource's
-            res[g.io_manager_key] = own(sp) if callable(own) else DeltaTableIOManager(
-                warehouse=warehouse, spark=sp)
-    parts = [build_group_definitions(g) for g in groups]
-    joined = [build_copartitioned_definitions(j) for j in joins]
+            res[g.io_manager_key] = table_io_manager(warehouse, sp)
+    parts = [build_group_definitions(_format_kinds(g, res)) for g in groups]
+    joined = [build_copartitioned_definitions(_format_kinds(j, res)) for j in joins]
     kwargs["asset_checks"] = [*(c for p in parts for c in p.checks),
                               *kwargs.get("asset_checks", ())]
     return Definitions(

@@ -1,4 +1,9 @@
-"""Downstream assets read a consumer-group table as an input: :class:`DeltaTableIOManager`.
+"""Downstream assets read a consumer-group table as an input: :class:`DeltaTableIOManager`
+(a :class:`~cg_pipelines.dagster.warehouse.DeltaWarehouseResource`'s tables),
+:class:`IcebergTableIOManager` (an
+:class:`~cg_pipelines.dagster.warehouse.IcebergWarehouseResource`'s); :func:`table_io_manager`
+picks the one of a warehouse (``build_definitions`` adds it under the group's
+``io_manager_key``).
 
 The consumer-group asset commits its rows itself (the engine's fenced Delta commit), so this IO
 manager only *loads*: a downstream asset that takes the group asset as an argument gets the
@@ -25,18 +30,42 @@ Polars, delta-rs).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from dagster import ConfigurableIOManager, InputContext, OutputContext
 
 from cg_pipelines.core.errors import UsageError, WrongTypeError
-from cg_pipelines.dagster.resources import DeltaWarehouseResource, SparkResource
+from cg_pipelines.dagster.resources import SparkResource
+from cg_pipelines.dagster.warehouse import (
+    DeltaWarehouseResource,
+    IcebergWarehouseResource,
+    Warehouse,
+)
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.delta import DeltaSink
 
-__all__ = ["DeltaTableIOManager", "partitions_to_load", "upstream_table"]
+if TYPE_CHECKING:
+    from cg_pipelines.sinks.iceberg import IcebergSink
+
+__all__ = ["DeltaTableIOManager", "IcebergTableIOManager", "partitions_to_load", "spark_frame",
+           "table_io_manager", "upstream_table"]
+
+
+def table_io_manager(warehouse: Warehouse, spark: SparkResource | None = None
+                     ) -> ConfigurableIOManager:
+    """The IO manager that loads ``warehouse``'s tables for downstream assets: an
+    :class:`IcebergTableIOManager` for an
+    :class:`~cg_pipelines.dagster.warehouse.IcebergWarehouseResource`, else a
+    :class:`DeltaTableIOManager`; ``spark`` serves the Spark DataFrame inputs.
+
+    Raises:
+        pydantic.ValidationError: a warehouse neither IO manager takes.
+    """
+    if isinstance(warehouse, IcebergWarehouseResource):
+        return IcebergTableIOManager(warehouse=warehouse, spark=spark)
+    return DeltaTableIOManager(warehouse=warehouse, spark=spark)
 
 
 def _type_name(t: Any) -> str:
@@ -82,8 +111,7 @@ class DeltaTableIOManager(ConfigurableIOManager):
 
             frame = pl.read_delta(sink.uri, storage_options=self.warehouse.storage_options())
             return frame if parts is None else frame.filter(pl.col(PARTITION_COLUMN).is_in(parts))
-        flt = None if parts is None else pc.field(PARTITION_COLUMN).isin(parts)
-        arrow = sink.read(filter=flt)
+        arrow = sink.read_partitions(parts)
         if name.startswith("pandas") and name.endswith("DataFrame"):
             return arrow.to_pandas()
         if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
@@ -134,3 +162,63 @@ def partitions_to_load(context: InputContext, md: Any) -> list[int] | None:
             return None
         out.append(int(tail))
     return out
+
+
+class IcebergTableIOManager(ConfigurableIOManager):
+    """Loads a consumer-group asset's Iceberg table for downstream assets, typed by the
+    argument's annotation: ``pyarrow.Table`` (or none), ``pandas.DataFrame``,
+    ``pyspark.sql.DataFrame`` (:func:`spark_frame`), ``polars.DataFrame``.
+    Append mode: the history; merge mode: each key's current row. When the downstream asset
+    is partitioned like the group asset only its partitions' rows are read."""
+
+    warehouse: IcebergWarehouseResource
+    spark: SparkResource | None = None
+
+    def handle_output(self, context: OutputContext, obj: Any) -> None:
+        """Nothing to store (the engine committed the rows). Raises ``WrongTypeError`` for a
+        returned value."""
+        if obj is not None:
+            raise WrongTypeError(f"{context.asset_key.to_user_string()}: IcebergTableIOManager "
+                                 "only loads consumer-group tables; it does not store values")
+
+    def load_input(self, context: InputContext) -> Any:
+        """The upstream group asset's table (or its loaded partitions), typed as asked.
+
+        Raises:
+            UsageError: the upstream asset is no consumer-group asset, or a Spark DataFrame
+                is asked for without ``spark``.
+            WrongTypeError: an annotation this IO manager cannot produce.
+        """
+        table, md = upstream_table(context)
+        sink = self.warehouse.sink(table)
+        parts = partitions_to_load(context, md)
+        want = context.dagster_type.typing_type
+        name = f"{getattr(want, '__module__', '')}.{getattr(want, '__qualname__', '')}"
+        if name.startswith("pyspark.sql") and name.endswith("DataFrame"):
+            if self.spark is None:
+                raise UsageError("a Spark DataFrame input needs IcebergTableIOManager(spark=...)")
+            return spark_frame(self.spark.spark_session, sink, parts)
+        arrow = sink.read_partitions(parts)
+        if name.startswith("polars"):
+            import polars as pl
+
+            return pl.from_arrow(arrow)
+        if name.startswith("pandas") and name.endswith("DataFrame"):
+            return arrow.to_pandas()
+        if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
+            return arrow
+        raise WrongTypeError(f"IcebergTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
+                             f"DataFrame; {context.asset_key.to_user_string()} is annotated "
+                             f"{want!r}")
+
+
+def spark_frame(spark: Any, sink: IcebergSink, parts: Sequence[int] | None = None) -> Any:
+    """The table (or ``parts``' rows) as a Spark DataFrame: local tables are read on the
+    executors from the current snapshot's Parquet files (pyiceberg writes copy-on-write only,
+    so those files are the table); tables on object storage (Spark needs hadoop-aws and
+    ``s3a://`` settings for them) are read by pyiceberg on the driver and handed over."""
+    files = sink.partition_data_files(parts)
+    if not files or not all(f.startswith(("file:", "/")) for f in files):
+        return spark.createDataFrame(sink.read_partitions(parts))  # pyspark 4 takes Arrow
+    df = spark.read.parquet(*files)
+    return df if parts is None else df.where(df[PARTITION_COLUMN].isin(parts))

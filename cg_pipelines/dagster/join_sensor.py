@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dagster import (
     AssetKey,
@@ -36,14 +36,12 @@ from cg_pipelines.core.triggers import (
     served_partitions,
 )
 from cg_pipelines.dagster.history import CODE_TAG, fail_lost_runs, partition_runs
+from cg_pipelines.dagster.join_spec import CoPartitionedAsset
 from cg_pipelines.dagster.resources import NatsResource, PartitionRunsResource
 from cg_pipelines.dagster.spec import TICK_ERRORS
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import partition_backlog
-
-if TYPE_CHECKING:
-    from cg_pipelines.dagster.joins import CoPartitionedAsset
 
 __all__ = ["JoinTick", "SetReading", "build_join_sensor", "join_backlog_tick", "merge_backlog",
            "read_set_backlog", "set_configs"]
@@ -62,7 +60,7 @@ class SetReading:
     merged: list[PartitionBacklog]
 
 
-async def set_configs(nc: Any, spec: "CoPartitionedAsset", timeout: float) -> list[SetGroup]:
+async def set_configs(nc: Any, spec: CoPartitionedAsset, timeout: float) -> list[SetGroup]:
     """Every input's elastic config (one KV read each), the set checked
     (:func:`~cg_pipelines.core.copartition.check_copartitioned`) against the declared
     partition count.
@@ -81,7 +79,7 @@ async def set_configs(nc: Any, spec: "CoPartitionedAsset", timeout: float) -> li
     return groups
 
 
-def read_set_backlog(spec: "CoPartitionedAsset", nats_res: NatsResource,
+def read_set_backlog(spec: CoPartitionedAsset, nats_res: NatsResource,
                      runs: PartitionRunsResource) -> SetReading:
     """One bounded NATS session: every input's config (the set checked), then each input's
     backlog at the partitions this deployment serves (the first input's assignment: a set's
@@ -145,7 +143,7 @@ class JoinTick:
     skip_reason: str | None = None
 
 
-def join_backlog_tick(spec: "CoPartitionedAsset", nats_res: NatsResource,
+def join_backlog_tick(spec: CoPartitionedAsset, nats_res: NatsResource,
                       runs: PartitionRunsResource, log: Any, *, instance: Any = None,
                       cursor: str | None = None, now: float | None = None) -> JoinTick:
     """One tick of the set's backlog sensor: read every input's backlog
@@ -223,7 +221,7 @@ def _prefix(key_prefix: str | Sequence[str] | None) -> list[str]:
     return [key_prefix] if isinstance(key_prefix, str) else list(key_prefix or [])
 
 
-def build_join_sensor(spec: "CoPartitionedAsset", job: Any) -> SensorDefinition:
+def build_join_sensor(spec: CoPartitionedAsset, job: Any) -> SensorDefinition:
     """``<name>_backlog``: :func:`join_backlog_tick` every ``sensor_interval_s`` (stopped by
     default, like the group sensors)."""
     keys = {spec.nats_resource_key, spec.runs_resource_key}

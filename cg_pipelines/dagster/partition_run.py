@@ -38,7 +38,7 @@ from cg_pipelines.core.errors import (
 )
 from cg_pipelines.dagster.history import MODE_TAG
 from cg_pipelines.sinks.base import FenceConflictError
-from cg_pipelines.sinks.delta import DeltaSink, TableStats
+from cg_pipelines.sinks.table import TableSink, TableStats
 
 __all__ = [
     "DEAD_LETTER_CHECK",
@@ -88,14 +88,19 @@ def run_mode(tags: Mapping[str, str], config: PartitionRunConfig) -> str:
     return tag
 
 
-def table_metadata(stats: TableStats | None, uri: str, table: str,
-                    table_format: str = "delta") -> dict[str, Any]:
-    """Dagster's standard table metadata keys (``dagster/table_name``, ``dagster/uri``,
-    ``dagster/row_count``, ``dagster/partition_row_count``, ``dagster/column_schema``,
-    ``dagster/storage_kind`` = ``table_format``; the catalog shows them) plus the table's
-    version (``delta_version``: a Delta version, or an Iceberg table's sequence number)."""
-    md: dict[str, Any] = {"dagster/table_name": table, "dagster/uri": uri,
-                          "dagster/storage_kind": table_format}
+def table_metadata(sink: TableSink, partition: int, table: str) -> dict[str, Any]:
+    """The table's metadata after a run: Dagster's standard keys (``dagster/table_name``,
+    ``dagster/uri``, ``dagster/storage_kind`` = the sink's ``table_format``, and once the
+    table exists ``dagster/row_count``, ``dagster/partition_row_count`` of ``partition``,
+    ``dagster/column_schema``; the catalog shows them) plus ``table_version``: the table's
+    version (a Delta version, an Iceberg table's last sequence number).
+
+    Raises:
+        Storage errors of the sink's reads.
+    """
+    md: dict[str, Any] = {"dagster/table_name": table, "dagster/uri": sink.uri,
+                          "dagster/storage_kind": sink.table_format}
+    stats = table_stats(sink, partition)
     if stats is None:
         return md
     md["dagster/row_count"] = MetadataValue.int(stats.rows)
@@ -104,7 +109,7 @@ def table_metadata(stats: TableStats | None, uri: str, table: str,
     md["dagster/column_schema"] = MetadataValue.table_schema(TableSchema(columns=[
         TableColumn(f.name, str(f.type), constraints=TableColumnConstraints(nullable=f.nullable))
         for f in stats.schema]))
-    md["delta_version"] = stats.version
+    md["table_version"] = stats.version
     return md
 
 
@@ -201,8 +206,13 @@ def wait_for_earlier_runs(context: AssetExecutionContext, timeout_s: float,
         time.sleep(poll_s)
 
 
-def table_stats(sink: DeltaSink, partition: int) -> TableStats | None:
-    """The table's statistics, or ``None`` when it does not exist (nothing committed yet)."""
+def table_stats(sink: TableSink, partition: int) -> TableStats | None:
+    """The table's statistics (``partition``'s rows counted), or ``None`` when it does not
+    exist (nothing committed yet).
+
+    Raises:
+        Storage errors of the sink's reads.
+    """
     return sink.stats(partition) if sink.exists() else None
 
 

@@ -48,8 +48,9 @@ from nats.aio.client import Client
 from cg_pipelines.core.coverage import ReconcileCursor
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.reconcile import ReconcileReport
-from cg_pipelines.dagster.resources import DeltaWarehouseResource, NatsResource
+from cg_pipelines.dagster.resources import NatsResource
 from cg_pipelines.dagster.spec import ConsumerGroupAsset, asset_key_of
+from cg_pipelines.dagster.warehouse import Warehouse
 from cg_pipelines.engine.coverage_log import DeltaLogCoverage
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.reconcile import (
@@ -82,7 +83,7 @@ def _outside_loop(fn: Any, *args: Any, **kw: Any) -> Any:
         return pool.submit(fn, *args, **kw).result()
 
 
-def table_coverage(spec: ConsumerGroupAsset, warehouse: DeltaWarehouseResource
+def table_coverage(spec: ConsumerGroupAsset, warehouse: Warehouse
                    ) -> DeltaLogCoverage:
     """The coverage reader (and cursor store) of ``spec``'s table in ``warehouse``.
 
@@ -98,7 +99,7 @@ def table_coverage(spec: ConsumerGroupAsset, warehouse: DeltaWarehouseResource
 
 
 def reconcile_group_report(
-    spec: ConsumerGroupAsset, nats: NatsResource, warehouse: DeltaWarehouseResource, *,
+    spec: ConsumerGroupAsset, nats: NatsResource, warehouse: Warehouse, *,
     max_messages: int = DEFAULT_CHECK_MESSAGES, max_versions: int = DEFAULT_MAX_VERSIONS,
     seq_column: str | None = None, from_seq: int | None = None, timeout_s: float = 50.0,
     restart: bool = False,
@@ -177,7 +178,7 @@ def _description(spec: ConsumerGroupAsset, rep: ReconcileReport) -> str:
 
 
 def reconcile_evaluation(
-    spec: ConsumerGroupAsset, nats: NatsResource, warehouse: DeltaWarehouseResource,
+    spec: ConsumerGroupAsset, nats: NatsResource, warehouse: Warehouse,
     **kw: Any,
 ) -> AssetCheckEvaluation:
     """The ``origin_reconciled`` evaluation for a sensor to emit
@@ -194,7 +195,7 @@ def reconcile_evaluation(
 
 
 def reconcile_skip_reason(
-    spec: ConsumerGroupAsset, nats: NatsResource, warehouse: DeltaWarehouseResource,
+    spec: ConsumerGroupAsset, nats: NatsResource, warehouse: Warehouse,
     **kw: Any,
 ) -> str | None:
     """``None`` when the group reconciles, else one line for a sensor's skip reason (the gaps,

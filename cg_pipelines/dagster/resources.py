@@ -7,7 +7,8 @@
   ``spark_config``, all honoured; stopped on teardown. A ``dagster_pyspark.PySparkResource``
   serves as well (:func:`run_spark_session`; its session is stopped after the run by
   :func:`stopping_foreign_spark`).
-- :class:`DeltaWarehouseResource`: where the Delta tables live (local directory or ``s3://``).
+- :class:`DeltaWarehouseResource`: where the Delta tables live (local directory or ``s3://``);
+  defined with the Iceberg one in :mod:`cg_pipelines.dagster.warehouse`, importable here.
 - :class:`PartitionRunsResource`: which members this deployment serves, and engine options.
 
 Secrets (password, token, S3 keys) come from the environment through Dagster ``EnvVar`` and are
@@ -24,10 +25,9 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import nats.errors
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
@@ -36,7 +36,7 @@ from pydantic import Field, PrivateAttr
 
 from cg_pipelines.core.errors import StateError, WrongTypeError
 from cg_pipelines.core.triggers import RetryPolicy
-from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.dagster.warehouse import DeltaWarehouseResource
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.jetstream.connect import (
     ConnectOptions,
@@ -44,8 +44,6 @@ from cg_pipelines.jetstream.connect import (
     close_quietly,
     redact_url,
 )
-from cg_pipelines.sinks.base import PARTITION_COLUMN
-from cg_pipelines.sinks.delta import DeltaSink, Maintenance
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -206,7 +204,7 @@ class SparkResource(ConfigurableResource):
             return None
         try:
             run = self.get_resource_context().dagster_run
-        except Exception:  # noqa: BLE001 - used outside a run (no resource context)
+        except Exception:  # used outside a run (no resource context)
             return None
         if run is None or (partition := run.tags.get("dagster/partition")) is None:
             return None
@@ -221,7 +219,7 @@ class SparkResource(ConfigurableResource):
         session takes ~0; a new JVM several seconds; a Spark Connect session well under 1)."""
         try:
             log = self.get_resource_context().log
-        except Exception:  # noqa: BLE001 - used outside a run (no resource context)
+        except Exception:  # used outside a run (no resource context)
             return
         if log is not None:
             kind = f"Spark Connect {self.remote}" if self.remote else f"master {self.master}"
@@ -345,66 +343,6 @@ def stopping_foreign_spark(context: Any, resource_key: str) -> Iterator[None]:
                 stop_session(session)
                 context.log.info(f"Spark resource {resource_key!r} "
                                  f"({type(resource).__name__}): session stopped")
-
-
-class DeltaWarehouseResource(ConfigurableResource):
-    """Where a deployment's Delta tables live: ``<root>/<table>``.
-
-    ``root`` is a local directory (made absolute) or ``s3://bucket/prefix``; for S3 give the
-    endpoint (MinIO, moto ...) and credentials as ``EnvVar`` — they are handed to delta-rs as
-    storage options and never logged (:class:`~cg_pipelines.sinks.delta.DeltaSink` masks them).
-    Tables are partitioned by the consumer-group partition column
-    :data:`~cg_pipelines.sinks.delta.PARTITION_COLUMN` (``_partition``).
-    """
-
-    supports_state: ClassVar[bool] = True  # its sinks serve per-key state (last_rows)
-
-    root: str = Field(description="Local directory or s3://bucket/prefix.")
-    s3_endpoint: str | None = Field(None, description="S3 endpoint URL (e.g. MinIO, moto).")
-    aws_access_key_id: str | None = Field(None, description="Use EnvVar.")
-    aws_secret_access_key: str | None = Field(None, description="Use EnvVar.")
-    aws_region: str = Field("us-east-1")
-    allow_http: bool = Field(False, description="Allow a plain-http S3 endpoint.")
-    compaction: bool = Field(True, description="Runs compact their partition's small files "
-                             "(a group's ConsumerGroupAsset.maintenance overrides all four).")
-    compact_min_files: int = Field(16, description="Small files a partition may have before "
-                                   "its run compacts them (>= 2).")
-    target_file_size_mb: int = Field(128, description="MiB compaction aims for.")
-    vacuum_retention_hours: int | None = Field(168, description="VACUUM keeps unreferenced "
-                                               "files this long (hours; null: never vacuum).")
-
-    def maintenance(self) -> Maintenance:
-        """The table maintenance of this warehouse's sinks
-        (:class:`~cg_pipelines.sinks.maintenance.Maintenance`)."""
-        return Maintenance(compact=self.compaction, compact_min_files=self.compact_min_files,
-                           target_size=self.target_file_size_mb * 1024 * 1024,
-                           vacuum_retention_hours=self.vacuum_retention_hours)
-
-    def table_uri(self, table: str) -> str:
-        """URI of ``table`` under the root (local roots are made absolute)."""
-        if self.root.startswith("s3://"):
-            return f"{self.root.rstrip('/')}/{table}"
-        return os.path.join(os.path.abspath(self.root), table)
-
-    def storage_options(self) -> dict[str, str] | None:
-        """delta-rs storage options (``None`` for a local root)."""
-        if not self.root.startswith("s3://"):
-            return None
-        return DeltaSink.s3_options(self.s3_endpoint, self.aws_access_key_id,
-                                    self.aws_secret_access_key, region=self.aws_region,
-                                    allow_http=self.allow_http)
-
-    def sink(self, table: str, write: Append | Merge | None = None,
-             commit_metadata: Mapping[str, str] | None = None,
-             maintenance: Maintenance | None = None) -> DeltaSink:
-        """A fenced Delta sink for ``table``, partitioned by ``_partition``, in write mode
-        ``write`` (default append), adding ``commit_metadata`` (e.g. the Dagster run id) to
-        every commit's lineage, maintained after each run by ``maintenance`` (default: this
-        resource's :meth:`maintenance`)."""
-        return DeltaSink(self.table_uri(table), storage_options=self.storage_options(),
-                         partition_by=[PARTITION_COLUMN], write=write,
-                         commit_metadata=commit_metadata,
-                         maintenance=maintenance or self.maintenance())
 
 
 _ENGINE = EngineOptions()  # the engine's defaults, which the resource's engine fields share

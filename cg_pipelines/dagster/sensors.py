@@ -73,17 +73,14 @@ from cg_pipelines.dagster.partition_checks import (
     GroupReading,
     read_group,
 )
-from cg_pipelines.dagster.resources import (
-    DeltaWarehouseResource,
-    NatsResource,
-    PartitionRunsResource,
-)
+from cg_pipelines.dagster.resources import NatsResource, PartitionRunsResource
 from cg_pipelines.dagster.spec import (
     TICK_ERRORS,
     ConsumerGroupAsset,
     asset_key_of,
     load_group_config,
 )
+from cg_pipelines.dagster.warehouse import Warehouse
 
 __all__ = ["BacklogTick", "backlog_tick", "build_drain_schedule", "build_sensors"]
 
@@ -162,7 +159,7 @@ def _plan_runs(spec: ConsumerGroupAsset, runs: PartitionRunsResource, reading: G
 def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                  runs: PartitionRunsResource, log: Any, *,
                  instance: DagsterInstance | None = None,
-                 warehouse: DeltaWarehouseResource | None = None,
+                 warehouse: Warehouse | None = None,
                  cursor: str | None = None, observe: bool = False,
                  now: float | None = None, job_name: str | None = None,
                  check_job: str | None = None) -> BacklogTick:

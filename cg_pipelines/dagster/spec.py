@@ -78,11 +78,10 @@ class PartitionKeys:
 @dataclass(frozen=True)
 class ConsumerGroupAsset(PartitionKeys):
     """A consumer group materialized as a partitioned Dagster asset (one group partition per
-    run), written to a Delta table.
+    run), written to the table its warehouse resource makes (Delta or Iceberg).
 
     Attributes:
-        name: asset name; also the Delta table's name under the warehouse root (``table``
-            overrides).
+        name: asset name; also the table's name in the warehouse (``table`` overrides).
         stream: the origin stream.
         group: the elastic consumer group on it.
         partitions: the group's partition count (its ``max_members``, fixed for the group's
@@ -91,17 +90,19 @@ class ConsumerGroupAsset(PartitionKeys):
             :class:`cg_pipelines.spark.SparkProcessor` (gets the run's SparkSession from the
             Spark resource) or :class:`cg_pipelines.engine.ArrowProcessor` (needs no Spark
             resource). A processor that declares per-key state needs a warehouse whose sink
-            serves it (:class:`~cg_pipelines.dagster.DeltaWarehouseResource` does).
+            serves it (:class:`~cg_pipelines.dagster.DeltaWarehouseResource` and
+            :class:`~cg_pipelines.dagster.iceberg.IcebergWarehouseResource` do).
         description: shown in the Dagster UI.
-        table: Delta table name (default ``name``).
+        table: the table's name in the warehouse (default ``name``).
         partition_key_prefix: partition keys are ``<prefix><p>`` (default ``"<group>-"``, so
             keys say which group they belong to, and Dagster's ``dagster/partition`` run tag is
             unique per group partition: the run-concurrency limit that makes partition runs
             exclusive keys on it). ``""`` gives plain ``"0".."N-1"``.
         key_prefix: asset key prefix (a string or path components).
         group_name: Dagster asset group.
-        kinds: Dagster kinds shown in the UI (default ``nats``, ``delta``, and ``spark`` when the
-            processor uses Spark).
+        kinds: Dagster kinds shown in the UI (default ``nats``, the table format (``delta``;
+            ``build_definitions`` names its warehouse's, e.g. ``iceberg``), and ``spark`` when
+            the processor uses Spark).
         pool: Dagster concurrency pool of the asset (``None``: none).
         sensor_interval_s: minimum seconds between the sensors' ticks. Publish-to-commit
             time under the backlog sensor is at most about this plus a run's start and drain
@@ -237,7 +238,7 @@ class ConsumerGroupAsset(PartitionKeys):
 
     @property
     def table_name(self) -> str:
-        """The Delta table's name under the warehouse root."""
+        """The table's name in the warehouse (under a Delta root; in an Iceberg namespace)."""
         return self.table or self.name
 
     @property

@@ -6,7 +6,6 @@ pipeline (:mod:`cg_pipelines.engine.drain`) of an elastic, a static or a rebuild
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -138,8 +137,8 @@ def state_cache(processor: Processor, sink: Sink, partition: int, app_id: str
                 ) -> KeyStateCache | None:
     """The run's per-key state cache when the processor declares
     :class:`~cg_pipelines.core.state.KeyedState` (``processor.state``), else ``None``. It
-    reads what it misses with ``sink.last_rows(..., partition)``, passing ``app_id`` too
-    when that method takes it (see :meth:`StateSink.last_rows
+    reads what it misses with ``sink.last_rows(..., partition, app_id=app_id)`` (the run's
+    identity, which every state sink accepts: :meth:`StateSink.last_rows
     <cg_pipelines.sinks.base.StateSink.last_rows>`).
 
     Raises:
@@ -153,11 +152,8 @@ def state_cache(processor: Processor, sink: Sink, partition: int, app_id: str
             f"the processor declares per-key state on {spec.key!r} but {type(sink).__name__} "
             "cannot serve it (no last_rows method): use a state sink such as DeltaSink")
 
-    run = {"app_id": app_id} if "app_id" in inspect.signature(sink.last_rows).parameters \
-        else {}
-
     def read(keys: Sequence[object]) -> pa.Table:
         return sink.last_rows(spec.key, keys, spec.read_columns, spec.order_by, partition,
-                              **run)
+                              app_id=app_id)
 
     return KeyStateCache(spec, read, getattr(sink, "write", None))

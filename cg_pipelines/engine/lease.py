@@ -378,7 +378,7 @@ class LeaseHolder:
                     got = await ctx.api.pull(ctx.read_stream, self.cname, batch=1,
                                              pin_id=lease.pin_id,
                                              expires_s=min(1.0, pin_every / 2))
-                except Exception:  # noqa: BLE001 - NATS lost: the fence covers a lost lease
+                except Exception:  # NATS lost: the fence covers a lost lease
                     continue
                 for m in got.messages:
                     if m.metadata.sequence.stream == lease.seq:

@@ -135,7 +135,7 @@ class Retrier:
             attempt += 1
             try:
                 return await op()
-            except Exception as e:  # noqa: BLE001 - classified just below
+            except Exception as e:  # classified just below
                 closed = isinstance(e, nats.errors.ConnectionClosedError) or self.nc.is_closed
                 if not closed and not is_transient(e):
                     raise

@@ -209,7 +209,7 @@ class StreamRequests(ApiBase):
         self,
         stream: str,
         *,
-        filter: str | None = None,  # noqa: A002 - the API's name
+        filter: str | None = None,  # the API's name
         seq: int | None = None,
         keep: int | None = None,
     ) -> int:

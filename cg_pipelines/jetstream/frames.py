@@ -83,7 +83,7 @@ class Reply:
             return
         try:
             self.status, self.description, self.status_headers = parse_status(block)
-        except Exception:  # noqa: BLE001 - never let the client's read loop die
+        except Exception:  # never let the client's read loop die
             self.on_bad_frame(f"unreadable status {block[:100]!r}")
             return
         self._resolve()

@@ -282,7 +282,7 @@ class _Member:
                     result = self.handler(GroupMsg(msg))
                     if self.is_async:
                         await result  # type: ignore[misc]
-                except Exception as e:  # noqa: BLE001 - a handler bug must not stop the member
+                except Exception as e:  # a handler bug must not stop the member
                     # Never lost: the message is nak'ed (redelivered); a message the handler
                     # already acked ignores the nak.
                     log.warning("member %s: handler failed on %s #%s: %s: %s; nak'ed",

@@ -196,7 +196,7 @@ class RangeConnection:
             return
         try:
             await box.sub.unsubscribe()
-        except Exception:  # noqa: BLE001 - best effort: the connection may be going away
+        except Exception:  # best effort: the connection may be going away
             pass
 
 

@@ -168,7 +168,7 @@ class PostgresServer:
                 f"{init.stderr.decode(errors='replace')[-2000:]}")
         if self.port == 0:
             self.port = _free_port()
-        log = open(self._dir / "postgres.log", "ab")  # noqa: SIM115 - handed to the child
+        log = open(self._dir / "postgres.log", "ab")  # handed to the child
         try:
             self._proc = subprocess.Popen(  # type: ignore[call-overload]
                 [str(self._bin / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),

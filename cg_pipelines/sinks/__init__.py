@@ -3,7 +3,8 @@ two write modes: :class:`Append` (the default; the table is the history) or :cla
 (a MERGE by key; the table is each key's current row); and the fenced Apache Iceberg sink
 (:class:`IcebergSink`, the ``iceberg`` extra), imported lazily: importing the Delta sink
 never imports pyiceberg. The contract every sink fulfils (and the engine relies on) is in
-:mod:`cg_pipelines.sinks.base`."""
+:mod:`cg_pipelines.sinks.base`; what a reporter (the Dagster layer) needs from the table, in
+:mod:`cg_pipelines.sinks.table`."""
 
 from typing import Any
 
@@ -16,11 +17,12 @@ from cg_pipelines.sinks.base import (
     Sink,
     StateSink,
 )
-from cg_pipelines.sinks.delta import LINEAGE_PREFIX, DeltaSink, TableStats
+from cg_pipelines.sinks.delta import LINEAGE_PREFIX, DeltaSink
+from cg_pipelines.sinks.table import TableSink, TableStats
 
 __all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "FenceConflictError",
            "IcebergSink", "MaintainedSink", "Merge", "ReplaceSink", "Sink", "StateSink",
-           "TableStats"]
+           "TableSink", "TableStats"]
 
 
 def __getattr__(name: str) -> Any:

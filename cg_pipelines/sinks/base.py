@@ -172,20 +172,24 @@ class StateSink(Sink, Protocol):
 
     def last_rows(
         self, key: str, keys: Sequence[object], columns: Sequence[str], order_by: str,
-        partition: int | None = None,
+        partition: int | None = None, *, app_id: str | None = None,
     ) -> pa.Table:
         """One row per key of ``keys`` that has a committed row: the row with the greatest
         ``order_by``, with ``columns`` (``key`` included). Keys without a row are absent.
 
         Called: while a batch is processed (from the processor's thread), for the keys of
         the batch missing from the run's state cache, under the lease; ``partition`` limits
-        the read to that partition's rows (None: the whole table). When the method takes a
-        keyword ``app_id``, the engine passes the run's app id: the read then comes after
-        the run's :meth:`~Sink.watermark` read of that app id through this sink, under the
-        lease, and the commits since (the run's own, maybe still in flight on another
-        thread) hold none of the keys asked for (the run's cache has their rows), so the
-        sink may serve it from the snapshot that watermark read loaded, with no reload
-        (:meth:`DeltaSink.last_rows <cg_pipelines.sinks.delta.DeltaSink.last_rows>`).
+        the read to that partition's rows (None: the whole table).
+
+        ``app_id``: the run's identity, which every state sink accepts (it may ignore it). A
+        partition run passes its app id (:func:`app_id_for`); ``None`` from a caller with no
+        run (a co-partitioned run, a test). With an app id the read comes after the run's
+        :meth:`~Sink.watermark` read of that app id through this sink, under the lease, and
+        the commits since (the run's own, maybe still in flight on another thread) hold none
+        of the keys asked for (the run's cache has their rows), so the sink may serve it from
+        the snapshot that watermark read loaded, with no reload
+        (:meth:`DeltaSink.last_rows <cg_pipelines.sinks.delta.DeltaSink.last_rows>`); with
+        ``None`` it reads the latest version.
 
         Raises:
             Storage errors: the batch's processing fails, so does the run (nothing committed).

@@ -90,11 +90,11 @@ from cg_pipelines.core.coverage import COVERAGE_KEY
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, check_watermarks
-from cg_pipelines.sinks.deltaread import TableStats
 from cg_pipelines.sinks.deltastate import TableView
 from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
 from cg_pipelines.sinks.maintenance import DeltaMaintenance, Maintenance
 from cg_pipelines.sinks.storage import mask_options, s3_options
+from cg_pipelines.sinks.table import TableStats
 from cg_pipelines.version import __version__
 
 __all__ = ["LINEAGE_PREFIX", "DeltaSink", "Maintenance", "TableStats"]

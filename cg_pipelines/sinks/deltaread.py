@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
@@ -27,6 +26,7 @@ from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError
 from cg_pipelines.sinks.deltastate import PartitionStates, TableView
 from cg_pipelines.sinks.storage import safe_uri, scrubbed, table_filesystem
+from cg_pipelines.sinks.table import TableStats
 
 if TYPE_CHECKING:
     # Annotations only: pyarrow.dataset imports pandas (~0.3 s together), which importing the
@@ -44,17 +44,6 @@ version it has applied since it was loaded (2.5 ms right after a load, 16 ms 110
 later, 67 ms 810 versions later; a fresh load, which starts from the latest checkpoint, took
 9 ms there), whatever the table's age. 20 keeps that overhead near 1 ms for a fresh load's
 cost every 20 versions."""
-
-
-@dataclass(frozen=True)
-class TableStats:
-    """A Delta table version's size: ``version``, total ``rows``, ``partition_rows`` of one
-    consumer-group partition (``None`` if not asked or not partitioned), Arrow ``schema``."""
-
-    version: int
-    rows: int
-    partition_rows: int | None
-    schema: pa.Schema
 
 
 class DeltaTableAccess:
@@ -117,6 +106,16 @@ class DeltaTableAccess:
                     return empty.select(columns) if columns is not None else empty
                 return pa.table({c: pa.nulls(0) for c in columns or []})
             return _to_table(ds, columns, filter)
+
+    def read_partitions(self, partitions: Sequence[int] | None = None) -> pa.Table:
+        """:meth:`read` of the rows of ``partitions`` (``None``: all), pruned by the
+        partition column (the :class:`~cg_pipelines.sinks.table.TableSink` read).
+
+        Raises:
+            DeltaError / OSError / pyarrow errors: read failures.
+        """
+        return self.read(filter=None if partitions is None
+                         else pc.field(PARTITION_COLUMN).isin(list(partitions)))
 
     def last_rows(
         self,

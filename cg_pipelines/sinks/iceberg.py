@@ -539,7 +539,7 @@ class IcebergSink(IcebergTableAccess):
                     tbl = self._require()
             figures.update(iceberg_snapshots=len(snaps) - expired,
                            iceberg_snapshots_expired=expired)
-        except Exception as e:  # noqa: BLE001 - upkeep must not fail the run (reported)
+        except Exception as e:  # upkeep must not fail the run (reported)
             figures["error"] = f"{type(e).__name__}: {e}"
         figures["iceberg_expire_seconds"] = round(time.monotonic() - t0, 3)
         return figures

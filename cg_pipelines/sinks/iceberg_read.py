@@ -21,8 +21,8 @@ from pyiceberg.table import Table
 
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.sinks.base import PARTITION_COLUMN
-from cg_pipelines.sinks.deltaread import TableStats
 from cg_pipelines.sinks.storage import option_name
+from cg_pipelines.sinks.table import TableStats
 
 __all__ = ["IcebergTableAccess", "iceberg_s3_properties", "key_tuples", "optional_schema",
            "sql_catalog", "sqlite_catalog"]
@@ -47,6 +47,16 @@ def iceberg_s3_properties(storage_options: Mapping[str, str]) -> dict[str, str]:
         elif option_name(k) in _S3_KEYS:
             out[_S3_KEYS[option_name(k)]] = v
     return out
+
+
+def iceberg_catalog(name: str, properties: Mapping[str, str]) -> Catalog:
+    """pyiceberg's ``load_catalog(name, **properties)``: a catalog of any type (``sql``,
+    ``rest``, ...) from its properties (secrets included: do not log them).
+
+    Raises:
+        pyiceberg errors: an unknown type, a catalog that cannot be reached.
+    """
+    return load_catalog(name, **properties)
 
 
 def sql_catalog(uri: str, warehouse: str, *, name: str = "cg",
@@ -115,13 +125,18 @@ class IcebergTableAccess:
         return tbl
 
     def exists(self) -> bool:
+        """Whether the table exists in the catalog.
+
+        Raises:
+            pyiceberg errors other than ``NoSuchTableError`` (e.g. the catalog is unreachable).
+        """
         return self.load() is not None
 
     # ---------------------------------------------------------------- reads
 
     def read(self, columns: list[str] | None = None,
              row_filter: BooleanExpression | str | None = None,
-             filter: pc.Expression | None = None) -> pa.Table:  # noqa: A002 (DeltaSink's name)
+             filter: pc.Expression | None = None) -> pa.Table:  # DeltaSink's name
         """The latest snapshot's rows, projected to ``columns``, filtered by ``row_filter``
         (a pyiceberg expression or string, e.g. ``"_partition == 3"``: prunes files) and/or
         ``filter`` (a pyarrow expression, as :meth:`DeltaSink.read
@@ -142,6 +157,16 @@ class IcebergTableAccess:
         rows = self._scan(tbl, where, None).filter(filter)
         return rows.select(columns) if columns is not None else rows
 
+    def read_partitions(self, partitions: Sequence[int] | None = None) -> pa.Table:
+        """:meth:`read` of the rows of ``partitions`` (``None``: all), pruning files by the
+        partition column (the :class:`~cg_pipelines.sinks.table.TableSink` read).
+
+        Raises:
+            pyiceberg / pyarrow errors: read failures.
+        """
+        return self.read(row_filter=None if partitions is None
+                         else In(PARTITION_COLUMN, list(partitions)))
+
     @staticmethod
     def _scan(tbl: Table, row_filter: BooleanExpression | str,
               columns: Sequence[str] | None) -> pa.Table:
@@ -158,11 +183,23 @@ class IcebergTableAccess:
         scan = tbl.scan(row_filter=row_filter if row_filter is not None else AlwaysTrue())
         return [t.file.file_path for t in scan.plan_files()]
 
+    def partition_data_files(self, partitions: Sequence[int] | None = None) -> list[str]:
+        """:meth:`data_files` of the rows of ``partitions`` (``None``: all), pruned by the
+        partition column."""
+        return self.data_files(None if partitions is None
+                               else In(PARTITION_COLUMN, list(partitions)))
+
     def last_rows(self, key: str, keys: Sequence[object], columns: Sequence[str],
-                  order_by: str, partition: int | None = None) -> pa.Table:
+                  order_by: str, partition: int | None = None, *,
+                  app_id: str | None = None) -> pa.Table:
         """Each of ``keys``' last committed row (greatest ``order_by``), with ``columns``
         (the state-sink contract; see :meth:`DeltaSink.last_rows
-        <cg_pipelines.sinks.delta.DeltaSink.last_rows>`). Sorted by key."""
+        <cg_pipelines.sinks.delta.DeltaSink.last_rows>`). Sorted by key. ``app_id`` (the
+        run's identity) is accepted and not needed: the read is of the latest table state.
+
+        Raises:
+            pyiceberg / pyarrow errors: read failures, unknown columns.
+        """
         cols = list(dict.fromkeys([key, order_by, *columns]))
         tbl = self.load()
         if tbl is None:

@@ -272,7 +272,7 @@ class DeltaMaintenance(DeltaTableAccess):
         try:
             with self._guard():
                 self._maintain(partition, app_id, pol, out)
-        except Exception as e:  # noqa: BLE001 - reported, the run's data is committed
+        except Exception as e:  # reported, the run's data is committed
             out["error"] = f"{type(e).__name__}: {e}"[:500]
         out["maintain_s"] = round(time.monotonic() - t0, 3)
         return out

@@ -303,7 +303,7 @@ def _condition(e: BaseException) -> str | None:
     get = getattr(e, "getCondition", None)
     try:
         return get() if callable(get) else None
-    except Exception:  # noqa: BLE001 - not a pyspark error after all
+    except Exception:  # not a pyspark error after all
         return None
 
 
@@ -428,7 +428,7 @@ def stop_session(session: object, *, release: bool = True) -> None:
         session.release_session_on_close = False  # pyspark: stop() then only closes the channel
     try:
         session.stop()  # type: ignore[attr-defined]
-    except Exception as e:  # noqa: BLE001 - the Connect server may be gone already
+    except Exception as e:  # the Connect server may be gone already
         _log.debug("stopping the Spark Connect session: %s", e)
 
 

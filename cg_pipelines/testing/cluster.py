@@ -221,7 +221,7 @@ class NatsCluster:
         """
         url = f"http://127.0.0.1:{self._monitor_ports[index]}/{path.lstrip('/')}"
         try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # loopback
                 return dict(json.loads(resp.read() or b"{}"))
         except urllib.error.HTTPError as e:
             return dict(json.loads(e.read() or b"{}"))
@@ -410,7 +410,7 @@ class NatsCluster:
                 leader = (info.get("cluster") or {}).get("leader")
                 if leader:
                     return self.index_of(str(leader))
-            except Exception as e:  # noqa: BLE001 - retried until the deadline
+            except Exception as e:  # retried until the deadline
                 last = e
             if time.monotonic() >= deadline:
                 raise NatsClusterError(f"{what} has no leader after {timeout_s:g} s"

@@ -32,7 +32,7 @@ from pathlib import Path
 import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from cg_pipelines.testing.cluster import NatsCluster  # noqa: E402 - process control only
+from cg_pipelines.testing.cluster import NatsCluster  # process control only
 
 W_CONFIG = {
     "name": "W", "retention": "workqueue", "storage": "file", "num_replicas": 3,
@@ -51,7 +51,7 @@ async def req(nc: nats.NATS, subject: str, body: dict | None = None) -> dict:
             resp = json.loads(msg.data)
             if "error" not in resp or time.monotonic() > deadline:
                 return resp
-        except Exception:  # noqa: BLE001 - timeouts / no responders while a node restarts
+        except Exception:  # timeouts / no responders while a node restarts
             if time.monotonic() > deadline:
                 raise
         await asyncio.sleep(0.5)
@@ -107,13 +107,13 @@ async def trial(n: int, messages: int) -> bool:
             for i, f in window:
                 try:
                     await f
-                except Exception:  # noqa: BLE001 - retried until stored (de-duplicated by id)
+                except Exception:  # retried until stored (de-duplicated by id)
                     while True:
                         try:
                             await js.publish(f"o.k{i % 97}", b"x" * 64, timeout=2,
                                              headers={"Nats-Msg-Id": f"m{i}"})
                             break
-                        except Exception:  # noqa: BLE001
+                        except Exception:
                             await asyncio.sleep(0.2)
             sent += len(window)
             if not killed and sent >= messages // 3:
@@ -163,7 +163,7 @@ def main() -> None:
     for i in range(args.trials):
         try:
             gaps += not asyncio.run(trial(i, args.messages))
-        except Exception as e:  # noqa: BLE001 - a trial the client could not finish
+        except Exception as e:  # a trial the client could not finish
             errors += 1
             print(f"trial {i}: not finished: {type(e).__name__}: {e}")
     print(f"{gaps} of {args.trials} trials lost messages between O and W "

@@ -95,7 +95,7 @@ def _statuses(instance: DagsterInstance, key: str) -> list[DagsterRunStatus]:
     return [r.status for r in partition_runs(instance, key)]
 
 
-def _check(instance: DagsterInstance, name: str, partition: str | None = None):  # noqa: ANN202
+def _check(instance: DagsterInstance, name: str, partition: str | None = None):
     """The check's latest evaluation (of ``partition``: the checks are partitioned)."""
     rec = instance.event_log_storage.get_latest_asset_check_execution_by_key(
         [AssetCheckKey(AssetKey("devices"), name)],

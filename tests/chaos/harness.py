@@ -370,7 +370,7 @@ class _Chaos:
                 owner = owners(assignment(ver.config))
                 backlog = await self.retry.call("backlog", lambda: partition_backlog(
                     self.api, STREAM, GROUP, range(cfg.partitions)))
-            except Exception as e:  # noqa: BLE001 - NATS restarting: try again next tick
+            except Exception as e:  # NATS restarting: try again next tick
                 self.log(f"  scheduler: {type(e).__name__}: {e}")
                 await asyncio.sleep(0.5)
                 continue

@@ -28,13 +28,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from nats.aio.client import Client  # noqa: E402
+from nats.aio.client import Client
 
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.runner import run_partition
-from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly  # noqa: E402
-from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
-from flights.legs import legs_arrow_processor  # noqa: E402
+from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly
+from cg_pipelines.sinks.delta import DeltaSink
+from flights.legs import legs_arrow_processor
 
 
 async def _connect(url: str) -> Client:
@@ -75,7 +75,7 @@ async def main(spec: dict) -> dict:
                                   EngineOptions(**spec["options"]), hook=hook)
         out = res.as_dict()
         out.pop("timings", None)
-    except Exception as e:  # noqa: BLE001 - reported to the harness
+    except Exception as e:  # reported to the harness
         out = {"error": f"{type(e).__name__}: {e}"}
     finally:
         await close_quietly(nc)

@@ -131,7 +131,7 @@ async def test_engine_survives_step_downs_and_leader_kill(
             try:
                 r = await run_partition(cnc, stream, "g", p, keyed.processor(), sink, OPTIONS,
                                         hook=hook_for(p))
-            except Exception as e:  # noqa: BLE001 - a failed run is retried, as Dagster would
+            except Exception as e:  # a failed run is retried, as Dagster would
                 errors.append(f"partition {p}: {type(e).__name__}: {e}")
                 await asyncio.sleep(0.5)
                 continue

@@ -62,7 +62,7 @@ async def test_merge_asset_lineage_and_downstream_current_table(
             assert res.success
             (mat,) = res.asset_materializations_for_node(group_asset.op.name)
             md = mat.metadata
-            versions = md["delta_versions"].value
+            versions = md["table_versions"].value
             assert versions, md
             assert md["write_mode"].value == ("merge" if g == "m" else "append")
             table_uri = f"{warehouse}/{'devices_now' if g == 'm' else 'devices_log'}"

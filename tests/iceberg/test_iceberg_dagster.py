@@ -54,7 +54,10 @@ async def test_append_group_on_iceberg_and_downstream_reads(
     defs = _defs(spec, nats_server.url, wh)
     resources = defs.resources
     assert isinstance(resources["cg_io_manager"], IcebergTableIOManager)
+    (asset_spec,) = [a for a in defs.resolve_all_asset_specs() if a.key.to_user_string() == ASSET]
+    assert asset_spec.kinds == {"nats", "iceberg"}  # the asset's kind names no Delta either
     group = build_group_definitions(spec).asset
+    written: dict[int, list[int]] = {}
     for p in (0, 3):
         res = await asyncio.to_thread(materialize, [group], partition_key=pkey(p),
                                       instance=instance, resources=resources)
@@ -63,6 +66,14 @@ async def test_append_group_on_iceberg_and_downstream_reads(
         assert md["dagster/uri"].value.startswith("file://")
         assert md["dagster/partition_row_count"].value == sum(
             1 for k, _ in evs if h.partition_of(k) == p)
+        # The asset op speaks the table contract: no key names Delta on an Iceberg path.
+        assert not [k for k in md if "delta" in k.lower()], sorted(md)
+        assert md["dagster/storage_kind"].value == "iceberg"
+        assert md["table_version"].value >= 1
+        written[p] = list(md["table_versions"].value)
+        assert written[p]
+    snapshots = {s["snapshot_id"] for s in wh.sink(ASSET).history()}
+    assert {v for vs in written.values() for v in vs} <= snapshots
     seen: dict[str, object] = {}
 
     @asset(ins={"keyed_events": AssetIn(key=ASSET)})

@@ -75,7 +75,7 @@ def test_concurrent_partitions_all_land(backend: Backend) -> None:
             for _ in range(6):
                 s.commit(rows(p, [f"k{p}"], wm + 1), f"s/g/{p}", wm + 1, wm)
                 wm += 1
-        except BaseException as e:  # noqa: BLE001 (reported below)
+        except BaseException as e:  # reported below
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(p,)) for p in range(4)]

@@ -20,13 +20,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import nats  # noqa: E402
-from deltalake import DeltaTable  # noqa: E402
+import nats
+from deltalake import DeltaTable
 
 from cg_pipelines.engine.runner import run_partition
-from cg_pipelines.sinks.delta import DeltaSink, Maintenance  # noqa: E402
-from tests.support import keyed  # noqa: E402
-from tests.support.worker_signals import signal_at, worker_options  # noqa: E402
+from cg_pipelines.sinks.delta import DeltaSink, Maintenance
+from tests.support import keyed
+from tests.support.worker_signals import signal_at, worker_options
 
 EAGER = Maintenance(compact_min_files=3, vacuum_retention_hours=0, vacuum_interval_s=0)
 

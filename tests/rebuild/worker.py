@@ -16,11 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import nats  # noqa: E402
+import nats
 
-from cg_pipelines.engine import EngineOptions, rebuild_partition  # noqa: E402
-from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
-from flights.legs import legs_arrow_processor  # noqa: E402
+from cg_pipelines.engine import EngineOptions, rebuild_partition
+from cg_pipelines.sinks.delta import DeltaSink
+from flights.legs import legs_arrow_processor
 
 
 async def main() -> None:

@@ -156,7 +156,7 @@ async def test_library_errors_logs_and_reprs_have_no_secret(
             await nc.close()
         for opts in bad:
             texts.append(repr(opts))
-            with pytest.raises(Exception) as info:  # noqa: B017 - each has its own type
+            with pytest.raises(Exception) as info:  # each has its own type
                 await opts.connect()
             texts += exception_texts(info.value)
         await _reconnect_with_secret_in_url(tmp_path, pki, lambda: any(

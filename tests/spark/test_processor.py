@@ -56,7 +56,8 @@ class TableSink:
     def commit(self, table, app_id: str, version: int, expected: int) -> None:
         raise AssertionError("the processing step never commits")
 
-    def last_rows(self, key, keys, columns, order_by, partition=None) -> pa.Table:
+    def last_rows(self, key, keys, columns, order_by, partition=None, *,
+                  app_id=None) -> pa.Table:
         self.reads.append(list(keys))
         t = self.committed.filter(pc.field(key).isin(list(keys))).select(list(columns))
         return last_per_key(t, key, order_by)

@@ -89,7 +89,7 @@ def partition_runs(instance: DagsterInstance, key: str) -> list[DagsterRun]:
     return [r for r in reversed(runs) if r.tags.get(MODE_TAG) != CHECK_MODE]
 
 
-def wait_until(what: str, cond, timeout_s: float, home: Path, poll_s: float = 1.0):  # noqa: ANN001, ANN201
+def wait_until(what: str, cond, timeout_s: float, home: Path, poll_s: float = 1.0):
     """Poll ``cond()`` until it returns something truthy; fail with the daemon log's tail."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -51,7 +51,7 @@ def processor() -> ArrowProcessor:
     return ArrowProcessor(DECODER, transform, state=STATE)
 
 
-def spark_transform(spark, df, ctx):  # noqa: ANN001, ANN201 (pyspark types: optional import)
+def spark_transform(spark, df, ctx):  # pyspark types: optional import
     """The same as :func:`transform`, with Spark window functions over ``_seq``."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F

@@ -14,12 +14,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import nats  # noqa: E402
+import nats
 
 from cg_pipelines.engine.runner import run_partition
-from cg_pipelines.sinks.delta import DeltaSink  # noqa: E402
-from tests.support import keyed  # noqa: E402
-from tests.support.worker_signals import signal_at, worker_options  # noqa: E402
+from cg_pipelines.sinks.delta import DeltaSink
+from tests.support import keyed
+from tests.support.worker_signals import signal_at, worker_options
 
 
 async def main() -> None:

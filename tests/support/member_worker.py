@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import nats  # noqa: E402
+import nats
 
-from cg_pipelines.jetstream.members import GroupMsg, MemberConfig, elastic_consume  # noqa: E402
+from cg_pipelines.jetstream.members import GroupMsg, MemberConfig, elastic_consume
 
 
 async def main() -> None:

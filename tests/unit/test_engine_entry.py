@@ -55,3 +55,34 @@ def test_a_sink_without_the_capability_is_refused(entry: str) -> None:
 
     with pytest.raises(EngineConfigError, match="Plain"):
         asyncio.run(ENTRY_POINTS[entry](None, 0, Plain()))
+
+
+def test_the_run_identity_reaches_every_state_sink() -> None:
+    """The run's app id is an argument every state sink accepts (StateSink.last_rows), not
+    an optional keyword found by inspecting the sink's signature (issue 41)."""
+    from cg_pipelines.core.state import KeyedState
+    from cg_pipelines.engine.context import state_cache
+
+    class _Stateful(_Nothing):
+        state = KeyedState("k", ("n",))
+
+    class Recording:
+        def __init__(self) -> None:
+            self.calls: list[tuple[int | None, str | None]] = []
+
+        def watermark(self, app_id: str) -> int:
+            return 0
+
+        def commit(self, *a: object, **kw: object) -> None: ...
+
+        def last_rows(self, key: str, keys: object, columns: object, order_by: str,
+                      partition: int | None = None, *, app_id: str | None = None) -> pa.Table:
+            self.calls.append((partition, app_id))
+            return pa.table({"k": pa.array([], pa.string()), "n": pa.array([], pa.int64()),
+                             "_seq": pa.array([], pa.int64())})
+
+    sink = Recording()
+    cache = state_cache(_Stateful(), sink, 2, "s/g/2")
+    assert cache is not None
+    cache.lookup(["a"])
+    assert sink.calls == [(2, "s/g/2")]

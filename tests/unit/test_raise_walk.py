@@ -142,7 +142,7 @@ def _attribute_hint(owner: Any, attr: str) -> Any:
                 and node.target.attr == attr):
             module = importlib.import_module(owner.__module__)
             try:
-                return eval(ast.unparse(node.annotation), vars(module))  # noqa: S307
+                return eval(ast.unparse(node.annotation), vars(module))
             except Exception:
                 return None
     return None
@@ -265,7 +265,7 @@ class _Resolver:
 
     def _eval_annotation(self, node: ast.expr) -> Any:
         try:
-            return eval(ast.unparse(node), vars(self.module) | self.imported)  # noqa: S307
+            return eval(ast.unparse(node), vars(self.module) | self.imported)
         except Exception:
             return None
 

@@ -1,0 +1,69 @@
+"""The table contract the Dagster layer speaks (issue 41): both warehouses make sinks that are
+:class:`TableSink`\\ s, which report the same metadata keys whatever the format (no Delta name
+on an Iceberg table) and read partitions alike; the IO manager is the warehouse's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from cg_pipelines.dagster.io_manager import (
+    DeltaTableIOManager,
+    IcebergTableIOManager,
+    table_io_manager,
+)
+from cg_pipelines.dagster.partition_run import table_metadata
+from cg_pipelines.dagster.warehouse import (
+    DeltaWarehouseResource,
+    IcebergWarehouseResource,
+    Warehouse,
+)
+from cg_pipelines.sinks.table import TableSink
+
+SCHEMA = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("_partition", pa.int64())])
+
+
+def _warehouse(fmt: str, root: Path) -> Warehouse:
+    if fmt == "delta":
+        return DeltaWarehouseResource(root=str(root))
+    return IcebergWarehouseResource(warehouse=str(root))
+
+
+def _rows(p: int, n: int, seq0: int) -> pa.Table:
+    return pa.table({"key": [f"k{i}" for i in range(n)], "seq": list(range(seq0, seq0 + n)),
+                     "_partition": [p] * n}, schema=SCHEMA)
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_warehouse_sink_is_a_table_sink(fmt: str, tmp_path: Path) -> None:
+    wh = _warehouse(fmt, tmp_path / "lake")
+    sink = wh.sink("t")
+    assert isinstance(sink, TableSink)
+    assert sink.table_format == wh.table_format == fmt
+    assert not sink.exists() and sink.versions_written == []
+    md = table_metadata(sink, 0, "t")
+    assert md == {"dagster/table_name": "t", "dagster/uri": sink.uri,
+                  "dagster/storage_kind": fmt}
+    sink.watermark("s/g/0")
+    sink.commit(_rows(0, 3, 1), "s/g/0", 3, 0)
+    sink.watermark("s/g/1")
+    sink.commit(_rows(1, 2, 1), "s/g/1", 2, 0)
+    assert sink.exists() and len(sink.versions_written) == 2
+    assert sink.watermarks(["s/g/0", "s/g/1", "s/g/2"]) == {"s/g/0": 3, "s/g/1": 2, "s/g/2": 0}
+    assert sink.read_partitions().num_rows == 5
+    assert sink.read_partitions([1])["_partition"].to_pylist() == [1, 1]
+    assert sink.read_partitions([]).num_rows == 0
+    md = table_metadata(sink, 1, "t")
+    assert md["dagster/storage_kind"] == fmt
+    assert md["dagster/row_count"].value == 5 and md["dagster/partition_row_count"].value == 2
+    assert md["table_version"] >= 1
+    assert not [k for k in md if "delta" in k.lower()]
+
+
+def test_the_io_manager_is_the_warehouses(tmp_path: Path) -> None:
+    delta = table_io_manager(DeltaWarehouseResource(root=str(tmp_path / "d")))
+    iceberg = table_io_manager(IcebergWarehouseResource(warehouse=str(tmp_path / "i")))
+    assert isinstance(delta, DeltaTableIOManager)
+    assert isinstance(iceberg, IcebergTableIOManager)
