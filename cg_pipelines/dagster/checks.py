@@ -54,7 +54,8 @@ def _this_runs_materialization(context: AssetCheckExecutionContext, spec: Consum
     records = context.instance.fetch_materializations(
         AssetRecordsFilter(asset_key=asset_key_of(spec), asset_partitions=[key]), limit=1).records
     if records and records[0].run_id == context.run.run_id:
-        return records[0].asset_materialization
+        mat: AssetMaterialization | None = records[0].asset_materialization
+        return mat
     return None
 
 

@@ -72,6 +72,7 @@ from cg_pipelines.dagster.spec import TICK_ERRORS, partitioned_checks_preview
 from cg_pipelines.dagster.warehouse import Warehouse
 from cg_pipelines.engine.join import JoinInput, JoinResult, run_copartitioned
 from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
+from cg_pipelines.sinks.base import JoinSink
 
 __all__ = [
     "CoPartitionedAsset",
@@ -163,6 +164,10 @@ def _materialize(context: AssetExecutionContext, spec: CoPartitionedAsset,
     sink = warehouse.sink(spec.table_name, write=spec.write,
                           commit_metadata={"dagster_run_id": context.run.run_id},
                           maintenance=spec.maintenance)
+    if not isinstance(sink, JoinSink):
+        raise Failure(f"{type(warehouse).__name__}'s tables cannot commit several inputs at "
+                      "once (JoinSink.commit_inputs): a co-partitioned asset needs a Delta or "
+                      "Iceberg warehouse")
     processor = spec.processor
     if spec.uses_spark:
         processor = processor.bind(run_spark_session(getattr(res, spec.spark_resource_key)))

@@ -237,7 +237,8 @@ def run_failure(error: Exception, spec: GroupNamed, partition: int) -> Failure:
     return Failure(pre.description(), metadata=md)
 
 
-_PLUMBING = tuple(str(Path(m.__file__).parent) + os.sep for m in (asyncio, concurrent.futures)) + (
+_PLUMBING = tuple(str(Path(str(m.__file__)).parent) + os.sep
+                  for m in (asyncio, concurrent.futures)) + (
     threading.__file__, str(Path(__file__).parents[1]) + os.sep)
 
 

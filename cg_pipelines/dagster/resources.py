@@ -68,17 +68,19 @@ class NatsResource(ConfigurableResource):
     be stored in the code location's snapshot.
     """
 
-    servers: str = Field("nats://127.0.0.1:4222", description="NATS URL(s), comma separated.")
-    user: str | None = Field(None, description="User name for user/password auth.")
-    password: str | None = Field(None, description="Password (use EnvVar).", repr=False)
-    token: str | None = Field(None, description="Auth token (use EnvVar).", repr=False)
-    nkey_seed_file: str | None = Field(None, description="Path of an NKey seed file.")
-    creds_file: str | None = Field(None, description="Path of a .creds (JWT + NKey) file.")
-    tls_ca: str | None = Field(None, description="CA file to verify the server's certificate.")
-    tls_cert: str | None = Field(None, description="Client certificate file (optional).")
-    tls_key: str | None = Field(None, description="Client key file (optional).")
-    connect_timeout_s: float = Field(5.0, description="Seconds to connect.")
-    call_timeout_s: float = Field(10.0, description="Seconds allowed for one bounded call "
+    servers: str = Field(default="nats://127.0.0.1:4222",
+                         description="NATS URL(s), comma separated.")
+    user: str | None = Field(default=None, description="User name for user/password auth.")
+    password: str | None = Field(default=None, description="Password (use EnvVar).", repr=False)
+    token: str | None = Field(default=None, description="Auth token (use EnvVar).", repr=False)
+    nkey_seed_file: str | None = Field(default=None, description="Path of an NKey seed file.")
+    creds_file: str | None = Field(default=None, description="Path of a .creds (JWT + NKey) file.")
+    tls_ca: str | None = Field(default=None,
+                               description="CA file to verify the server's certificate.")
+    tls_cert: str | None = Field(default=None, description="Client certificate file (optional).")
+    tls_key: str | None = Field(default=None, description="Client key file (optional).")
+    connect_timeout_s: float = Field(default=5.0, description="Seconds to connect.")
+    call_timeout_s: float = Field(default=10.0, description="Seconds allowed for one bounded call "
                                   "(sensor ticks make a few; keep well under 60).")
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
@@ -155,21 +157,23 @@ class SparkResource(ConfigurableResource):
     or standalone master.
     """
 
-    master: str = Field("local[*]", description="Spark master URL: local[*], local[N], "
+    master: str = Field(default="local[*]", description="Spark master URL: local[*], local[N], "
                         "spark://host:port, yarn, k8s://... (ignored when remote is set).")
-    remote: str | None = Field(None, description="Spark Connect URL, e.g. sc://host:15002.")
-    app_name: str = Field("cg_pipelines", description="Spark application name.")
+    remote: str | None = Field(default=None, description="Spark Connect URL, e.g. sc://host:15002.")
+    app_name: str = Field(default="cg_pipelines", description="Spark application name.")
     spark_config: dict[str, str] = Field(default_factory=dict,
                                          description="Extra Spark settings (win over defaults).")
-    stop_on_teardown: bool = Field(True, description="Stop the session this resource made "
+    stop_on_teardown: bool = Field(default=True, description="Stop the session this resource made "
                                    "when the run ends (also when it failed).")
     class_archive: str | None = Field(
-        None, description="Path of a JVM class-data-sharing archive (`cg spark-archive` builds "
+        default=None,
+        description="Path of a JVM class-data-sharing archive (`cg spark-archive` builds "
         "one): a local Spark JVM started by a run maps Spark's classes from it and starts "
         "faster; a missing file is ignored; unused with remote.")
 
     session_reuse_s: float = Field(
-        0.0, ge=0.0, description="Spark Connect only: seconds of the window in which the runs of "
+        default=0.0, ge=0.0,
+        description="Spark Connect only: seconds of the window in which the runs of "
         "one job, asset selection and partition key share a server-side session (its compiled "
         "code stays warm); below the server's idle timeout (60 min by default). 0: a fresh "
         "session per run, released at its end.")
@@ -195,7 +199,8 @@ class SparkResource(ConfigurableResource):
                                       remote=self.remote, class_archive=self.class_archive,
                                       session_id=self._shared_id)
             self._log_session(time.monotonic() - t0)
-        return self._session
+        session: SparkSession = self._session
+        return session
 
     def _run_session_id(self) -> str | None:
         """The shared server-side session id of this run (``session_reuse_s``), or None for a
@@ -274,7 +279,7 @@ def run_spark_session(resource: Any) -> SparkSession:
         raise WrongTypeError(f"{type(resource).__name__} is not a Spark resource (no "
                              "spark_session): use cg_pipelines.dagster.SparkResource or "
                              "dagster_pyspark.PySparkResource")
-    session = resource.spark_session
+    session: SparkSession | None = resource.spark_session
     if session is None:
         raise StateError(f"{type(resource).__name__} has no SparkSession (was it set up "
                          "for this run?)")
@@ -371,66 +376,78 @@ class PartitionRunsResource(ConfigurableResource):
     members: list[str] = Field(default_factory=list, description="Member names served here; "
                                "empty = every member in the group's config.")
     # ------------------------------------------------------------ engine options (EngineOptions)
-    batch_max_msgs: int = Field(_ENGINE.batch_max_msgs, description="Messages of the first "
+    batch_max_msgs: int = Field(default=_ENGINE.batch_max_msgs, description="Messages of the first "
                                 "batch of a run (one commit each batch).")
     adaptive_max_msgs: int | None = Field(
-        200_000, description="Batches grow up to this many messages while the transform's "
+        default=200_000, description="Batches grow up to this many messages while the transform's "
         "fixed cost per batch is over a fifth of its time (None: fixed batch_max_msgs).")
-    batch_max_bytes: int = Field(_ENGINE.batch_max_bytes, description="Payload bytes per batch.")
-    read_chunk: int = Field(_ENGINE.read_chunk, description="Messages per pull when a rebuild "
+    batch_max_bytes: int = Field(default=_ENGINE.batch_max_bytes,
+                                 description="Payload bytes per batch.")
+    read_chunk: int = Field(default=_ENGINE.read_chunk,
+                            description="Messages per pull when a rebuild "
                             "replays the origin stream.")
-    ack_wait_s: float = Field(_ENGINE.ack_wait_s, description="Lease ack wait, seconds.")
-    priority_timeout_s: float = Field(_ENGINE.priority_timeout_s,
+    ack_wait_s: float = Field(default=_ENGINE.ack_wait_s, description="Lease ack wait, seconds.")
+    priority_timeout_s: float = Field(default=_ENGINE.priority_timeout_s,
                                       description="Pin timeout, seconds.")
-    hold_wait_s: float = Field(_ENGINE.hold_wait_s, description="Seconds to wait when another "
+    hold_wait_s: float = Field(default=_ENGINE.hold_wait_s,
+                               description="Seconds to wait when another "
                                "instance holds the partition.")
-    max_messages: int | None = Field(_ENGINE.max_messages, description="Stop a run after about "
+    max_messages: int | None = Field(default=_ENGINE.max_messages,
+                                     description="Stop a run after about "
                                      "this many messages (None: drain the backlog).")
-    max_seconds: float | None = Field(_ENGINE.max_seconds, description="Seconds after which a "
+    max_seconds: float | None = Field(default=_ENGINE.max_seconds,
+                                      description="Seconds after which a "
                                       "run starts no new batch (None: no limit).")
     dead_letter_policy: Literal["dlq", "halt"] = Field(
-        _ENGINE.dead_letter_policy, description="dlq: a message the decoder rejects goes to "
+        default=_ENGINE.dead_letter_policy,
+        description="dlq: a message the decoder rejects goes to "
         "the dead-letter stream and the run goes on; halt: the run commits what precedes it "
         "and stops there.")
-    timeout_s: float = Field(_ENGINE.timeout_s, description="Seconds allowed for each NATS "
+    timeout_s: float = Field(default=_ENGINE.timeout_s, description="Seconds allowed for each NATS "
                              "request of a run.")
-    nats_retry_max_s: float = Field(_ENGINE.nats_retry_max_s, description="Seconds a run "
+    nats_retry_max_s: float = Field(default=_ENGINE.nats_retry_max_s, description="Seconds a run "
                                     "retries a NATS step while NATS is unreachable, then fails.")
-    nats_retry_backoff_s: float = Field(_ENGINE.nats_retry_backoff_s, description="First pause "
+    nats_retry_backoff_s: float = Field(default=_ENGINE.nats_retry_backoff_s,
+                                        description="First pause "
                                         "between a run's NATS retries (seconds; doubling) ...")
-    nats_retry_max_backoff_s: float = Field(_ENGINE.nats_retry_max_backoff_s,
+    nats_retry_max_backoff_s: float = Field(default=_ENGINE.nats_retry_max_backoff_s,
                                             description="... up to this many seconds.")
     executor_read_min_msgs: int | None = Field(
-        _ENGINE.executor_read_min_msgs, description="Messages: a partition whose backlog is at "
+        default=_ENGINE.executor_read_min_msgs,
+        description="Messages: a partition whose backlog is at "
         "least this many is read, decoded and transformed as one batch on the Spark executors "
         "(the jetstream data source), then committed once on the driver; needs a Spark "
         "processor. None: off (bench/spark_read.py measures the crossover for your cluster).")
-    dlq_max_age_s: float | None = Field(_ENGINE.dlq_max_age_s, description="Seconds the "
+    dlq_max_age_s: float | None = Field(default=_ENGINE.dlq_max_age_s, description="Seconds the "
                                         "dead-letter stream keeps a dead letter (None: for ever).")
     # ------------------------------------------------------------ the deployment and the sensor
-    run_timeout_s: float = Field(3600.0, description="Upper bound of one partition run.")
-    min_pending: int = Field(1, description="Backlog sensor: run a partition at this many "
+    run_timeout_s: float = Field(default=3600.0, description="Upper bound of one partition run.")
+    min_pending: int = Field(default=1, description="Backlog sensor: run a partition at this many "
                              "pending messages ...")
-    max_age_s: float | None = Field(None, description="... or when its oldest pending message "
+    max_age_s: float | None = Field(default=None,
+                                    description="... or when its oldest pending message "
                                     "is this old (seconds).")
     retry_max_failures: int = Field(
-        5, description="Backlog sensor and drain schedule: a partition whose runs failed this "
+        default=5,
+        description="Backlog sensor and drain schedule: a partition whose runs failed this "
         "many times in a row (same code) is reported by a failing check and not retried until "
         "a run succeeds or new code is loaded.")
-    retry_backoff_s: float = Field(15.0, description="Seconds to wait before retrying a "
+    retry_backoff_s: float = Field(default=15.0, description="Seconds to wait before retrying a "
                                    "failed partition run; doubles per consecutive failure ...")
-    retry_max_backoff_s: float = Field(300.0, description="... up to this many seconds.")
+    retry_max_backoff_s: float = Field(default=300.0, description="... up to this many seconds.")
     # ------------------------------------------------------------ run retention
     run_retention_hours: float | None = Field(
-        24.0, gt=0, description="Run retention (the <asset>_run_retention sensor, running by "
+        default=24.0, gt=0,
+        description="Run retention (the <asset>_run_retention sensor, running by "
         "default): finished runs of a group's asset created more than this many hours ago are "
         "deleted, except the newest run_retention_keep_runs, each partition's last successful "
         "run and the failures since, and the runs of its latest check results. None: off "
         "(Dagster keeps every run for ever).")
-    run_retention_keep_runs: int = Field(100, ge=0, description="... the newest runs of the "
+    run_retention_keep_runs: int = Field(default=100, ge=0,
+                                         description="... the newest runs of the "
                                          "asset that stay whatever their age ...")
     run_retention_max_deletes: int = Field(
-        100, ge=1, description="... and the most runs one evaluation (every 60 s) deletes: "
+        default=100, ge=1, description="... and the most runs one evaluation (every 60 s) deletes: "
         "keep it above the runs a group starts in a minute.")
 
     def served(self) -> list[str] | None:

@@ -96,17 +96,18 @@ class DeltaWarehouseResource(ConfigurableResource):
     supports_state: ClassVar[bool] = True  # its sinks serve per-key state (last_rows)
 
     root: str = Field(description="Local directory or s3://bucket/prefix.")
-    s3_endpoint: str | None = Field(None, description="S3 endpoint URL (e.g. MinIO, moto).")
-    aws_access_key_id: str | None = Field(None, description="Use EnvVar.")
-    aws_secret_access_key: str | None = Field(None, description="Use EnvVar.")
-    aws_region: str = Field("us-east-1")
-    allow_http: bool = Field(False, description="Allow a plain-http S3 endpoint.")
-    compaction: bool = Field(True, description="Runs compact their partition's small files "
+    s3_endpoint: str | None = Field(default=None, description="S3 endpoint URL (e.g. MinIO, moto).")
+    aws_access_key_id: str | None = Field(default=None, description="Use EnvVar.")
+    aws_secret_access_key: str | None = Field(default=None, description="Use EnvVar.")
+    aws_region: str = Field(default="us-east-1")
+    allow_http: bool = Field(default=False, description="Allow a plain-http S3 endpoint.")
+    compaction: bool = Field(default=True, description="Runs compact their partition's small files "
                              "(a group's ConsumerGroupAsset.maintenance overrides all four).")
-    compact_min_files: int = Field(16, description="Small files a partition may have before "
+    compact_min_files: int = Field(default=16,
+                                   description="Small files a partition may have before "
                                    "its run compacts them (>= 2).")
-    target_file_size_mb: int = Field(128, description="MiB compaction aims for.")
-    vacuum_retention_hours: int | None = Field(168, description="VACUUM keeps unreferenced "
+    target_file_size_mb: int = Field(default=128, description="MiB compaction aims for.")
+    vacuum_retention_hours: int | None = Field(default=168, description="VACUUM keeps unreferenced "
                                                "files this long (hours; null: never vacuum).")
 
     def maintenance(self) -> Maintenance:
@@ -168,18 +169,19 @@ class IcebergWarehouseResource(ConfigurableResource):
     supports_state: ClassVar[bool] = True  # its sinks serve per-key state (last_rows)
 
     warehouse: str = Field(description="Data root: a local directory or s3://bucket/prefix.")
-    catalog_type: str = Field("sql", description="'sql' (SQLite/Postgres) or 'rest'.")
+    catalog_type: str = Field(default="sql", description="'sql' (SQLite/Postgres) or 'rest'.")
     catalog_uri: str | None = Field(
         None, description="SQLAlchemy URL (sqlite:///..., postgresql+psycopg2://...) or REST "
         "URI; default: SQLite in <warehouse>/catalog.db (local warehouse only).")
-    catalog_name: str = Field("cg")
-    namespace: str = Field("cg", description="Namespace of the group tables.")
-    rest_token: str | None = Field(None, description="REST catalog bearer token; use EnvVar.")
-    s3_endpoint: str | None = Field(None, description="S3 endpoint URL (e.g. MinIO, moto).")
-    aws_access_key_id: str | None = Field(None, description="Use EnvVar.")
-    aws_secret_access_key: str | None = Field(None, description="Use EnvVar.")
-    aws_region: str = Field("us-east-1")
-    allow_http: bool = Field(False, description="Allow a plain-http S3 endpoint.")
+    catalog_name: str = Field(default="cg")
+    namespace: str = Field(default="cg", description="Namespace of the group tables.")
+    rest_token: str | None = Field(default=None,
+                                   description="REST catalog bearer token; use EnvVar.")
+    s3_endpoint: str | None = Field(default=None, description="S3 endpoint URL (e.g. MinIO, moto).")
+    aws_access_key_id: str | None = Field(default=None, description="Use EnvVar.")
+    aws_secret_access_key: str | None = Field(default=None, description="Use EnvVar.")
+    aws_region: str = Field(default="us-east-1")
+    allow_http: bool = Field(default=False, description="Allow a plain-http S3 endpoint.")
 
     def _root(self) -> str:
         if "://" in self.warehouse:

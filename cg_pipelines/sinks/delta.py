@@ -392,6 +392,7 @@ class DeltaSink(DeltaMaintenance):
                             # the watermark alone, fenced against the same snapshot.
                             self._empty_commit(dt, props)
                     else:
+                        assert table is not None  # rows to append (an empty batch: no write)
                         write_deltalake(dt, table, mode="append", commit_properties=props,
                                         post_commithook_properties=hooks)
                     break

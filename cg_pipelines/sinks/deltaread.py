@@ -349,8 +349,8 @@ class DeltaTableAccess:
             return int(pc.sum(mine["num_records"]).as_py() or 0)
         if PARTITION_COLUMN not in [f.name for f in dt.schema().fields]:
             return 0
-        return dt.to_pyarrow_dataset(filesystem=self._filesystem()).count_rows(
-            filter=pc.field(PARTITION_COLUMN) == partition)
+        return int(dt.to_pyarrow_dataset(filesystem=self._filesystem()).count_rows(
+            filter=pc.field(PARTITION_COLUMN) == partition))
 
     # ---------------------------------------------------------------- internals
 

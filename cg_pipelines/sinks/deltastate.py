@@ -73,7 +73,7 @@ class TableView:
         ``datasets`` makes it (e.g. under a lock, from a snapshot a commit may advance: the
         data files the view names are still in it)."""
         meta = dt.metadata()
-        return cls(meta.id, dt.version(), dt.schema().to_arrow().names,
+        return cls(str(meta.id), dt.version(), dt.schema().to_arrow().names,
                    meta.partition_columns == [PARTITION_COLUMN],
                    pa.table(dt.get_add_actions(flatten=True)),
                    datasets or (lambda: dt.to_pyarrow_dataset(filesystem=fs)

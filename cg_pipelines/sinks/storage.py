@@ -109,7 +109,7 @@ def s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem | None:
                 kw["endpoint_override"] = value
         elif name != "allow_http":
             return None
-    return pafs.S3FileSystem(**kw)  # type: ignore[arg-type]
+    return pafs.S3FileSystem(**kw)
 
 
 def table_filesystem(uri: str, options: Mapping[str, str]) -> pafs.FileSystem | None:
