@@ -391,8 +391,7 @@ class DeltaSink(DeltaMaintenance):
                             # delta-rs commits no version for a merge that changes no row: record
                             # the watermark alone, fenced against the same snapshot.
                             self._empty_commit(dt, props)
-                    else:
-                        assert table is not None  # rows to append (an empty batch: no write)
+                    elif table is not None:  # always, when not empty
                         write_deltalake(dt, table, mode="append", commit_properties=props,
                                         post_commithook_properties=hooks)
                     break
