@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.expressions import EqualTo
 from pyiceberg.table import Table
 
 from cg_pipelines.core.statesnap import needs_compaction
 from cg_pipelines.sinks.base import PARTITION_COLUMN
+from cg_pipelines.sinks.iceberg_expr import equal_to
 from cg_pipelines.sinks.maintenance import COMPACT_ATTEMPTS, Maintenance
 
 __all__ = ["compact_partition", "partition_files"]
@@ -33,7 +33,7 @@ __all__ = ["compact_partition", "partition_files"]
 
 def partition_files(tbl: Table, partition: int) -> list[int]:
     """The sizes (bytes) of the partition's live data files in ``tbl``'s current snapshot."""
-    where = EqualTo(PARTITION_COLUMN, int(partition))
+    where = equal_to(PARTITION_COLUMN, int(partition))
     return [t.file.file_size_in_bytes for t in tbl.scan(row_filter=where).plan_files()]
 
 
@@ -46,7 +46,7 @@ def compact_partition(load: Callable[[], Table], partition: int, pol: Maintenanc
     snapshot summary for a watermark. Figures go into ``out``: ``iceberg_compaction`` ("no",
     "done", "fenced", "failed"), ``iceberg_files_compacted``, ``iceberg_files_live``.
     Returns whether a compaction was committed."""
-    where = EqualTo(PARTITION_COLUMN, int(partition))
+    where = equal_to(PARTITION_COLUMN, int(partition))
     out["iceberg_compaction"] = "no"
     tbl = load()
     sizes = partition_files(tbl, partition)

@@ -16,11 +16,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NoSuchTableError
-from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
 from pyiceberg.table import Table
 
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.sinks.base import PARTITION_COLUMN
+from cg_pipelines.sinks.iceberg_expr import equal_to, is_in
 from cg_pipelines.sinks.storage import option_name
 from cg_pipelines.sinks.table import TableStats
 
@@ -165,7 +166,7 @@ class IcebergTableAccess:
             pyiceberg / pyarrow errors: read failures.
         """
         return self.read(row_filter=None if partitions is None
-                         else In(PARTITION_COLUMN, list(partitions)))
+                         else is_in(PARTITION_COLUMN, list(partitions)))
 
     @staticmethod
     def _scan(tbl: Table, row_filter: BooleanExpression | str,
@@ -187,7 +188,7 @@ class IcebergTableAccess:
         """:meth:`data_files` of the rows of ``partitions`` (``None``: all), pruned by the
         partition column."""
         return self.data_files(None if partitions is None
-                               else In(PARTITION_COLUMN, list(partitions)))
+                               else is_in(PARTITION_COLUMN, list(partitions)))
 
     def last_rows(self, key: str, keys: Sequence[object], columns: Sequence[str],
                   order_by: str, partition: int | None = None, *,
@@ -206,9 +207,9 @@ class IcebergTableAccess:
             return pa.table({c: pa.nulls(0) for c in cols})
         if not keys:
             return self._scan(tbl, AlwaysTrue(), cols).slice(0, 0)
-        flt: BooleanExpression = In(key, list(keys))
+        flt: BooleanExpression = is_in(key, list(keys))
         if partition is not None and PARTITION_COLUMN in tbl.schema().column_names:
-            flt = And(EqualTo(PARTITION_COLUMN, int(partition)), flt)
+            flt = And(equal_to(PARTITION_COLUMN, int(partition)), flt)
         return last_per_key(self._scan(tbl, flt, cols), key, order_by)
 
     def stats(self, partition: int | None = None) -> TableStats:
@@ -226,8 +227,8 @@ class IcebergTableAccess:
             rows = int(snap.summary.additional_properties.get("total-records", 0))
         part = None
         if partition is not None and PARTITION_COLUMN in tbl.schema().column_names:
-            part = int(tbl.scan(row_filter=EqualTo(PARTITION_COLUMN, int(partition))).count())
-        return TableStats(int(tbl.metadata.last_sequence_number), rows, part,
+            part = int(tbl.scan(row_filter=equal_to(PARTITION_COLUMN, int(partition))).count())
+        return TableStats(int(getattr(tbl.metadata, "last_sequence_number", 0) or 0), rows, part,
                           tbl.schema().as_arrow())
 
     def history(self) -> list[dict[str, Any]]:
