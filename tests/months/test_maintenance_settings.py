@@ -34,17 +34,25 @@ def test_created_tables_carry_the_retention_properties(tmp_path: Path) -> None:
     schema = pa.schema([("k", pa.string()), ("_partition", pa.int32())])
     DeltaSink(str(tmp_path / "a"), schema=schema).ensure_table(schema)
     conf = DeltaTable(str(tmp_path / "a")).metadata().configuration
-    assert conf["delta.deletedFileRetentionDuration"] == f"interval {168 * 3600} seconds"
+    # tombstones: the log window's floor (one hour), not the 7-day vacuum retention
+    assert conf["delta.deletedFileRetentionDuration"] == "interval 3600 seconds"
     # bounded by default: the vacuum retention (Delta's own default would be 30 days)
     assert conf["delta.logRetentionDuration"] == f"interval {168 * 3600} seconds"
     DeltaSink(str(tmp_path / "b"), maintenance=Maintenance(
         vacuum_retention_hours=24, log_retention_hours=48)).ensure_table(schema)
     conf = DeltaTable(str(tmp_path / "b")).metadata().configuration
-    assert conf["delta.deletedFileRetentionDuration"] == f"interval {24 * 3600} seconds"
+    # time travel asked for: the files removed within it keep their tombstones as long
+    assert conf["delta.deletedFileRetentionDuration"] == f"interval {48 * 3600} seconds"
     assert conf["delta.logRetentionDuration"] == f"interval {48 * 3600} seconds"
     DeltaSink(str(tmp_path / "c"), maintenance=Maintenance(
         tombstone_retention_hours=1)).ensure_table(schema)
     conf = DeltaTable(str(tmp_path / "c")).metadata().configuration
     assert conf["delta.deletedFileRetentionDuration"] == "interval 3600 seconds"
+    DeltaSink(str(tmp_path / "d"), maintenance=Maintenance(
+        vacuum_retention_hours=0, tombstone_retention_hours=None)).ensure_table(schema)
+    conf = DeltaTable(str(tmp_path / "d")).metadata().configuration
+    assert conf["delta.deletedFileRetentionDuration"] == "interval 0 seconds"
+    assert Maintenance(log_floor_s=7200).tombstone_retention() == 2.0
+    assert Maintenance(tombstone_retention_hours=168).tombstone_retention() == 168
     with pytest.raises(ConfigError, match="tombstone_retention_hours"):
         Maintenance(tombstone_retention_hours=-1)
