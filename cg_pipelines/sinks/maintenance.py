@@ -131,7 +131,9 @@ class Maintenance:
     not Delta's 7 days: a reader can only time-travel to a version the log still holds (the
     last hour, at most ``log_max_versions`` versions, unless ``log_retention_hours`` asks for
     more), and VACUUM (``full``) protects a removed file for the tombstone retention after its
-    removal and for ``vacuum_retention_hours`` after it was written. What it gives up: a scan
+    removal (and until the next checkpoint: delta-rs 1.6.6 keeps every tombstone of the
+    commits since) and for ``vacuum_retention_hours`` after it was written
+    (``tests/months/test_maintenance_settings.py``). What it gives up: a scan
     of a snapshot older than the window (a time travel past the log, a query running longer
     than an hour) may find a file gone that was written more than ``vacuum_retention_hours``
     ago and removed more than an hour ago; another engine's VACUUM run without an explicit
