@@ -59,9 +59,9 @@ one line::
 ``--format iceberg``: Iceberg tables (:class:`~cg_pipelines.sinks.iceberg.IcebergSink`, an
 embedded SQLite catalog, data on local disk or moto S3) aged the same way, with the library's
 upkeep (compaction of a partition's 16 small files under its lease, snapshot expiry to the
-newest 100); the time-based retention flags do not apply. Then ``log n`` is the snapshots
-kept, ``ckpts`` the metadata files the catalog keeps, ``log KiB`` the current metadata file,
-``upkeep s`` one snapshot expiry.
+newest ``keep_snapshots``, 20 by default); the time-based retention flags do not apply.
+Then ``log n`` is the snapshots kept, ``ckpts`` the metadata files the catalog keeps,
+``log KiB`` the current metadata file, ``upkeep s`` one snapshot expiry.
 
 Run: ``.venv/bin/python bench/aging.py [--versions 10000] [--days 30] [--messages 200]
 [--keys 2000] [--cycles 3] [--modes append,merge] [--library-retention]
@@ -74,6 +74,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import random
@@ -223,6 +224,7 @@ def table_figures(path: str, sink: DeltaSink) -> dict[str, int]:
 
 
 DAY_S = 86_400.0
+KEEP_SNAPSHOTS = inspect.signature(IcebergSink).parameters["keep_snapshots"].default
 LIBRARY = Maintenance()
 
 
@@ -254,7 +256,7 @@ def retention_line(pol: Maintenance, args: argparse.Namespace) -> str:
     """What the upkeep keeps, in bench seconds and (compressed) in simulated time."""
     if ICEBERG:
         return (f"iceberg upkeep: compaction at {pol.compact_min_files} small files "
-                f"(< {pol.target_size >> 20} MiB), the newest 100 snapshots kept")
+                f"(< {pol.target_size >> 20} MiB), the newest {KEEP_SNAPSHOTS} snapshots kept")
     travel = ("none" if pol.log_retention_hours is None
               else f"{pol.log_retention_hours * 3600:,.1f} s")
     line = (f"log window: floor {pol.log_floor_s:,.1f} s, cap {pol.log_max_versions} versions, "

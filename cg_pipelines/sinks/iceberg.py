@@ -97,13 +97,23 @@ from cg_pipelines.sinks.maintenance import Maintenance
 from cg_pipelines.sinks.storage import mask_options
 from cg_pipelines.version import __version__
 
-__all__ = ["WATERMARK_PREFIX", "IcebergSink", "iceberg_s3_properties", "sql_catalog",
-           "sqlite_catalog"]
+__all__ = ["MANIFEST_MERGE", "WATERMARK_PREFIX", "IcebergSink", "iceberg_s3_properties",
+           "sql_catalog", "sqlite_catalog"]
 
 WATERMARK_PREFIX: Final = "cg.watermark."
 """Table property prefix of the watermarks: ``cg.watermark.<app_id>``."""
 
 _NO_RETRY: Final = {"commit.retry.num-retries": "0"}
+
+MANIFEST_MERGE: Final = {"commit.manifest-merge.enabled": "true",
+                         "commit.manifest.min-count-to-merge": "8"}
+"""Table properties the sink sets on the tables it creates or first writes to (unless the
+table already sets them): pyiceberg's merge append. Its default fast append writes one
+manifest per commit and merges none (pyiceberg 0.12, ``_FastAppendFiles``), so between two
+compactions of a partition the manifest list grew by one per commit and every scan, state
+read and compaction check read them all; a merge append folds the manifests into one once 8
+of them (a 8 MiB bin, ``commit.manifest.target-size-bytes``) are there. Same snapshot
+producer otherwise (``AssertRefSnapshotId``: the fence is unchanged)."""
 
 IN_PRUNE_LIMIT: Final = 200
 """Merge batches with more distinct keys than this rewrite their partition whole (pyiceberg
@@ -137,8 +147,8 @@ class IcebergSink(IcebergTableAccess):
         write: Append | Merge | None = None,
         commit_metadata: Mapping[str, str] | None = None,
         commit_retries: int = 100,
-        keep_snapshots: int = 100,
-        metadata_versions: int = 100,
+        keep_snapshots: int = 20,
+        metadata_versions: int = 20,
         maintenance: Maintenance | None = None,
     ) -> None:
         """
@@ -150,8 +160,13 @@ class IcebergSink(IcebergTableAccess):
             write: :class:`Append` (default) or :class:`Merge`.
             commit_metadata: extra lineage in every snapshot summary (``cg.`` prefixed).
             commit_retries: commits lost to OTHER partitions retried before giving up.
-            keep_snapshots: :meth:`maintain` expires all but the newest this many snapshots.
-            metadata_versions: ``write.metadata.previous-versions-max`` of a created table.
+            keep_snapshots: :meth:`maintain` expires all but the newest this many snapshots
+                (default 20: time travel only, expiry deletes no file; pyiceberg 0.12 deep-copies
+                the table metadata, every kept snapshot included, some 40 times a commit, so a
+                commit's cost grows with this number: 100 made an aged table's run ~4x a fresh
+                one's, docs/growth.md).
+            metadata_versions: ``write.metadata.previous-versions-max`` of a created table
+                (default 20; copied with the metadata as above).
             maintenance: the compaction thresholds of :meth:`maintain` (``compact``,
                 ``compact_min_files``, ``target_size``; default :class:`~cg_pipelines.sinks.
                 maintenance.Maintenance`'s: 16 small files, 128 MiB); its Delta settings
@@ -400,7 +415,8 @@ class IcebergSink(IcebergTableAccess):
         if self.load() is not None:
             return False
         schema = optional_schema(schema)
-        props = {**_NO_RETRY, "write.metadata.delete-after-commit.enabled": "true",
+        props = {**_NO_RETRY, **MANIFEST_MERGE,
+                 "write.metadata.delete-after-commit.enabled": "true",
                  "write.metadata.previous-versions-max": str(self._metadata_versions)}
         try:
             txn = self._catalog.create_table_transaction(self._ident, schema=schema,
@@ -416,18 +432,21 @@ class IcebergSink(IcebergTableAccess):
         return True
 
     def _no_pyiceberg_retry(self, tbl: Table) -> Table:
-        """``tbl``, or its fresh state after setting ``commit.retry.num-retries=0`` on a
-        table created elsewhere (one property commit; lost races are retried)."""
-        if tbl.properties.get("commit.retry.num-retries") == "0":
+        """``tbl``, or its fresh state after setting ``commit.retry.num-retries=0`` (and
+        :data:`MANIFEST_MERGE`'s properties the table does not set) on a table created
+        elsewhere or by an older sink (one property commit; lost races are retried)."""
+        missing = _missing_properties(tbl)
+        if not missing:
             return tbl
         for _ in range(20):
             try:
                 with tbl.transaction() as txn:
-                    txn.set_properties(_NO_RETRY)
+                    txn.set_properties(missing)
                 return self._require()
             except CommitFailedException:
                 tbl = self._require()
-                if tbl.properties.get("commit.retry.num-retries") == "0":
+                missing = _missing_properties(tbl)
+                if not missing:
                     return tbl
         raise CommitFailedException(f"{self._ident}: set commit.retry.num-retries=0 on the "
                                     "table (the fence needs pyiceberg's blind retry off) and "
@@ -553,6 +572,15 @@ def _moved(tbl: Table, watermarks: Mapping[str, tuple[int, int]]) -> tuple[str, 
         if found != expected:
             return app_id, expected, found
     return None
+
+
+def _missing_properties(tbl: Table) -> dict[str, str]:
+    """The table properties the sink's commits need and ``tbl`` lacks: pyiceberg's retry off
+    (the fence), and :data:`MANIFEST_MERGE`'s where the table sets nothing of its own."""
+    props = tbl.properties
+    missing = {k: v for k, v in _NO_RETRY.items() if props.get(k) != v}
+    missing.update({k: v for k, v in MANIFEST_MERGE.items() if k not in props})
+    return missing
 
 
 def _wm(tbl: Table, app_id: str) -> int:

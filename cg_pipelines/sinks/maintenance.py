@@ -119,17 +119,29 @@ class Maintenance:
             own with ``log_cleanup=False``) go by. When set, it must be >=
             ``vacuum_retention_hours``: time travel to a version needs its log entries as well
             as its data files.
-        tombstone_retention_hours: ``delta.deletedFileRetentionDuration`` of a table the sink
-            creates (default ``None``: ``vacuum_retention_hours``; see below).
+        tombstone_retention_hours: hours; ``delta.deletedFileRetentionDuration`` of a table
+            the sink creates (default ``None``: :meth:`tombstone_retention`, the log window's
+            reach: ``log_retention_hours`` when set, else the floor, one hour; see below).
 
     A table the sink creates also gets ``delta.deletedFileRetentionDuration`` =
-    ``tombstone_retention_hours``, by default ``vacuum_retention_hours`` (Delta's default is 7
-    days): how long removed files stay listed (as tombstones) in every checkpoint, so what
-    every checkpoint write and snapshot load carries (one tombstone per rewritten file: about
-    one per commit on a merge table). A shorter one (e.g. 1, the log window's floor) keeps the
-    checkpoints small; VACUUM (``full``) then protects a removed file for that long after its
-    removal and for ``vacuum_retention_hours`` after it was written, so a reader scanning a
-    snapshot older than the tombstone retention may find an old file gone. Existing tables keep
+    :meth:`tombstone_retention`: how long removed files stay listed (as tombstones) in every
+    checkpoint, so what every checkpoint write and snapshot load carries (one tombstone per
+    file a commit removes: about one per commit on a merge table, and on an append table once
+    compaction removes what the commits added). The default is the reach of the log window,
+    not Delta's 7 days: a reader can only time-travel to a version the log still holds (the
+    last hour, at most ``log_max_versions`` versions, unless ``log_retention_hours`` asks for
+    more), and VACUUM (``full``) protects a removed file for the tombstone retention after its
+    removal (and until the next checkpoint: delta-rs 1.6.6 keeps every tombstone of the
+    commits since) and for ``vacuum_retention_hours`` after it was written
+    (``tests/months/test_maintenance_settings.py``). What it gives up: a scan
+    of a snapshot older than the window (a time travel past the log, a query running longer
+    than an hour) may find a file gone that was written more than ``vacuum_retention_hours``
+    ago and removed more than an hour ago; another engine's VACUUM run without an explicit
+    retention (Spark, delta-rs' ``vacuum()``) goes by this property too. What it saves: at 7
+    days a table committing 70,000 times a day carries ~490,000 tombstones in each checkpoint
+    (written every ``delta.checkpointInterval`` commits, read by every snapshot load), at one
+    hour ~2,900; ``bench/aging.py`` measured a checkpoint of 10,000 tombstones (880 KiB) at
+    ~0.1 s to write, against a few ms without them (docs/growth.md). Existing tables keep
     their properties (change them with ``DeltaTable.alter.set_table_properties`` while no run
     commits).
 
@@ -184,15 +196,24 @@ class Maintenance:
 
     def table_properties(self) -> dict[str, str]:
         """Delta table properties for a table created under this policy (see above)."""
-        props = {}
-        tombstones = self.tombstone_retention_hours if self.tombstone_retention_hours \
-            is not None else self.vacuum_retention_hours
-        if tombstones is not None:
-            props["delta.deletedFileRetentionDuration"] = \
-                f"interval {round(tombstones * 3600)} seconds"
+        props = {"delta.deletedFileRetentionDuration":
+                 f"interval {round(self.tombstone_retention() * 3600)} seconds"}
         props["delta.logRetentionDuration"] = \
             f"interval {max(1, round(self.log_retention() * 3600))} seconds"
         return props
+
+    def tombstone_retention(self) -> float:
+        """Hours: ``tombstone_retention_hours``, else ``log_retention_hours`` when set (time
+        travel that far needs the files removed since), else the log window's floor
+        (``log_floor_s``, one hour), or ``vacuum_retention_hours`` when that is shorter."""
+        if self.tombstone_retention_hours is not None:
+            return self.tombstone_retention_hours
+        if self.log_retention_hours is not None:
+            return self.log_retention_hours
+        floor = self.log_floor_s / 3600
+        if self.vacuum_retention_hours is not None:
+            return min(float(self.vacuum_retention_hours), floor)
+        return floor
 
     def log_retention(self) -> float:
         """Hours: ``log_retention_hours``, else the larger of 168 and
