@@ -77,7 +77,7 @@ from pyiceberg.exceptions import (
     NamespaceAlreadyExistsError,
     TableAlreadyExistsError,
 )
-from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo, In
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
 from pyiceberg.table import Table
 
 from cg_pipelines.core.errors import ContractError, UsageError
@@ -85,6 +85,7 @@ from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, check_watermarks
 from cg_pipelines.sinks.deltawrite import conform, current_of
 from cg_pipelines.sinks.iceberg_compact import compact_partition
+from cg_pipelines.sinks.iceberg_expr import equal_to, is_in
 from cg_pipelines.sinks.iceberg_read import (
     IcebergTableAccess,
     iceberg_s3_properties,
@@ -367,10 +368,10 @@ class IcebergSink(IcebergTableAccess):
             parts = pc.unique(cur[PARTITION_COLUMN]).to_pylist()
             if len(parts) != 1:
                 raise ContractError(f"{self._ident}: a merge batch holds partitions {parts}")
-            part = EqualTo(PARTITION_COLUMN, int(parts[0]))
+            part = equal_to(PARTITION_COLUMN, int(parts[0]))
         keys = self._write.keys
         if len(keys) == 1 and 0 < cur.num_rows <= IN_PRUNE_LIMIT:
-            return rows, And(part, In(keys[0], cur[keys[0]].to_pylist()))
+            return rows, And(part, is_in(keys[0], cur[keys[0]].to_pylist()))
         # Many keys (pyiceberg prunes no file by an IN of more than IN_PRUNE_LIMIT values, so
         # it would rewrite every file anyway) or a composite key: rewrite the partition whole,
         # current rows of other keys kept; it is then one file again.
@@ -482,7 +483,7 @@ class IcebergSink(IcebergTableAccess):
         else:
             rows = conform(data.read_all(), target, self._ident)
         self.last_rows_written = None
-        where = EqualTo(PARTITION_COLUMN, int(partition))
+        where = equal_to(PARTITION_COLUMN, int(partition))
         if rows.num_rows and PARTITION_COLUMN in rows.column_names and not pc.all(
                 pc.equal(rows[PARTITION_COLUMN], partition)).as_py():
             raise ContractError(f"{self._ident}: replacement rows of partition {partition} hold "
