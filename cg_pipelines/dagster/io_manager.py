@@ -72,6 +72,26 @@ def _type_name(t: Any) -> str:
     return f"{getattr(t, '__module__', '')}.{getattr(t, '__qualname__', '')}"
 
 
+def arrow_as(arrow: pa.Table, want: Any, manager: str, context: InputContext) -> Any:
+    """``arrow`` (a table's loaded rows) as the input annotation ``want`` asks: polars or
+    pandas DataFrame, or the Arrow table itself (also for ``Any``/``object``/no annotation).
+
+    Raises:
+        WrongTypeError: another annotation (the message names ``manager`` and the asset).
+    """
+    name = _type_name(want)
+    if name.startswith("polars"):
+        import polars as pl
+
+        return pl.from_arrow(arrow)
+    if name.startswith("pandas") and name.endswith("DataFrame"):
+        return arrow.to_pandas()
+    if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
+        return arrow
+    raise WrongTypeError(f"{manager} loads pyarrow.Table, pandas/pyspark/polars DataFrame; "
+                         f"{context.asset_key.to_user_string()} is annotated {want!r}")
+
+
 class DeltaTableIOManager(ConfigurableIOManager):
     """Loads a consumer-group asset's Delta table for downstream assets (see module docstring).
 
@@ -111,14 +131,7 @@ class DeltaTableIOManager(ConfigurableIOManager):
 
             frame = pl.read_delta(sink.uri, storage_options=self.warehouse.storage_options())
             return frame if parts is None else frame.filter(pl.col(PARTITION_COLUMN).is_in(parts))
-        arrow = sink.read_partitions(parts)
-        if name.startswith("pandas") and name.endswith("DataFrame"):
-            return arrow.to_pandas()
-        if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
-            return arrow
-        raise WrongTypeError(f"DeltaTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
-                             f"DataFrame; {context.asset_key.to_user_string()} is annotated "
-                             f"{want!r}")
+        return arrow_as(sink.read_partitions(parts), want, "DeltaTableIOManager", context)
 
     def _spark_frame(self, sink: DeltaSink, parts: list[int] | None) -> Any:
         if self.spark is None:
@@ -193,23 +206,12 @@ class IcebergTableIOManager(ConfigurableIOManager):
         sink = self.warehouse.sink(table)
         parts = partitions_to_load(context, md)
         want = context.dagster_type.typing_type
-        name = f"{getattr(want, '__module__', '')}.{getattr(want, '__qualname__', '')}"
+        name = _type_name(want)
         if name.startswith("pyspark.sql") and name.endswith("DataFrame"):
             if self.spark is None:
                 raise UsageError("a Spark DataFrame input needs IcebergTableIOManager(spark=...)")
             return spark_frame(self.spark.spark_session, sink, parts)
-        arrow = sink.read_partitions(parts)
-        if name.startswith("polars"):
-            import polars as pl
-
-            return pl.from_arrow(arrow)
-        if name.startswith("pandas") and name.endswith("DataFrame"):
-            return arrow.to_pandas()
-        if want in (Any, pa.Table, object) or name in (".", "builtins.object", "typing.Any"):
-            return arrow
-        raise WrongTypeError(f"IcebergTableIOManager loads pyarrow.Table, pandas/pyspark/polars "
-                             f"DataFrame; {context.asset_key.to_user_string()} is annotated "
-                             f"{want!r}")
+        return arrow_as(sink.read_partitions(parts), want, "IcebergTableIOManager", context)
 
 
 def spark_frame(spark: Any, sink: IcebergSink, parts: Sequence[int] | None = None) -> Any:
