@@ -213,12 +213,18 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
 
 @dataclass(frozen=True)
 class GroupRun:
-    """What a partition run of a group asset works with, resolved before it touches the
-    partition (``_resolve``): the ``partition``, its ``owner`` member and the group
-    config's ``revision``, the run's ``mode`` (``drain``/``rebuild``), the runs it ``waited``
-    for, the table ``sink``, the ``processor`` (bound to the run's Spark session if it uses
-    Spark) and the ``nats`` and ``runs`` resources."""
+    """What a partition run of a group asset works with, resolved from the asset's spec
+    before it touches the partition (``_resolve``; running and reporting then read this
+    only): the group's ``stream`` and ``group``, the ``table_name`` and ``write_mode``, the
+    ``partition``, its ``owner`` member and the group config's ``revision``, the run's
+    ``mode`` (``drain``/``rebuild``), the runs it ``waited`` for, the table ``sink``, the
+    ``processor`` (bound to the run's Spark session if it uses Spark) and the ``nats`` and
+    ``runs`` resources."""
 
+    stream: str
+    group: str
+    table_name: str
+    write_mode: str
     partition: int
     owner: str
     revision: int
@@ -233,8 +239,8 @@ class GroupRun:
 def _materialize(context: AssetExecutionContext, spec: ConsumerGroupAsset,
                  config: PartitionRunConfig) -> MaterializeResult:
     run = _resolve(context, spec, config)
-    result = _run(context, spec, config, run)
-    return _report(spec, run, result)
+    result = _run(context, config, run)
+    return _report(run, result)
 
 
 def _resolve(context: AssetExecutionContext, spec: ConsumerGroupAsset,
@@ -274,11 +280,11 @@ def _resolve(context: AssetExecutionContext, spec: ConsumerGroupAsset,
     processor = spec.processor
     if spec.uses_spark:
         processor = processor.bind(run_spark_session(getattr(res, spec.spark_resource_key)))
-    return GroupRun(p, owner, v.revision, mode, waited, sink, processor, nats_res, runs)
+    return GroupRun(spec.stream, spec.group, spec.table_name, spec.write.name, p, owner,
+                    v.revision, mode, waited, sink, processor, nats_res, runs)
 
 
-def _run(context: AssetExecutionContext, spec: ConsumerGroupAsset, config: PartitionRunConfig,
-         run: GroupRun) -> RunResult:
+def _run(context: AssetExecutionContext, config: PartitionRunConfig, run: GroupRun) -> RunResult:
     """Drain (or rebuild) the partition through the engine; log its summary line.
 
     Raises:
@@ -290,22 +296,22 @@ def _run(context: AssetExecutionContext, spec: ConsumerGroupAsset, config: Parti
     try:
         if run.mode == "rebuild":
             result = run.nats.run(
-                lambda nc: rebuild_partition(nc, spec.stream, spec.group, p, processor, sink,
+                lambda nc: rebuild_partition(nc, run.stream, run.group, p, processor, sink,
                                              opts, allow_partial=config.allow_partial,
                                              hook=progress),
                 timeout_s=run.runs.run_timeout_s)
         else:
             result = run.nats.run(
-                lambda nc: run_partition(nc, spec.stream, spec.group, p, processor, sink, opts,
+                lambda nc: run_partition(nc, run.stream, run.group, p, processor, sink, opts,
                                          hook=progress),
                 timeout_s=run.runs.run_timeout_s)
     except Exception as e:
-        raise run_failure(e, spec, p) from trim_traceback(e)
+        raise run_failure(e, run, p) from trim_traceback(e)
     context.log.info(summary_line(p, result))
     return result
 
 
-def _report(spec: ConsumerGroupAsset, run: GroupRun, result: RunResult) -> MaterializeResult:
+def _report(run: GroupRun, result: RunResult) -> MaterializeResult:
     """The materialization of a run that ended: its metadata (the run's figures, the table's:
     :func:`table_metadata`, ``table_versions``) and the three check results.
 
@@ -316,7 +322,7 @@ def _report(spec: ConsumerGroupAsset, run: GroupRun, result: RunResult) -> Mater
     p = run.partition
     md = _run_metadata(result, run.owner, run.revision)
     md["mode"] = run.mode
-    md["write_mode"] = spec.write.name
+    md["write_mode"] = run.write_mode
     md["table_versions"] = MetadataValue.json(run.sink.versions_written)
     if result.maintenance:
         md["maintenance"] = MetadataValue.json(result.maintenance)
@@ -329,17 +335,17 @@ def _report(spec: ConsumerGroupAsset, run: GroupRun, result: RunResult) -> Mater
                    "rows_replaced": result.rows_replaced,
                    "rows_written": result.rows_written})
     if result.status == "halted":
-        raise Failure(f"{result.detail}\npartition {p} of {spec.stream}.{spec.group} halted "
+        raise Failure(f"{result.detail}\npartition {p} of {run.stream}.{run.group} halted "
                       f"there (dead_letter_policy='halt'): see it with `cg halt show "
-                      f"{spec.stream} {spec.group} {p}`, move it to the dead letters with "
-                      f"`cg halt skip {spec.stream} {spec.group} {p} --reason TEXT`",
+                      f"{run.stream} {run.group} {p}`, move it to the dead letters with "
+                      f"`cg halt skip {run.stream} {run.group} {p} --reason TEXT`",
                       metadata=md)
     if result.status == "held":
         # Not a materialization: nothing was processed. Failing makes the sensor retry it
         # after its backoff (the holder's lease returns within the ack wait).
         raise Failure(f"partition {p} was not processed: {result.detail}; it is retried "
                       "when the holder lets go", metadata=md)
-    md.update(table_metadata(run.sink, p, spec.table_name))
+    md.update(table_metadata(run.sink, p, run.table_name))
     return MaterializeResult(metadata=md, check_results=_check_results(result))
 
 
