@@ -55,6 +55,13 @@ MERGE reads) wrote nothing and is tried again against the new snapshot, up to
 :data:`CONFLICT_RETRIES` times; a moved watermark, or delta-rs' "Concurrent transaction failed"
 (a commit with the same app id won), is a fence.
 
+The sink is composed of parts over one object it owns
+(:class:`~cg_pipelines.sinks.deltahandle.DeltaHandle`: the table's location, filesystem,
+snapshots and locks): :class:`~cg_pipelines.sinks.deltacommit.DeltaWriter` (watermarks and
+fenced commits), :class:`~cg_pipelines.sinks.deltaread.DeltaReader` (reads and state reads) and
+:class:`~cg_pipelines.sinks.maintenance.DeltaMaintainer` (upkeep); commit infos come from
+:class:`~cg_pipelines.sinks.lineage.CommitLineage`.
+
 Upkeep (:mod:`cg_pipelines.sinks.maintenance`, :meth:`DeltaSink.maintain`, called by the
 engine after a run's last commit): compaction of the partition's small files, the per-partition
 state snapshots that keep :meth:`last_rows` independent of the table's age
@@ -76,60 +83,30 @@ aborts at exit ("terminate called without an active exception", delta-rs issue #
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Iterable, Mapping
-from typing import ClassVar, Final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 import pyarrow as pa
-import pyarrow.fs as pafs
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from cg_pipelines.core.coverage import COVERAGE_KEY
 from cg_pipelines.core.errors import UsageError
+from cg_pipelines.core.storage_keys import check_storage_options
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, check_watermarks
-from cg_pipelines.sinks.deltastate import TableView
-from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
-from cg_pipelines.sinks.maintenance import DeltaMaintenance, Maintenance
+from cg_pipelines.sinks.deltacommit import DeltaWriter
+from cg_pipelines.sinks.deltahandle import DeltaHandle
+from cg_pipelines.sinks.deltaread import DeltaReader
+from cg_pipelines.sinks.deltawrite import delta_schema
+from cg_pipelines.sinks.lineage import LINEAGE_PREFIX, CommitLineage
+from cg_pipelines.sinks.maintenance import DeltaMaintainer, Maintenance
 from cg_pipelines.sinks.storage import mask_options, s3_options
 from cg_pipelines.sinks.table import TableStats
-from cg_pipelines.version import __version__
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as pads  # imports pandas: annotations only
 
 __all__ = ["LINEAGE_PREFIX", "DeltaSink", "Maintenance", "TableStats"]
 
-CONFLICT_RETRIES: Final = 3
-"""Times a commit is tried again after losing a race to a commit that did not move its
-watermark (a compaction of the same files, for instance); a moved watermark is a fence."""
 
-LINEAGE_PREFIX: Final = "cg."
-"""Prefix of the lineage keys in each Delta version's commit info (``cg.stream`` ...)."""
-
-
-def _lineage_key(name: str) -> str:
-    """``name`` with the ``cg.`` prefix (kept when present)."""
-    return name if name.startswith(LINEAGE_PREFIX) else LINEAGE_PREFIX + name
-
-
-def _moved(dt: DeltaTable | None, watermarks: Mapping[str, tuple[int, int]]
-           ) -> tuple[str, int, int] | None:
-    """``(app id, expected, found)`` of the first watermark not as expected in ``dt``, or None."""
-    for app_id, (expected, _) in watermarks.items():
-        found = _txn(dt, app_id)
-        if found != expected:
-            return app_id, expected, found
-    return None
-
-
-def _txn(dt: DeltaTable | None, app_id: str) -> int:
-    """The application transaction version of ``app_id`` in snapshot ``dt`` (0 if none)."""
-    if dt is None:
-        return 0
-    return dt.transaction_version(app_id) or 0
-
-
-class DeltaSink(DeltaMaintenance):
+class DeltaSink:
     """A :class:`~cg_pipelines.sinks.base.Sink` over one Delta table (local path or ``s3://``).
 
     Thread-safe for concurrent use with *different* app ids (one snapshot per app id); calls for
@@ -159,8 +136,11 @@ class DeltaSink(DeltaMaintenance):
         Args:
             uri: the table root: a local directory (created on first commit) or
                 ``s3://bucket/path`` (the bucket must exist).
-            storage_options: delta-rs object store options (see :meth:`s3_options`); secret
-                values never appear in ``repr`` or in exceptions raised here.
+            storage_options: delta-rs object store options (see :meth:`s3_options`), checked
+                against the keys the store of ``uri`` reads
+                (:mod:`cg_pipelines.core.storage_keys`: the S3, Azure and GCS keys of
+                object_store and delta-rs); secret values never appear in ``repr`` or in
+                exceptions raised here.
             partition_by: partition columns, used only when this sink creates the table. By
                 default a table whose schema has :data:`PARTITION_COLUMN` is partitioned by it
                 (each consumer-group partition's rows in files of their own); ``[]`` for none.
@@ -184,36 +164,28 @@ class DeltaSink(DeltaMaintenance):
         Raises:
             UsageError: ``checkpoint_interval < 1``; ``write`` is not Append/Merge/None;
                 ``maintenance`` is not a Maintenance.
+            ConfigError: a storage option key the store of ``uri`` does not read (named,
+                with the nearest known key), or a value that is not a string.
         """
         if maintenance is not None and not isinstance(maintenance, Maintenance):
             raise UsageError(f"maintenance must be a Maintenance, got {maintenance!r}")
-        self._maintenance = maintenance if maintenance is not None else Maintenance()
-        self._states = None
         if checkpoint_interval < 1:
             raise UsageError("checkpoint_interval must be >= 1")
         if write is not None and not isinstance(write, (Append, Merge)):
             raise UsageError(f"write must be Append() or Merge(key=...), got {write!r}")
         self._write: Append | Merge = write if write is not None else Append()
-        self._extra_md = {_lineage_key(k): str(v) for k, v in (commit_metadata or {}).items()}
-        self._versions: list[int] = []
-        self.last_rows_written: int | None = None
-        self._uri = uri
-        self._options: dict[str, str] = dict(storage_options or {})
+        policy = maintenance if maintenance is not None else Maintenance()
+        lineage = CommitLineage(self._write.name, commit_metadata)
+        table_schema = delta_schema(schema) if schema is not None else None
         self._partition_by = list(partition_by) if partition_by is not None else None
-        self._schema = delta_schema(schema) if schema is not None else None
-        self._checkpoint_interval = checkpoint_interval
-        self._lock = threading.Lock()
-        self._read_lock = threading.Lock()
-        # app id -> the snapshot its next commit is fenced against (None: no table then).
-        self._snapshots: dict[str, DeltaTable | None] = {}
-        # app id -> the version its snapshot was last loaded afresh at (see _caught_up).
-        self._bases: dict[str, int] = {}
-        self._app_locks: dict[str, threading.Lock] = {}
-        self._views: dict[str, TableView | None] = {}
-        self._reader: DeltaTable | None = None
-        self._reader_base = -1
-        self._read_fs: pafs.FileSystem | None = None
-        self._names: list[str] = []
+        options = dict(storage_options or {})
+        check_storage_options(uri, options)
+        self._handle = DeltaHandle(uri, options)
+        self._reader = DeltaReader(self._handle, self._write, table_schema)
+        self._writer = DeltaWriter(self._handle, self._write, lineage, policy,
+                                   schema=table_schema, partition_by=self._partition_by,
+                                   checkpoint_interval=checkpoint_interval)
+        self._maintainer = DeltaMaintainer(self._handle, policy, self._write, lineage)
 
     # ---------------------------------------------------------------- configuration helpers
 
@@ -224,7 +196,7 @@ class DeltaSink(DeltaMaintenance):
     @property
     def uri(self) -> str:
         """The table root as given."""
-        return self._uri
+        return self._handle.uri
 
     @property
     def write(self) -> Append | Merge:
@@ -232,15 +204,24 @@ class DeltaSink(DeltaMaintenance):
         return self._write
 
     @property
+    def maintenance(self) -> Maintenance:
+        """The maintenance policy."""
+        return self._maintainer.policy
+
+    @property
     def versions_written(self) -> list[int]:
         """Delta versions this sink object committed so far (commits and replaces, in order)."""
-        with self._lock:
-            return list(self._versions)
+        return self._writer.versions_written
+
+    @property
+    def last_rows_written(self) -> int | None:
+        """The rows the last :meth:`replace_partition` wrote (None before any)."""
+        return self._writer.last_rows_written
 
     def __repr__(self) -> str:
         return (
-            f"DeltaSink(uri={self._safe_uri()!r}, "
-            f"storage_options={mask_options(self._options)!r}, "
+            f"DeltaSink(uri={self._handle.safe_uri()!r}, "
+            f"storage_options={mask_options(self._handle.options)!r}, "
             f"partition_by={self._partition_by!r}, write={self._write!r})"
         )
 
@@ -251,23 +232,14 @@ class DeltaSink(DeltaMaintenance):
 
         Loads the latest snapshot (``update_incremental`` of the one this sink holds for
         ``app_id``, else, or when that one is
-        :data:`~cg_pipelines.sinks.deltaread.SNAPSHOT_RELOAD_VERSIONS` versions past its last
+        :data:`~cg_pipelines.sinks.deltahandle.SNAPSHOT_RELOAD_VERSIONS` versions past its last
         fresh load, a fresh load) and remembers it: the next :meth:`commit` for ``app_id`` is
         fenced against it. Creates nothing.
 
         Raises:
             DeltaError / OSError: the table cannot be read (not retried).
         """
-        with self._guard(), self._app_lock(app_id):
-            with self._lock:
-                dt = self._snapshots.get(app_id)
-                base = self._bases.get(app_id, -1)
-            dt, base = self._caught_up(dt, base)
-            with self._lock:
-                self._snapshots[app_id] = dt
-                self._bases[app_id] = base
-                self._views[app_id] = None  # a run of app_id is on (see _run_view)
-            return _txn(dt, app_id)
+        return self._writer.watermark(app_id)
 
     def watermarks(self, app_ids: Iterable[str]) -> dict[str, int]:
         """The committed watermark of each of ``app_ids`` from ONE load of the latest snapshot
@@ -277,9 +249,7 @@ class DeltaSink(DeltaMaintenance):
         Raises:
             DeltaError / OSError: the table cannot be read.
         """
-        with self._guard():
-            dt = self._load()
-            return {a: _txn(dt, a) for a in app_ids}
+        return self._writer.watermarks(app_ids)
 
     def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
                markers: Mapping[str, int] | None = None, *,
@@ -312,10 +282,7 @@ class DeltaSink(DeltaMaintenance):
                 ``CommitFailedError`` that is not a fence conflict (e.g. a concurrent metadata
                 change) is re-raised as is; nothing was written.
         """
-        if not 0 <= expected < version:
-            raise UsageError(f"commit of {app_id}: need 0 <= expected < version, "
-                             f"got expected={expected} version={version}")
-        self.commit_inputs(table, {app_id: (expected, version)}, markers, lineage=lineage)
+        self._writer.commit(table, app_id, version, expected, markers, lineage=lineage)
 
     def commit_inputs(self, table: pa.Table | None, watermarks: Mapping[str, tuple[int, int]],
                       markers: Mapping[str, int] | None = None, *,
@@ -335,133 +302,8 @@ class DeltaSink(DeltaMaintenance):
             UsageError: no watermark, a ``version < expected``, or no version moves.
             Otherwise as :meth:`commit`.
         """
-        moving = check_watermarks(watermarks)
-        app_id = next(iter(watermarks))
-        version = watermarks[app_id][1]
-        with self._guard(), self._app_lock(app_id):
-            with self._lock:
-                remembered = app_id in self._snapshots
-                dt = self._snapshots.get(app_id)
-                base = self._bases.get(app_id, -1)
-            if not remembered or self._stale(dt, base):
-                dt, base = self._fresh()  # see SNAPSHOT_RELOAD_VERSIONS; safe as below
-            elif _moved(dt, watermarks) is not None:
-                # The remembered snapshot may just be older than the caller's ``expected`` (it
-                # read the watermark elsewhere): decide on the latest snapshot. Safe because an
-                # app id's versions only grow (``expected < version`` is enforced), so a
-                # watermark that moved away from ``expected`` never comes back to it.
-                dt, base = self._fresh()
-            if dt is None:
-                if any(exp for exp, _ in watermarks.values()):
-                    first = next(a for a, (exp, _) in watermarks.items() if exp)
-                    raise FenceConflictError(first, watermarks[first][0], 0)
-                schema = table.schema if table is not None and table.num_columns else self._schema
-                if schema is not None and isinstance(self._write, Merge) and table is not None \
-                        and table.num_columns:
-                    self._write.check(table)
-                if schema is None:
-                    raise UsageError(f"{self._safe_uri()}: no table yet and no schema to create "
-                                     "it with: pass schema= or call ensure_table() first")
-                self.ensure_table(schema)
-                dt, base = self._fresh()
-                if dt is None:  # ensure_table returned, so someone deleted it since
-                    raise TableNotFoundError(f"{self._safe_uri()}: table vanished after creation")
-            conflict = _moved(dt, watermarks)
-            if conflict is not None:
-                with self._lock:
-                    self._snapshots[app_id] = dt
-                    self._bases[app_id] = base
-                raise FenceConflictError(*conflict)
-            empty = table is None or table.num_rows == 0
-            merge = isinstance(self._write, Merge) and not empty
-            props = CommitProperties(app_transactions=[
-                *(Transaction(a, v) for a, (_, v) in watermarks.items()),
-                *(Transaction(k, v) for k, v in (markers or {}).items())],
-                custom_metadata=self._lineage(app_id, version, "merge" if merge else (
-                    "empty" if empty else "append"), lineage))
-            hooks = self._maintenance.commit_hooks()
-            for attempt in range(CONFLICT_RETRIES + 1):
-                try:
-                    if empty:
-                        self._empty_commit(dt, props)
-                    elif merge:
-                        assert table is not None and isinstance(self._write, Merge)
-                        merge_into(dt, table, self._write, props, self._safe_uri(), hooks)
-                        if _txn(dt, moving) != watermarks[moving][1]:
-                            # delta-rs commits no version for a merge that changes no row: record
-                            # the watermark alone, fenced against the same snapshot.
-                            self._empty_commit(dt, props)
-                    elif table is not None:  # always, when not empty
-                        write_deltalake(dt, table, mode="append", commit_properties=props,
-                                        post_commithook_properties=hooks)
-                    break
-                except CommitFailedError as e:
-                    fresh, base = self._fresh()
-                    conflict = _moved(fresh, watermarks)
-                    with self._lock:
-                        self._snapshots[app_id] = fresh
-                        self._bases[app_id] = base
-                    if conflict is not None:
-                        raise FenceConflictError(*conflict) from e
-                    if "concurrent transaction failed" in str(e).lower():
-                        raise FenceConflictError(app_id, watermarks[app_id][0], None) from e
-                    if attempt == CONFLICT_RETRIES or fresh is None:
-                        raise
-                    # The watermark did not move: a commit that is not a data commit of this
-                    # partition (e.g. someone's OPTIMIZE of the files a merge reads) won the
-                    # race. Nothing was written: try again, fenced against the new snapshot.
-                    dt = fresh
-            # write_deltalake and merge advance dt in place to the version they wrote,
-            # create_write_transaction does not.
-            if _txn(dt, moving) != watermarks[moving][1]:
-                before = dt.version()
-                dt.update_incremental()
-                written = self._find_version(dt, before, moving, watermarks[moving][1])
-            else:
-                written = dt.version()
-            with self._lock:
-                self._snapshots[app_id] = dt
-                self._bases[app_id] = base
-                if written is not None:
-                    self._versions.append(written)
-
-    def _empty_commit(self, dt: DeltaTable, props: CommitProperties) -> None:
-        """A commit with no data actions (only the transactions and the commit info)."""
-        hooks = self._maintenance.commit_hooks()
-        dt.create_write_transaction(actions=[], mode="append", schema=dt.schema(),
-                                    commit_properties=props, post_commithook_properties=hooks)
-
-    def _lineage(self, app_id: str, watermark: int, operation: str,
-                 lineage: Mapping[str, object] | None) -> dict[str, str]:
-        """The commit's ``custom_metadata`` (see the module docstring)."""
-        md = {_lineage_key(k): str(v) for k, v in (lineage or {}).items() if v is not None}
-        md.update({"cg.app_id": app_id, "cg.watermark": str(watermark),
-                   "cg.write_mode": self._write.name, "cg.operation": operation,
-                   "cg.library_version": __version__})
-        md.update(self._extra_md)
-        # The coverage (up to ~3 bytes a message, machine-read by reconcile) is written once:
-        # userMetadata is the human-facing copy (Spark's DESCRIBE HISTORY).
-        md["userMetadata"] = json.dumps(
-            {k[len(LINEAGE_PREFIX):]: v for k, v in sorted(md.items())
-             if k != _lineage_key(COVERAGE_KEY)}, separators=(",", ":"))
-        return md
-
-    def _find_version(self, dt: DeltaTable, before: int, app_id: str, watermark: int
-                      ) -> int | None:
-        """The version (after ``before``, up to snapshot ``dt``'s) whose commit first records
-        ``app_id`` at ``watermark``: ``before + 1`` when no one else committed meanwhile,
-        else found by loading the versions in between (rare; never ``history()``, which hangs
-        on moto's S3 listing). None if not found."""
-        latest = dt.version()
-        if latest == before + 1:
-            return latest
-        for v in range(before + 1, latest + 1):
-            snap = DeltaTable(self._uri, version=v, storage_options=self._options or None)
-            if _txn(snap, app_id) == watermark:
-                return v
-        return None
-
-    # ---------------------------------------------------------------- table management
+        self._writer.commit_inputs(
+            table, watermarks, markers, lineage=lineage)
 
     def ensure_table(self, schema: pa.Schema) -> bool:
         """Create the table empty (schema, partitioning, ``delta.checkpointInterval``, the
@@ -479,37 +321,7 @@ class DeltaSink(DeltaMaintenance):
         Raises:
             DeltaError / OSError: the table could not be created and does not exist.
         """
-        with self._guard():
-            if self._load() is not None:
-                return False
-            try:
-                DeltaTable.create(
-                    self._uri,
-                    delta_schema(schema),
-                    mode="error",
-                    partition_by=self._partition_columns(schema),
-                    configuration={"delta.checkpointInterval": str(self._checkpoint_interval),
-                                   **self._maintenance.table_properties()},
-                    storage_options=self._options or None,
-                    # No retry: a losing creator must not re-create the table at version 1.
-                    commit_properties=CommitProperties(max_commit_retries=0,
-                                                       custom_metadata=self._create_lineage()),
-                )
-            except DeltaError:
-                if self._load() is None:
-                    raise
-                return False
-            return True
-
-    def _create_lineage(self) -> dict[str, str]:
-        """Version 0's ``custom_metadata``: ``cg.operation`` = ``create``, ``cg.write_mode``,
-        ``cg.library_version`` and the sink's own ``commit_metadata`` (no partition, app id or
-        watermark: the table is created for every partition)."""
-        md = {"cg.operation": "create", "cg.write_mode": self._write.name,
-              "cg.library_version": __version__, **self._extra_md}
-        md["userMetadata"] = json.dumps({k[len(LINEAGE_PREFIX):]: v for k, v in sorted(md.items())},
-                                        separators=(",", ":"))
-        return md
+        return self._writer.ensure_table(schema)
 
     def replace_partition(
         self,
@@ -546,55 +358,119 @@ class DeltaSink(DeltaMaintenance):
             FenceConflictError: another holder committed ``app_id`` since the snapshot.
             DeltaError / OSError: I/O, schema or predicate errors; nothing was committed.
         """
-        with self._guard(), self._app_lock(app_id):
-            with self._lock:
-                dt = self._snapshots.get(app_id)
-            if dt is None:
-                dt = self._load()
-            if dt is None:
-                raise TableNotFoundError(f"{self._safe_uri()}: no Delta table to replace in")
-            kept = {app_id: (expected, expected),
-                    **{a: (v, v) for a, v in (fenced or {}).items()}}
-            conflict = _moved(dt, kept)
-            if conflict is not None:
-                raise FenceConflictError(*conflict)
-            before = self._partition_rows(dt, partition)
-            props = CommitProperties(app_transactions=[
-                *(Transaction(a, v) for a, (v, _) in kept.items()),
-                *(Transaction(k, v) for k, v in (markers or {}).items())],
-                custom_metadata=self._lineage(app_id, expected, "replace_partition",
-                                              {"partition": partition, **(lineage or {})}))
-            counted: dict[str, int] = {"rows": 0}
-            source: pa.RecordBatchReader | pa.Table
-            if isinstance(self._write, Merge):
-                source = current_of(data, self._write, pa.schema(dt.schema().to_arrow()),
-                                    self._safe_uri())
-                counted["rows"] = source.num_rows
-            else:
-                source = counting(data, counted)
-            try:
-                write_deltalake(dt, source, mode="overwrite",
-                                predicate=f"{PARTITION_COLUMN} = {int(partition)}",
-                                commit_properties=props,
-                                post_commithook_properties=self._maintenance.commit_hooks())
-            except CommitFailedError as e:
-                fresh, base = self._fresh()
-                conflict = _moved(fresh, kept)
-                with self._lock:
-                    self._snapshots[app_id] = fresh
-                    self._bases[app_id] = base
-                if conflict is not None:
-                    raise FenceConflictError(*conflict) from e
-                raise
-            with self._lock:
-                self._snapshots.pop(app_id, None)
-                self._bases.pop(app_id, None)
-                self._views.pop(app_id, None)
-                self._versions.append(dt.version())
-            self.last_rows_written = counted["rows"]
-            return before
+        return self._writer.replace_partition(
+            data, partition, app_id, expected, markers, lineage=lineage, fenced=fenced)
 
-    def _partition_columns(self, schema: pa.Schema) -> list[str] | None:
-        if self._partition_by is not None:
-            return self._partition_by or None
-        return [PARTITION_COLUMN] if PARTITION_COLUMN in schema.names else None
+    def exists(self) -> bool:
+        """Whether the Delta table exists (has a log).
+
+        Raises:
+            DeltaError / OSError: other read errors (e.g. a missing bucket).
+        """
+        return self._reader.exists()
+
+    def read(
+        self, columns: list[str] | None = None, filter: pads.Expression | None = None
+    ) -> pa.Table:
+        """The latest snapshot's rows, optionally projected and filtered.
+
+        Args:
+            columns: column names to return (all if None).
+            filter: a pyarrow dataset expression, e.g. ``pc.field("key") == "N123"``; used for
+                file pruning (partition values, statistics) and row filtering.
+
+        Returns:
+            An Arrow table (timestamps in microseconds). If the table does not exist: no rows,
+            with the ``schema`` given to the sink (projected to ``columns``) if any, else the
+            requested ``columns`` as null-typed columns (or no columns).
+
+        Raises:
+            DeltaError / OSError / pyarrow errors: read failures, unknown columns.
+        """
+        return self._reader.read(columns, filter)
+
+    def read_partitions(self, partitions: Sequence[int] | None = None) -> pa.Table:
+        """:meth:`read` of the rows of ``partitions`` (``None``: all), pruned by the
+        partition column (the :class:`~cg_pipelines.sinks.table.TableSink` read).
+
+        Raises:
+            DeltaError / OSError / pyarrow errors: read failures.
+        """
+        return self._reader.read_partitions(partitions)
+
+    def last_rows(
+        self,
+        key: str,
+        keys: Sequence[object],
+        columns: Sequence[str],
+        order_by: str,
+        partition: int | None = None,
+        *,
+        app_id: str | None = None,
+    ) -> pa.Table:
+        """The last committed row (greatest ``order_by``) of each of ``keys``: the per-key state
+        of :class:`~cg_pipelines.core.state.KeyedState` (the state-sink contract,
+        :class:`~cg_pipelines.sinks.base.StateSink`).
+
+        In append mode, for one partition of a table partitioned by :data:`PARTITION_COLUMN`
+        (the default), the rows come from the partition's state snapshot caught up from the
+        files committed since (:mod:`cg_pipelines.sinks.deltastate`): the cost does not grow
+        with the table's history. Otherwise (and in merge mode, where the table is the
+        current state, one row per key) the table is read.
+
+        Args:
+            key: key column. keys: key values (Python values of the column's type).
+            columns: columns to return (must include ``key`` and ``order_by``).
+            order_by: ordering column.
+            partition: when given and the table has :data:`PARTITION_COLUMN`, only that
+                consumer-group partition's rows are read (its files alone, when the table is
+                partitioned by it).
+            app_id: the run's app id, which the engine passes (with ``partition``): the rows
+                then come from the snapshot the run's watermark read loaded, with no reload
+                (:meth:`DeltaHandle.run_view
+                <cg_pipelines.sinks.deltahandle.DeltaHandle.run_view>`); exact only under the
+                engine's contract
+                (:meth:`StateSink.last_rows <cg_pipelines.sinks.base.StateSink.last_rows>`:
+                after that read, under the lease, never for a key the run committed since).
+                None (any other caller): the latest version.
+
+        Returns:
+            One row per key found, sorted by key; no rows when ``keys`` is empty or the table
+            does not exist yet.
+
+        Raises:
+            ColumnNotFoundError: ``key`` or ``order_by`` missing from the table.
+            DeltaError / OSError / pyarrow errors: read failures.
+        """
+        return self._reader.last_rows(key, keys, columns, order_by, partition, app_id=app_id)
+
+    def stats(self, partition: int | None = None) -> TableStats:
+        """The latest version's statistics, from the Delta log (no data files are read).
+
+        Args:
+            partition: also count the rows of this consumer-group partition (from the files'
+                partition values; ``None`` when the table is not partitioned by
+                :data:`PARTITION_COLUMN`).
+
+        Raises:
+            TableNotFoundError: no table. DeltaError / OSError: read failures.
+        """
+        return self._reader.stats(partition)
+
+    def file_uris(self) -> list[str]:
+        """URIs of the latest version's data files (empty when there is no table)."""
+        return self._reader.file_uris()
+
+    def maintain(self, partition: int, app_id: str) -> dict[str, int | float | str]:
+        """Maintain ``partition`` (see the module docstring); call it while holding its lease,
+        after the last commit. Never raises for a maintenance failure: returns it as
+        ``error`` (with the figures so far).
+
+        Returns:
+            Figures for run metadata: ``maintain_s`` (seconds), ``files_live`` (the partition's
+            live data files afterwards), ``compact`` ("no", "done", "fenced", "failed"),
+            ``files_compacted``, ``files_added``, ``snapshots_written``, ``vacuum`` ("no",
+            "done"), ``files_vacuumed``, ``log_cleanup`` ("done" when it ran),
+            ``log_keep_from`` (the oldest version kept), ``log_files_deleted``.
+        """
+        return self._maintainer.maintain(partition, app_id)

@@ -31,8 +31,8 @@ delta-rs' default runs that cleanup after each checkpoint and it lists the whole
 ``_delta_log``, so a commit's cost grew with the log's entries (delta-rs 1.6.6,
 ``bench/delta_log_cost.py``, an append with the default hooks: local disk 5.9 ms at 62 log
 files, 83 ms at 3,340; moto S3 84 ms at 50, 520 ms at 1,127; docs/growth.md). The cleanup
-is :meth:`DeltaMaintenance.maintain
-<cg_pipelines.sinks.maintenance.DeltaMaintenance.maintain>`'s job, once per
+is :meth:`DeltaMaintainer.maintain
+<cg_pipelines.sinks.maintenance.DeltaMaintainer.maintain>`'s job, once per
 ``vacuum_interval_s``."""
 
 

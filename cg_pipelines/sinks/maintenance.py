@@ -1,5 +1,5 @@
 """Table maintenance of a :class:`~cg_pipelines.sinks.delta.DeltaSink`, run by the holder of a
-partition's lease after its run's last commit (:meth:`DeltaMaintenance.maintain`, the engine's
+partition's lease after its run's last commit (:meth:`DeltaMaintainer.maintain`, the engine's
 optional ``maintain(partition, app_id)`` hook): what keeps a partition run's cost flat as the
 table ages.
 
@@ -60,16 +60,17 @@ from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.statesnap import needs_compaction
 from cg_pipelines.core.write import Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN
-from cg_pipelines.sinks.deltaread import DeltaTableAccess
+from cg_pipelines.sinks.deltahandle import DeltaHandle, txn
 from cg_pipelines.sinks.deltastate import TableView
 from cg_pipelines.sinks.deltawrite import COMMIT_HOOKS
+from cg_pipelines.sinks.lineage import CommitLineage
 from cg_pipelines.sinks.logwindow import clean_log, keep_from, list_log, reader_versions
 from cg_pipelines.sinks.statesnapshot import STATE_DIR
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from cg_pipelines.core.write import Append
 
-__all__ = ["COMPACT_ATTEMPTS", "DeltaMaintenance", "Maintenance", "rewritten_files"]
+__all__ = ["COMPACT_ATTEMPTS", "DeltaMaintainer", "Maintenance", "rewritten_files"]
 
 COMPACT_ATTEMPTS: Final = 3
 """Compaction attempts when a commit race is lost while the watermark stays put."""
@@ -80,7 +81,7 @@ _LOG_MARKER: Final = f"{STATE_DIR}/_log.json"
 
 @dataclass(frozen=True)
 class Maintenance:
-    """What :meth:`DeltaMaintenance.maintain` does (per group: the Dagster resource and
+    """What :meth:`DeltaMaintainer.maintain` does (per group: the Dagster resource and
     ``DeltaSink(maintenance=...)`` take one).
 
     Attributes:
@@ -96,7 +97,7 @@ class Maintenance:
             3,600: the cost is one listing of the table's files).
         snapshots: write the partitions' state snapshots (default on).
         log_cleanup: clean up the log window (the module docstring's 4.) in :meth:`maintain
-            <DeltaMaintenance.maintain>` (default on), and never in a commit
+            <DeltaMaintainer.maintain>` (default on), and never in a commit
             (:data:`~cg_pipelines.sinks.deltawrite.COMMIT_HOOKS`). Off: commits run delta-rs'
             default hooks, which clean up after each checkpoint (by
             ``delta.logRetentionDuration``) and list the whole log to do so.
@@ -258,40 +259,31 @@ def rewritten_files(entry: str, partition: int) -> tuple[list[str], list[str]] |
     return removed, added
 
 
-class DeltaMaintenance(DeltaTableAccess):
-    """The maintenance half of :class:`~cg_pipelines.sinks.delta.DeltaSink` (see the module
-    docstring); ``_maintenance`` is set by the sink's constructor."""
+class DeltaMaintainer:
+    """The maintenance part of a :class:`~cg_pipelines.sinks.delta.DeltaSink` (see the module
+    docstring), over the sink's :class:`~cg_pipelines.sinks.deltahandle.DeltaHandle`."""
 
-    _maintenance: Maintenance
-    _vacuumed_at: float | None
-
-    @property
-    def maintenance(self) -> Maintenance:
-        """The maintenance policy."""
-        return self._maintenance
-
-    def _lineage(self, app_id: str, watermark: int, operation: str,
-                 lineage: Mapping[str, object] | None) -> dict[str, str]:
-        """The commit's ``custom_metadata`` (defined by the sink)."""
-        raise NotImplementedError
+    def __init__(self, handle: DeltaHandle, policy: Maintenance, write: Append | Merge,
+                 lineage: CommitLineage) -> None:
+        """
+        Args:
+            handle: the sink's table handle. policy: what :meth:`maintain` does.
+            write: the sink's write mode (state snapshots are kept for append tables only).
+            lineage: the commit info of the compaction and VACUUM commits.
+        """
+        self._t = handle
+        self.policy = policy
+        self._write = write
+        self._lineage = lineage
+        self._vacuumed_at: float | None = None
 
     def maintain(self, partition: int, app_id: str) -> dict[str, int | float | str]:
-        """Maintain ``partition`` (see the module docstring); call it while holding its lease,
-        after the last commit. Never raises for a maintenance failure: returns it as
-        ``error`` (with the figures so far).
-
-        Returns:
-            Figures for run metadata: ``maintain_s`` (seconds), ``files_live`` (the partition's
-            live data files afterwards), ``compact`` ("no", "done", "fenced", "failed"),
-            ``files_compacted``, ``files_added``, ``snapshots_written``, ``vacuum`` ("no",
-            "done"), ``files_vacuumed``, ``log_cleanup`` ("done" when it ran),
-            ``log_keep_from`` (the oldest version kept), ``log_files_deleted``.
-        """
+        """:meth:`DeltaSink.maintain <cg_pipelines.sinks.delta.DeltaSink.maintain>`."""
         t0 = time.monotonic()
-        pol = self._maintenance
+        pol = self.policy
         out: dict[str, int | float | str] = {"compact": "no", "vacuum": "no"}
         try:
-            with self._guard():
+            with self._t.guard():
                 self._maintain(partition, app_id, pol, out)
         except Exception as e:  # reported, the run's data is committed
             out["error"] = f"{type(e).__name__}: {e}"[:500]
@@ -300,8 +292,8 @@ class DeltaMaintenance(DeltaTableAccess):
 
     def _maintain(self, partition: int, app_id: str, pol: Maintenance,
                   out: dict[str, int | float | str]) -> None:
-        states = self._partition_states() if pol.snapshots else None
-        view = self._upkeep_view(app_id)
+        states = self._t.partition_states() if pol.snapshots else None
+        view = self._t.end_run(app_id)
         if view is None:
             return
         if states is not None and not isinstance(self._write, Merge):
@@ -313,9 +305,9 @@ class DeltaMaintenance(DeltaTableAccess):
         elif pol.compact and needs_compaction([s for _, s in live], pol.compact_min_files,
                                               pol.target_size):
             self._compact(partition, app_id, pol, out)
-            dt = self._load()
+            dt = self._t.load()
             if dt is not None:
-                live = TableView.of(dt, self._filesystem()).files(partition)
+                live = TableView.of(dt, self._t.filesystem()).files(partition)
         if live is not None:
             out["files_live"] = len(live)
         if states is not None:
@@ -323,33 +315,17 @@ class DeltaMaintenance(DeltaTableAccess):
         if (pol.vacuum_retention_hours is not None or pol.log_cleanup) \
                 and self._vacuum_due(pol):
             self._vacuum(app_id, pol, out)
-        if pol.log_cleanup and self._filesystem() is not None and self._log_due(pol, view):
+        if pol.log_cleanup and self._t.filesystem() is not None and self._log_due(pol, view):
             self._clean_log(pol, out)
-
-    def _upkeep_view(self, app_id: str) -> TableView | None:
-        """The snapshot the upkeep works on, and the end of ``app_id``'s run (see
-        :meth:`_run_view`): during a run, the snapshot its watermark read loaded as its commits
-        advanced it, with no reload (the upkeep comes after the run's last commit, under its
-        lease); else the latest version. None: no table."""
-        with self._lock:
-            on = app_id in self._views
-            self._views.pop(app_id, None)
-        if on:
-            with self._app_lock(app_id):
-                with self._lock:
-                    dt = self._snapshots.get(app_id)
-                if dt is not None:
-                    return TableView.of(dt, self._filesystem())
-        return self._latest_view()
 
     def _compact(self, partition: int, app_id: str, pol: Maintenance,
                  out: dict[str, int | float | str]) -> None:
         for attempt in range(COMPACT_ATTEMPTS):
-            dt = self._load()
+            dt = self._t.load()
             if dt is None:
                 return
-            watermark = dt.transaction_version(app_id) or 0
-            props = CommitProperties(custom_metadata=self._lineage(
+            watermark = txn(dt, app_id)
+            props = CommitProperties(custom_metadata=self._lineage.commit(
                 app_id, watermark, "compact", {"partition": partition}))
             try:
                 metrics = dt.optimize.compact(
@@ -357,8 +333,8 @@ class DeltaMaintenance(DeltaTableAccess):
                     target_size=pol.target_size, commit_properties=props,
                     post_commithook_properties=pol.commit_hooks())
             except CommitFailedError:
-                fresh = self._load()
-                if fresh is None or (fresh.transaction_version(app_id) or 0) != watermark:
+                fresh = self._t.load()
+                if fresh is None or txn(fresh, app_id) != watermark:
                     out["compact"] = "fenced"
                     return
                 out["compact_retries"] = attempt + 1
@@ -374,8 +350,8 @@ class DeltaMaintenance(DeltaTableAccess):
     def _carry_states(self, dt: DeltaTable, partition: int) -> None:
         """Tell the state snapshots which files the compaction commit (``dt``'s version)
         replaced by which."""
-        states = getattr(self, "_states", None)
-        fs = self._filesystem()
+        states = self._t.states_made
+        fs = self._t.filesystem()
         if states is None or fs is None:
             return
         version = dt.version()
@@ -388,9 +364,9 @@ class DeltaMaintenance(DeltaTableAccess):
             states.after_rewrite(partition, got[0], got[1], version)
 
     def _vacuum_due(self, pol: Maintenance) -> bool:
-        fs = self._filesystem()
+        fs = self._t.filesystem()
         if fs is None:  # no marker without a native filesystem: this sink object's own clock
-            last_here = getattr(self, "_vacuumed_at", None)
+            last_here = self._vacuumed_at
             return last_here is None or time.time() - last_here >= pol.vacuum_interval_s
         try:
             with fs.open_input_stream(_VACUUM_MARKER) as f:
@@ -400,18 +376,18 @@ class DeltaMaintenance(DeltaTableAccess):
         return time.time() - last >= pol.vacuum_interval_s
 
     def _vacuum(self, app_id: str, pol: Maintenance, out: dict[str, int | float | str]) -> None:
-        dt = self._load()
+        dt = self._t.load()
         if dt is None:
             return
-        fs = self._filesystem()
+        fs = self._t.filesystem()
         self._vacuumed_at = time.time()
         if fs is not None:  # first: a slow vacuum is not started again by every run meanwhile
             fs.create_dir(STATE_DIR, recursive=True)
             with fs.open_output_stream(_VACUUM_MARKER) as f:
                 f.write(json.dumps({"at": time.time()}).encode())
         if pol.vacuum_retention_hours is not None:
-            props = CommitProperties(custom_metadata=self._lineage(
-                app_id, dt.transaction_version(app_id) or 0, "vacuum", None))
+            props = CommitProperties(custom_metadata=self._lineage.commit(
+                app_id, txn(dt, app_id), "vacuum", None))
             # full=True: also files whose tombstones already left the checkpoints (after
             # delta.deletedFileRetentionDuration), which the default "lite" mode never deletes
             # (checked on 1.6.6); files still tombstoned are kept for the retention as in lite
@@ -431,7 +407,7 @@ class DeltaMaintenance(DeltaTableAccess):
     def _log_due(self, pol: Maintenance, view: TableView) -> bool:
         """Whether the log window is due a cleanup: ``log_cleanup_versions`` versions or
         ``vacuum_interval_s`` seconds past the last one (the marker)."""
-        fs = self._filesystem()
+        fs = self._t.filesystem()
         assert fs is not None
         try:
             with fs.open_input_stream(_LOG_MARKER) as f:
@@ -445,7 +421,7 @@ class DeltaMaintenance(DeltaTableAccess):
     def _clean_log(self, pol: Maintenance, out: dict[str, int | float | str]) -> None:
         """One cleanup of the log window (:mod:`cg_pipelines.sinks.logwindow`): one listing
         of ``_delta_log`` and one of ``_cg_reconcile``, then the deletions."""
-        fs = self._filesystem()
+        fs = self._t.filesystem()
         assert fs is not None
         listing = list_log(fs)
         fs.create_dir(STATE_DIR, recursive=True)

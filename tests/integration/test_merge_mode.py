@@ -88,7 +88,7 @@ async def test_merge_on_s3(nc, js, unique_name, moto_s3) -> None:
     await _drain_all(nc, stream, sink, batch=60)
     assert devices.mismatches(sink.read(), evs) is None
     # lineage, read from the log's commit files (DeltaTable.history() hangs on moto's listing)
-    fs = sink._filesystem()
+    fs = sink._handle.filesystem()
     assert fs is not None and len(sink.versions_written) >= 2
     for v in sink.versions_written:
         with fs.open_input_stream(f"_delta_log/{v:020d}.json") as f:

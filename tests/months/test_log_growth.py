@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 
 from cg_pipelines.sinks.base import FenceConflictError
 from cg_pipelines.sinks.delta import DeltaSink, Maintenance
-from cg_pipelines.sinks.deltaread import SNAPSHOT_RELOAD_VERSIONS
+from cg_pipelines.sinks.deltahandle import SNAPSHOT_RELOAD_VERSIONS
 from cg_pipelines.sinks.storage import table_filesystem
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64()), ("_partition", pa.int32())])

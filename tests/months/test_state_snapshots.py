@@ -73,7 +73,7 @@ def test_state_equals_the_reference_through_compaction_vacuum_and_rebuild(where)
     fresh = sink_at(where, maintenance=EAGER)
     for p in (0, 1):
         assert state(fresh, p).equals(w.reference(p))
-    states = fresh._partition_states()
+    states = fresh._handle.partition_states()
     assert states is not None and states.full_reads == 0 and states.files_read == 0
     # rebuild: partition 0 replaced by fewer rows (its last 2 batches only); the stored
     # snapshot covered the replaced files, so it must not be used
@@ -103,7 +103,7 @@ def test_stale_torn_and_foreign_snapshots_never_change_the_state(where) -> None:
         w.commit(0)
     assert state(sink, 0).equals(w.reference(0))  # a run reads state, then maintains
     assert "error" not in sink.maintain(0, "s/g/0")
-    fs = sink._filesystem()
+    fs = sink._handle.filesystem()
     assert fs is not None
     store = SnapshotStore(fs)
     path = store.path("k", "_seq", 0)
@@ -176,7 +176,7 @@ def test_vacuum_keeps_what_the_current_version_and_the_window_need(where) -> Non
     assert figs["compact"] == "done" and figs["vacuum"] == "done", figs
     assert figs["files_vacuumed"] == 0  # the compacted files were removed < 1 hour ago
     old = DeltaTable(where[0], storage_options=where[1] or None, version=before)
-    fs = sink._filesystem()
+    fs = sink._handle.filesystem()
     assert fs is not None
     old_rows = old.to_pyarrow_dataset(filesystem=fs).to_table()
     assert old_rows.num_rows == 60  # time travel inside the window still reads

@@ -31,9 +31,14 @@ from tests.support.worker_signals import signal_at, worker_options
 EAGER = Maintenance(compact_min_files=3, vacuum_retention_hours=0, vacuum_interval_s=0)
 
 
-class KilledAfterCompaction(DeltaSink):
-    def _carry_states(self, dt: DeltaTable, partition: int) -> None:
+def killed_after_compaction(sink: DeltaSink) -> DeltaSink:
+    """``sink`` whose maintainer dies (SIGKILL) where it would carry the state snapshots over
+    a compaction it just committed."""
+    def die(dt: DeltaTable, partition: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
+
+    sink._maintainer._carry_states = die  # type: ignore[method-assign]
+    return sink
 
 
 async def main() -> None:
@@ -42,9 +47,10 @@ async def main() -> None:
     hook = signal_at(step, at, sig)
     nc = await nats.connect(url)
     opts = worker_options(batch, ack_wait)
-    cls = KilledAfterCompaction if step == "compacted" else DeltaSink
-    res = await run_partition(nc, stream, group, int(part), keyed.processor(),
-                              cls(uri, storage_options=storage, maintenance=EAGER), opts,
+    sink = DeltaSink(uri, storage_options=storage, maintenance=EAGER)
+    if step == "compacted":
+        sink = killed_after_compaction(sink)
+    res = await run_partition(nc, stream, group, int(part), keyed.processor(), sink, opts,
                               hook=hook)
     await nc.close()
     print(json.dumps(res.as_dict()), flush=True)

@@ -259,7 +259,7 @@ def test_errors_are_scrubbed_of_secrets(uri: str, monkeypatch: pytest.MonkeyPatc
     def boom() -> None:
         raise OSError("request signed with very-secret-1 failed")
 
-    monkeypatch.setattr(sink, "_load", boom)
+    monkeypatch.setattr(sink._handle, "load", boom)
     with pytest.raises(OSError) as ei:
         sink.watermark("a")
     assert "very-secret-1" not in str(ei.value) and "***" in str(ei.value)
