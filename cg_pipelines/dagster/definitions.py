@@ -31,6 +31,7 @@ from cg_pipelines.dagster.resources import PartitionRunsResource, SparkResource
 from cg_pipelines.dagster.retention import build_run_retention_sensor
 from cg_pipelines.dagster.sensors import build_drain_schedule, build_sensors
 from cg_pipelines.dagster.spec import ConsumerGroupAsset, partitioned_checks_preview
+from cg_pipelines.dagster.warehouse import Warehouse
 from cg_pipelines.engine.processor import with_defaults
 
 __all__ = ["GroupDefinitions", "build_definitions", "build_group_definitions"]
@@ -128,7 +129,12 @@ def _check_resources(groups: Sequence[_Spec], resources: Mapping[str, Any]) -> N
         state = g.processor.state if isinstance(g, CoPartitionedAsset) else \
             with_defaults(g.processor).state
         warehouse = resources[g.warehouse_resource_key]
-        if state is not None and not getattr(warehouse, "supports_state", False):
+        if not isinstance(warehouse, Warehouse):
+            raise ConfigError("resources", f"{g.name}: resource {g.warehouse_resource_key!r} "
+                              f"({type(warehouse).__name__}) is not a warehouse: it needs "
+                              "what cg_pipelines.dagster.Warehouse declares (table_format, "
+                              "supports_state, table_uri, storage_options, sink, ...)")
+        if state is not None and not warehouse.supports_state:
             raise ConfigError("resources", f"{g.name} declares per-key state on "
                               f"{state.key!r} but the warehouse resource "
                               f"{type(warehouse).__name__} cannot serve it (its sink has no "
@@ -159,7 +165,8 @@ def _format_kinds(spec: _SpecT, resources: Mapping[str, Any]) -> _SpecT:
     (``nats``, ``iceberg``, and ``spark`` when the processor uses Spark) instead of the
     asset's own default ``delta``; ``spec`` itself when it declares kinds or its warehouse
     holds Delta tables."""
-    fmt = getattr(resources[spec.warehouse_resource_key], "table_format", "delta")
+    warehouse: Warehouse = resources[spec.warehouse_resource_key]
+    fmt = warehouse.table_format
     if spec.kinds is not None or fmt == "delta":
         return spec
     kinds = {"nats", fmt, "spark"} if spec.uses_spark else {"nats", fmt}

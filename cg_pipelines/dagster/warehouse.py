@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from dagster import ConfigurableResource
 from pydantic import Field
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["DeltaWarehouseResource", "IcebergWarehouseResource", "Warehouse"]
 
 
+@runtime_checkable
 class Warehouse(Protocol):
     """Where a deployment's group tables live, as the Dagster layer uses it (structural: the
     two resources here implement it; a resource of your own may too).

@@ -129,3 +129,24 @@ def test_no_preview_warning_from_the_library_only(tmp_path: Path) -> None:
 
     assert any(issubclass(w.category, PreviewWarning) and "partitions_def" in str(w.message)
                for w in caught)
+
+
+class _StatelessWarehouse(DeltaWarehouseResource):
+    """A warehouse of the user's whose sinks serve no per-key state."""
+
+    supports_state: typing.ClassVar[bool] = False
+
+
+def test_the_warehouse_resource_is_checked_against_the_warehouse_contract(
+        tmp_path: Path) -> None:
+    keyed_group = ConsumerGroupAsset(name="k", stream="S", group="k", partitions=2,
+                                     processor=keyed.processor())
+    with pytest.raises(ConfigError, match="is not a warehouse") as e:
+        build_definitions([_group("g", "g-", 2)],
+                          resources={"nats": NatsResource(), "warehouse": NatsResource()})
+    assert e.value.field == "resources"
+    with pytest.raises(ConfigError, match="cannot serve it"):
+        build_definitions([keyed_group], resources={
+            "nats": NatsResource(), "warehouse": _StatelessWarehouse(root=str(tmp_path))})
+    defs = build_definitions([keyed_group], resources=_resources(tmp_path))
+    assert {j.name for j in defs.jobs or []} >= {"k_job"}
