@@ -67,10 +67,12 @@ def backfill(home: Path, env: dict[str, str], job: str, partitions: list[str],
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        proc.wait(timeout=60)
+        # The CLI launches every run (a run worker process each) before it returns: minutes
+        # on a loaded 2-core machine (it passed 60 s at load 11).
+        proc.wait(timeout=300)
         text = log.read_text()
         assert proc.returncode == 0, text
         assert "Launched backfill job" in text, text
-        return wait_runs(home, expect_runs, 90)
+        return wait_runs(home, expect_runs, 300)
     finally:
         _stop_group(proc)
