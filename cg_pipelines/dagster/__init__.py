@@ -46,6 +46,7 @@ from cg_pipelines.dagster.resources import (
     SparkResource,
 )
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.warehouse import Warehouse
 
 # What a user project needs. The building blocks (the asset, sensors, schedule and checks
 # factories, the backlog tick, run config) stay importable from their submodules:
@@ -61,6 +62,7 @@ __all__ = [
     "NatsResource",
     "PartitionRunsResource",
     "SparkResource",
+    "Warehouse",
     "build_copartitioned_definitions",
     "build_definitions",
     "build_group_definitions",

@@ -64,7 +64,8 @@ class GroupDefinitions:
         return [self.schedule] if self.schedule is not None else []
 
 
-def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
+def build_group_definitions(spec: ConsumerGroupAsset, *,
+                            origin_reconcile: bool = True) -> GroupDefinitions:
     """The asset, its jobs (``<name>_job`` drains, ``<name>_rebuild`` rebuilds,
     ``<name>_checks`` records a partition's partitioned operational checks), sensors
     (``<name>_membership``, ``<name>_backlog``, and ``<name>_run_retention``, which deletes old
@@ -72,11 +73,18 @@ def build_group_definitions(spec: ConsumerGroupAsset) -> GroupDefinitions:
     schedule (``<name>_drain``) and operational
     checks (:mod:`cg_pipelines.dagster.checks`) of one group;
     use these parts to compose your own ``Definitions``, or :func:`build_definitions` for all
-    of it."""
+    of it.
+
+    Args:
+        origin_reconcile: also the ``origin_reconciled`` check
+            (:mod:`cg_pipelines.dagster.reconcile`), which reads the coverage each commit
+            records in the Delta log: :func:`build_definitions` leaves it out for a warehouse
+            of another table format (Iceberg), where it could only fail.
+    """
     with partitioned_checks_preview():  # the asset's partitioned checks: a Dagster preview
         asset = build_group_asset(spec)
     partitioned = build_group_checks(spec)
-    checks = [*partitioned, build_reconcile_check(spec)]
+    checks = [*partitioned, *([build_reconcile_check(spec)] if origin_reconcile else [])]
     # The operational checks are evaluated by the backlog sensor (or by hand), not by each
     # run; except lag_within_objective, the partition's freshness: each drain or rebuild run
     # evaluates it after its materialization, so a drained partition reads fresh against its
@@ -134,6 +142,13 @@ def _check_resources(groups: Sequence[_Spec], resources: Mapping[str, Any]) -> N
                               f"({type(warehouse).__name__}) is not a warehouse: it needs "
                               "what cg_pipelines.dagster.Warehouse declares (table_format, "
                               "supports_state, table_uri, storage_options, sink, ...)")
+        if isinstance(g, ConsumerGroupAsset) and g.reconcile_interval_s is not None \
+                and warehouse.table_format != "delta":
+            raise ConfigError("reconcile_interval_s", f"{g.name}: the origin reconcile reads "
+                              "the coverage each commit records in the Delta log; the "
+                              f"warehouse resource {type(warehouse).__name__} holds "
+                              f"{warehouse.table_format} tables (leave reconcile_interval_s "
+                              "unset)")
         if state is not None and not warehouse.supports_state:
             raise ConfigError("resources", f"{g.name} declares per-key state on "
                               f"{state.key!r} but the warehouse resource "
@@ -206,8 +221,10 @@ def build_definitions(
         kwargs: passed to ``Definitions`` (e.g. ``asset_checks``, ``loggers``).
 
     Raises:
-        ConfigError: a missing resource, a state-declaring processor without a state-capable
-            warehouse, or two groups whose partition keys collide.
+        ConfigError: a missing resource, a warehouse resource that is not a
+            :class:`~cg_pipelines.dagster.Warehouse`, a state-declaring processor without a
+            state-capable warehouse, ``reconcile_interval_s`` on a warehouse that is not
+            Delta's, or two groups whose partition keys collide.
     """
     res = dict(resources)
     specs: list[_Spec] = [*groups, *joins]
@@ -222,7 +239,9 @@ def build_definitions(
             warehouse = res[g.warehouse_resource_key]
             sp = spark if isinstance(spark, SparkResource) else None
             res[g.io_manager_key] = table_io_manager(warehouse, sp)
-    parts = [build_group_definitions(_format_kinds(g, res)) for g in groups]
+    parts = [build_group_definitions(
+        _format_kinds(g, res),
+        origin_reconcile=res[g.warehouse_resource_key].table_format == "delta") for g in groups]
     joined = [build_copartitioned_definitions(_format_kinds(j, res)) for j in joins]
     kwargs["asset_checks"] = [*(c for p in parts for c in p.checks),
                               *kwargs.get("asset_checks", ())]
