@@ -34,7 +34,7 @@ def txn(app: str, version: int) -> CommitProperties:
 
 def commit_to(uri: str, first: int, last: int, app: str = "a/0") -> None:
     """Commits ``first..last`` (watermark = the batch number) with the sink's hooks
-    (a checkpoint every 10 versions)."""
+    (a checkpoint every 10 versions: 9, 19, ...)."""
     for i in range(first, last + 1):
         write_deltalake(uri, batch(i), mode="append", commit_properties=txn(app, i),
                         post_commithook_properties=COMMIT_HOOKS,
@@ -53,8 +53,8 @@ def test_a_commit_from_a_snapshot_the_log_window_cut_is_refused(tmp_path: Path, 
     commit_to(uri, 1, 6)  # versions 0..5
     zombie = DeltaTable(uri)
     assert zombie.version() == 5
-    commit_to(uri, 7, 46)  # versions 6..45, checkpoints at 10, 20, 30, 40
-    assert cut(uri, 40) > 0  # versions 0..39 gone: the checkpoint at 40 is the oldest entry
+    commit_to(uri, 7, 46)  # versions 6..45, checkpoints at 9, 19, 29, 39
+    assert cut(uri, 40) > 0  # versions 0..38 gone: the checkpoint at 39 is the oldest entry
     with pytest.raises(DeltaError, match="Invalid table version"):
         if op == "merge":
             zombie.merge(batch(999), "s.k = t.k", source_alias="s", target_alias="t",
@@ -78,7 +78,7 @@ def test_the_sink_refuses_a_zombie_whose_versions_were_cut(tmp_path: Path) -> No
     assert cut(uri, 40) > 0
     with pytest.raises((FenceConflictError, DeltaError)):
         zombie.commit(batch(999), "a/0", 7, 6)
-    # entries still there (the cut at the checkpoint of 30 keeps 30..45): the fence refuses it
+    # entries still there (the cut at the checkpoint of 29 keeps 29..45): the fence refuses it
     uri2 = str(tmp_path / "t2")
     commit_to(uri2, 1, 32)
     zombie2 = DeltaSink(uri2)
