@@ -115,8 +115,8 @@ class Maintenance:
             of a 60-s reconcile sensor). A table committing more than this an hour sits at the
             cap, and on local disk every snapshot update and commit lists the whole log (~2 ms
             a listing at 1,100 entries): 500 rather than 1,000 took an aged append run from
-            1.46x to 1.13x of a fresh one's (``bench/aging.py --library-retention``, one run
-            each, docs/growth.md).
+            1.46x to 1.13-1.25x of a fresh one's (``bench/aging.py --library-retention``,
+            three runs, docs/growth.md).
         log_cleanup_versions: the log is cleaned up once the table is this many versions past
             the last cleanup (default 100), and at least every ``vacuum_interval_s``.
         log_retention_hours: time travel and lineage (``DeltaTable.history()``) a user asks
