@@ -17,17 +17,18 @@ Compressed-time ageing, append + ``KeyedState`` and merge + ``KeyedState``:
    ``--days`` (30) of the table's life at a steady commit rate, and the library's time-based
    defaults are scaled by the same factor (bench seconds per simulated second, from the
    ageing's own pace from version 500 to 1,000, before anything expires): the log window's
-   one-hour floor (``Maintenance.log_floor_s``; its 1,000-version cap is a count, not scaled)
-   and the hourly VACUUM (``vacuum_interval_s``). The data-file retention is 0 hours:
+   one-hour floor (``Maintenance.log_floor_s``; its cap, ``log_max_versions``, is a count,
+   not scaled) and the hourly VACUUM (``vacuum_interval_s``). The data-file retention is 0 hours:
    delta-rs' VACUUM takes whole hours, and anything under one rounds down (stricter: files on
    disk are then the live ones plus those removed since the last VACUUM). The table is past
    its first week, in the steady state a table at ~333 commits a day keeps for ever, which is
    what "day 30" means. ``--library-retention`` keeps the library's settings unscaled
-   instead: the log window is then the 1,000-version cap (no reconcile cursor: the log is held
-   up to the cap; the floor's hour never passes while the bench runs), while every data file
-   and tombstone of the 7-day vacuum retention stays (a table committing 10,000 times in
-   minutes). ``--retention-hours`` / ``--log-retention-s`` (time travel,
-   ``log_retention_hours``) / ``--vacuum-interval`` set the three by hand.
+   instead: the log window is then the ``log_max_versions`` cap (no reconcile cursor: the
+   log is held up to the cap; the floor's hour never passes while the bench runs), while every
+   data file of the 7-day vacuum retention and every tombstone of the hour's tombstone
+   retention stays (a table committing 10,000 times in minutes). ``--retention-hours`` /
+   ``--log-retention-s`` (time travel, ``log_retention_hours``) / ``--vacuum-interval`` set
+   the three by hand.
 3. **Timed cycles**, ``--cycles`` of them (default 3), interleaved: publish ``--messages``
    messages over ``--keys`` keys to the origin, then drain the 4 partitions of the aged group
    and of the control group (order alternating per cycle). A cycle's time is the sum of the 4

@@ -16,13 +16,14 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from cg_pipelines.core.errors import ContractError
 from cg_pipelines.core.write import DELETE_COLUMN, Merge, last_rows_by_key
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 
-__all__ = ["COMMIT_HOOKS", "conform", "counting", "current_of", "delta_schema", "delta_type",
-           "merge_into"]
+__all__ = ["COMMIT_HOOKS", "conform", "counting", "current_of", "cut_snapshot", "delta_schema",
+           "delta_type", "merge_into"]
 
 COMMIT_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 """delta-rs' post-commit hooks for every commit of the sink (data, empty, replace, compaction,
@@ -34,6 +35,19 @@ files, 83 ms at 3,340; moto S3 84 ms at 50, 520 ms at 1,127; docs/growth.md). Th
 is :meth:`DeltaMaintainer.maintain
 <cg_pipelines.sinks.maintenance.DeltaMaintainer.maintain>`'s job, once per
 ``vacuum_interval_s``."""
+
+
+def cut_snapshot(e: BaseException) -> bool:
+    """Whether ``e`` is delta-rs 1.6.6 failing on a snapshot whose following log entries the
+    log window deleted (:func:`~cg_pipelines.sinks.logwindow.clean_log`): a commit from it
+    (``DeltaError: Invalid table version: <v>``) or a read of its own log segment, e.g.
+    ``transaction_version`` (``Kernel error: File not found: ..._delta_log/<v>.json``).
+    Nothing was written (``tests/months/test_log_cut_fence.py``): the snapshot is stale, and a
+    fresh one decides the fence. A ``CommitFailedError`` (a conflict) is not this."""
+    if not isinstance(e, DeltaError) or isinstance(e, CommitFailedError):
+        return False
+    msg = str(e)
+    return "Invalid table version" in msg or ("File not found" in msg and "_delta_log" in msg)
 
 
 def delta_type(t: pa.DataType) -> pa.DataType:

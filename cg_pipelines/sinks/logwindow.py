@@ -38,8 +38,11 @@ checkpoint, its commit file and everything after it, delete what is before; load
 version from the checkpoint on is unchanged (delta-rs and Spark start from the latest
 checkpoint), time travel to the deleted versions is lost. A snapshot held at a deleted
 version is still brought up to date (delta-rs rebuilds it from the checkpoint: checked on
-1.6.6), while a commit from such a snapshot fails to read the versions since (nothing is
-written: see docs/growth.md).
+1.6.6), while a commit from such a snapshot fails (``DeltaError: Invalid table version``, or
+``File not found`` through the sink) and writes nothing, whatever application transaction it
+carries (``tests/months/test_log_cut_fence.py``): the cut never lets a zombie's commit through,
+so the cap is bounded by the reconcile check's slack, not by the fence (docs/growth.md, "The
+log cap").
 """
 
 from __future__ import annotations

@@ -103,13 +103,21 @@ class Maintenance:
             ``delta.logRetentionDuration``) and list the whole log to do so.
         log_floor_s: seconds; versions committed this recently are kept (default 3,600: a
             held snapshot, a commit's conflict check and a zombie's fence read the versions
-            since their snapshot), up to ``log_max_versions``.
+            since their snapshot), up to ``log_max_versions``. Not needed for the fence: a
+            commit from a snapshot whose following versions were cleaned up fails and writes
+            nothing (delta-rs 1.6.6, ``tests/months/test_log_cut_fence.py``); it spares a
+            long run's commit that failure.
         log_max_versions: the most versions the readers (reconcile cursors) and the floor
-            hold behind the newest (default 1,000; ``None``: no cap, then a stuck or
+            hold behind the newest (default 500; ``None``: no cap, then a stuck or
             abandoned cursor holds the log for ever). A cursor the cap overtakes fails its
             next check with :class:`~cg_pipelines.engine.coverage_log.CoverageLogError`
             (restart it): run the reconcile check at least every ``log_max_versions``
-            commits of the table.
+            commits of the table (500 commits: ~10 minutes at 70,000 commits a day, ten ticks
+            of a 60-s reconcile sensor). A table committing more than this an hour sits at the
+            cap, and on local disk every snapshot update and commit lists the whole log (~2 ms
+            a listing at 1,100 entries): 500 rather than 1,000 took an aged append run from
+            1.46x to 1.13-1.25x of a fresh one's (``bench/aging.py --library-retention``,
+            three runs, docs/growth.md).
         log_cleanup_versions: the log is cleaned up once the table is this many versions past
             the last cleanup (default 100), and at least every ``vacuum_interval_s``.
         log_retention_hours: time travel and lineage (``DeltaTable.history()``) a user asks
@@ -159,7 +167,7 @@ class Maintenance:
     log_cleanup: bool = True
     log_retention_hours: float | None = None
     log_floor_s: float = 3600.0
-    log_max_versions: int | None = 1000
+    log_max_versions: int | None = 500
     log_cleanup_versions: int = 100
     tombstone_retention_hours: float | None = None
 
