@@ -16,7 +16,7 @@ trusted to cover its partition through its ``cg.last_origin_seq``: not verified.
 
 **Log window rule**: the sink's log cleanup (:mod:`cg_pipelines.sinks.logwindow`) keeps every
 version a cursor stored under ``_cg_reconcile/`` has not read, but at most
-``Maintenance.log_max_versions`` (1,000) versions behind the newest; other writers' cleanups go
+``Maintenance.log_max_versions`` (500) versions behind the newest; other writers' cleanups go
 by ``delta.logRetentionDuration`` (7 days on tables the sink creates, 30 on others). The cursor
 never needs a version it already read; a check must therefore run at least once per
 ``log_max_versions`` commits of the table so it reads every version before cleanup removes it.
@@ -112,7 +112,7 @@ class DeltaLogCoverage:
                     raise CoverageLogError(
                         f"Delta version {v} is no longer in the table's log (the log cleanup "
                         "holds unread versions for at most Maintenance.log_max_versions, "
-                        "1,000 by default), so the coverage of "
+                        "500 by default), so the coverage of "
                         "the commits after the reconcile cursor is lost: run the check more "
                         "often than that, and restart its cursor (cg reconcile --restart)")
                 return out, last, True

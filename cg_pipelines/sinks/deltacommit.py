@@ -18,7 +18,13 @@ from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, check_watermarks
 from cg_pipelines.sinks.deltahandle import DeltaHandle, txn
 from cg_pipelines.sinks.deltaread import partition_rows
-from cg_pipelines.sinks.deltawrite import counting, current_of, delta_schema, merge_into
+from cg_pipelines.sinks.deltawrite import (
+    counting,
+    current_of,
+    cut_snapshot,
+    delta_schema,
+    merge_into,
+)
 from cg_pipelines.sinks.lineage import CommitLineage
 from cg_pipelines.sinks.maintenance import Maintenance
 
@@ -37,6 +43,20 @@ def _moved(dt: DeltaTable | None, watermarks: Mapping[str, tuple[int, int]]
         if found != expected:
             return app_id, expected, found
     return None
+
+
+def _stale(dt: DeltaTable | None, watermarks: Mapping[str, tuple[int, int]]) -> bool:
+    """Whether held snapshot ``dt`` cannot decide the fence: a watermark is not as expected
+    in it (it may only be older than the caller's read), or the log window deleted the log
+    entries after it (:func:`~cg_pipelines.sinks.deltawrite.cut_snapshot`: delta-rs can
+    neither read its transactions nor commit from it). Either way the latest snapshot
+    decides."""
+    try:
+        return _moved(dt, watermarks) is not None
+    except DeltaError as e:
+        if cut_snapshot(e):
+            return True
+        raise
 
 
 class DeltaWriter:
@@ -103,11 +123,12 @@ class DeltaWriter:
             remembered, dt, base = self._t.held(app_id)
             if not remembered or self._t.stale(dt, base):
                 dt, base = self._t.fresh()  # see SNAPSHOT_RELOAD_VERSIONS; safe as below
-            elif _moved(dt, watermarks) is not None:
+            elif _stale(dt, watermarks):
                 # The remembered snapshot may just be older than the caller's ``expected`` (it
-                # read the watermark elsewhere): decide on the latest snapshot. Safe because an
-                # app id's versions only grow (``expected < version`` is enforced), so a
-                # watermark that moved away from ``expected`` never comes back to it.
+                # read the watermark elsewhere), or cut by the log window: decide on the latest
+                # snapshot. Safe because an app id's versions only grow (``expected <
+                # version`` is enforced), so a watermark that moved away from ``expected``
+                # never comes back to it.
                 dt, base = self._t.fresh()
             if dt is None:
                 if any(exp for exp, _ in watermarks.values()):
@@ -151,7 +172,12 @@ class DeltaWriter:
                         write_deltalake(dt, table, mode="append", commit_properties=props,
                                         post_commithook_properties=hooks)
                     break
-                except CommitFailedError as e:
+                except DeltaError as e:
+                    # A lost race (CommitFailedError), or the log window deleted the entries
+                    # after the snapshot between its check and this commit (cut_snapshot):
+                    # nothing was written either way; the latest snapshot decides.
+                    if not isinstance(e, CommitFailedError) and not cut_snapshot(e):
+                        raise
                     fresh, base = self._t.fresh()
                     conflict = _moved(fresh, watermarks)
                     self._t.hold(app_id, fresh, base)
@@ -246,6 +272,10 @@ class DeltaWriter:
                 raise TableNotFoundError(f"{self._t.safe_uri()}: no Delta table to replace in")
             kept = {app_id: (expected, expected),
                     **{a: (v, v) for a, v in (fenced or {}).items()}}
+            if _stale(dt, kept):  # older than the caller's read, or cut: the latest decides
+                dt = self._t.load()
+                if dt is None:
+                    raise TableNotFoundError(f"{self._t.safe_uri()}: no Delta table")
             conflict = _moved(dt, kept)
             if conflict is not None:
                 raise FenceConflictError(*conflict)

@@ -31,7 +31,7 @@ Per call, for the one consumer-group partition:
    ``vacuum_interval_s``; a marker ``_cg_state/_log.json`` holds the version and time of the
    last one): the log keeps what its slowest registered reader (a reconcile cursor under
    ``_cg_reconcile/``) has not read, the versions of the last :attr:`Maintenance.log_floor_s`
-   (one hour), at most :attr:`Maintenance.log_max_versions` of those (1,000), and the time
+   (one hour), at most :attr:`Maintenance.log_max_versions` of those (500), and the time
    travel a user asks for (:attr:`Maintenance.log_retention_hours`, off by default); without a
    cursor the log is held up to the cap. So ``_delta_log`` holds at most
    ``log_max_versions + log_cleanup_versions + delta.checkpointInterval`` commits (plus their
