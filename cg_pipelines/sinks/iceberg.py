@@ -94,6 +94,7 @@ from cg_pipelines.sinks.iceberg_read import (
     sql_catalog,
     sqlite_catalog,
 )
+from cg_pipelines.sinks.iceberg_view import commit_view
 from cg_pipelines.sinks.maintenance import Maintenance
 from cg_pipelines.sinks.storage import mask_options
 from cg_pipelines.version import __version__
@@ -337,7 +338,8 @@ class IcebergSink(IcebergTableAccess):
                 assert table is not None
                 rows = conform(table, target, self._ident)
             try:
-                with tbl.transaction() as txn:
+                view = commit_view(tbl)  # the same commit, without copying old snapshots
+                with view.transaction() as txn:
                     txn.set_properties(props)
                     if delete is not None:
                         with warnings.catch_warnings():  # "Delete operation did not match"
@@ -346,6 +348,7 @@ class IcebergSink(IcebergTableAccess):
                                           snapshot_properties=summary)
                     else:
                         txn.append(rows, snapshot_properties=summary)
+                tbl = view  # the catalog's full new metadata
                 break
             except CommitFailedException:
                 if attempt == self._retries:
@@ -499,11 +502,13 @@ class IcebergSink(IcebergTableAccess):
                 raise FenceConflictError(*conflict)
             before = tbl.scan(row_filter=where).count()
             try:
-                with tbl.transaction() as txn:
+                view = commit_view(tbl)
+                with view.transaction() as txn:
                     # the fence needs a new snapshot even when nothing changes
                     txn.set_properties({**{WATERMARK_PREFIX + a: str(v)
                                            for a, (v, _) in kept.items()}, **props})
                     txn.overwrite(rows, overwrite_filter=where, snapshot_properties=summary)
+                tbl = view
                 break
             except CommitFailedException:
                 if attempt == self._retries:
