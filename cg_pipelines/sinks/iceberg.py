@@ -528,12 +528,13 @@ class IcebergSink(IcebergTableAccess):
         iceberg_compact`, one fenced transaction), then, once the table holds more than
         ``keep_snapshots`` + ``keep_snapshots // 2``, expire all but the newest
         ``keep_snapshots`` snapshots (:mod:`cg_pipelines.sinks.iceberg_expire`; metadata only:
-        pyiceberg 0.12 deletes no files), never one a branch or tag points at. Called by the engine under the partition's lease after
-        its last commit; the table is shared, so any partition's call expires the whole
-        table's old snapshots. Changes no row and no watermark. Returns figures for the run's
-        metadata (``iceberg_compaction``, ``iceberg_files_compacted``,
-        ``iceberg_files_live``, ``iceberg_snapshots``, ``iceberg_snapshots_expired``,
-        ``iceberg_expire_seconds``); a failure is reported as ``error`` (type and message),
+        pyiceberg 0.12 deletes no files), never one a branch or tag points at. Called by the
+        engine under the partition's lease after its last commit; the table is shared, so any
+        partition's call expires the whole table's old snapshots. Changes no row and no
+        watermark. Returns figures for the run's metadata (``iceberg_compaction``,
+        ``iceberg_files_compacted``, ``iceberg_files_live``, ``iceberg_snapshots``,
+        ``iceberg_snapshots_expired``, ``iceberg_expire_seconds``); a failure is reported as
+        ``error`` (type and message),
         not raised."""
         t0 = time.monotonic()
         figures: dict[str, int | float | str] = {}
