@@ -60,7 +60,8 @@ one line::
 ``--format iceberg``: Iceberg tables (:class:`~cg_pipelines.sinks.iceberg.IcebergSink`, an
 embedded SQLite catalog, data on local disk or moto S3) aged the same way, with the library's
 upkeep (compaction of a partition's 16 small files under its lease, snapshot expiry to the
-newest ``keep_snapshots``, 20 by default); the time-based retention flags do not apply.
+newest ``keep_snapshots``, 20 by default, once more than half as many more are held); the
+time-based retention flags do not apply (``--library-retention`` changes nothing for it).
 Then ``log n`` is the snapshots kept, ``ckpts`` the metadata files the catalog keeps,
 ``log KiB`` the current metadata file, ``upkeep s`` one snapshot expiry.
 
@@ -112,6 +113,7 @@ from cg_pipelines.sinks.base import PARTITION_COLUMN, app_id_for
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.sinks.iceberg import IcebergSink
 from cg_pipelines.sinks.iceberg_compact import partition_files
+from cg_pipelines.sinks.iceberg_expire import expiry_slack
 from cg_pipelines.sinks.maintenance import Maintenance
 from cg_pipelines.sinks.storage import table_filesystem
 
@@ -257,7 +259,8 @@ def retention_line(pol: Maintenance, args: argparse.Namespace) -> str:
     """What the upkeep keeps, in bench seconds and (compressed) in simulated time."""
     if ICEBERG:
         return (f"iceberg upkeep: compaction at {pol.compact_min_files} small files "
-                f"(< {pol.target_size >> 20} MiB), the newest {KEEP_SNAPSHOTS} snapshots kept")
+                f"(< {pol.target_size >> 20} MiB), the newest {KEEP_SNAPSHOTS} snapshots kept "
+                f"(expired once over {KEEP_SNAPSHOTS + expiry_slack(KEEP_SNAPSHOTS)})")
     travel = ("none" if pol.log_retention_hours is None
               else f"{pol.log_retention_hours * 3600:,.1f} s")
     line = (f"log window: floor {pol.log_floor_s:,.1f} s, cap {pol.log_max_versions} versions, "

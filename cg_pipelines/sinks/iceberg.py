@@ -85,6 +85,7 @@ from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, check_watermarks
 from cg_pipelines.sinks.deltawrite import conform, current_of
 from cg_pipelines.sinks.iceberg_compact import compact_partition
+from cg_pipelines.sinks.iceberg_expire import expire_old_snapshots
 from cg_pipelines.sinks.iceberg_expr import equal_to, is_in
 from cg_pipelines.sinks.iceberg_read import (
     IcebergTableAccess,
@@ -94,6 +95,7 @@ from cg_pipelines.sinks.iceberg_read import (
     sql_catalog,
     sqlite_catalog,
 )
+from cg_pipelines.sinks.iceberg_view import commit_view
 from cg_pipelines.sinks.maintenance import Maintenance
 from cg_pipelines.sinks.storage import mask_options
 from cg_pipelines.version import __version__
@@ -162,10 +164,11 @@ class IcebergSink(IcebergTableAccess):
             commit_metadata: extra lineage in every snapshot summary (``cg.`` prefixed).
             commit_retries: commits lost to OTHER partitions retried before giving up.
             keep_snapshots: :meth:`maintain` expires all but the newest this many snapshots
-                (default 20: time travel only, expiry deletes no file; pyiceberg 0.12 deep-copies
-                the table metadata, every kept snapshot included, some 40 times a commit, so a
-                commit's cost grows with this number: 100 made an aged table's run ~4x a fresh
-                one's, docs/growth.md).
+                once there are half as many more (default 20: time travel only, expiry deletes
+                no file). Commits are built on a view without the old snapshots
+                (:mod:`cg_pipelines.sinks.iceberg_view`), so their cost no longer grows with
+                this number (pyiceberg 0.12 deep-copies the metadata ~25 times a commit);
+                loading the table still parses them all.
             metadata_versions: ``write.metadata.previous-versions-max`` of a created table
                 (default 20; copied with the metadata as above).
             maintenance: the compaction thresholds of :meth:`maintain` (``compact``,
@@ -337,7 +340,8 @@ class IcebergSink(IcebergTableAccess):
                 assert table is not None
                 rows = conform(table, target, self._ident)
             try:
-                with tbl.transaction() as txn:
+                view = commit_view(tbl)  # the same commit, without copying old snapshots
+                with view.transaction() as txn:
                     txn.set_properties(props)
                     if delete is not None:
                         with warnings.catch_warnings():  # "Delete operation did not match"
@@ -346,6 +350,7 @@ class IcebergSink(IcebergTableAccess):
                                           snapshot_properties=summary)
                     else:
                         txn.append(rows, snapshot_properties=summary)
+                tbl = view  # the catalog's full new metadata
                 break
             except CommitFailedException:
                 if attempt == self._retries:
@@ -499,11 +504,13 @@ class IcebergSink(IcebergTableAccess):
                 raise FenceConflictError(*conflict)
             before = tbl.scan(row_filter=where).count()
             try:
-                with tbl.transaction() as txn:
+                view = commit_view(tbl)
+                with view.transaction() as txn:
                     # the fence needs a new snapshot even when nothing changes
                     txn.set_properties({**{WATERMARK_PREFIX + a: str(v)
                                            for a, (v, _) in kept.items()}, **props})
                     txn.overwrite(rows, overwrite_filter=where, snapshot_properties=summary)
+                tbl = view
                 break
             except CommitFailedException:
                 if attempt == self._retries:
@@ -518,14 +525,16 @@ class IcebergSink(IcebergTableAccess):
 
     def maintain(self, partition: int, app_id: str) -> dict[str, int | float | str]:
         """Compact ``partition``'s small files when due (:mod:`cg_pipelines.sinks.
-        iceberg_compact`, one fenced transaction), then expire all but the newest
-        ``keep_snapshots`` snapshots (metadata only: pyiceberg 0.12 deletes no files), never
-        one a branch or tag points at. Called by the engine under the partition's lease after
-        its last commit; the table is shared, so any partition's call expires the whole
-        table's old snapshots. Changes no row and no watermark. Returns figures for the run's
-        metadata (``iceberg_compaction``, ``iceberg_files_compacted``,
-        ``iceberg_files_live``, ``iceberg_snapshots``, ``iceberg_snapshots_expired``,
-        ``iceberg_expire_seconds``); a failure is reported as ``error`` (type and message),
+        iceberg_compact`, one fenced transaction), then, once the table holds more than
+        ``keep_snapshots`` + ``keep_snapshots // 2``, expire all but the newest
+        ``keep_snapshots`` snapshots (:mod:`cg_pipelines.sinks.iceberg_expire`; metadata only:
+        pyiceberg 0.12 deletes no files), never one a branch or tag points at. Called by the
+        engine under the partition's lease after its last commit; the table is shared, so any
+        partition's call expires the whole table's old snapshots. Changes no row and no
+        watermark. Returns figures for the run's metadata (``iceberg_compaction``,
+        ``iceberg_files_compacted``, ``iceberg_files_live``, ``iceberg_snapshots``,
+        ``iceberg_snapshots_expired``, ``iceberg_expire_seconds``); a failure is reported as
+        ``error`` (type and message),
         not raised."""
         t0 = time.monotonic()
         figures: dict[str, int | float | str] = {}
@@ -538,26 +547,9 @@ class IcebergSink(IcebergTableAccess):
                 with self._lock:  # the held base is stale: the next commit reloads
                     self._tables.pop(app_id, None)
             tbl = self.load()
-            snaps = [] if tbl is None else sorted(
-                tbl.snapshots(), key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
-            expired = 0
-            for _ in range(20):
-                if tbl is None:
-                    break
-                refs = {r.snapshot_id for r in tbl.metadata.refs.values()}
-                live = sorted(tbl.snapshots(),
-                              key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
-                old = [s.snapshot_id for s in live[:-self._keep] if s.snapshot_id not in refs]
-                if not old:
-                    break
-                try:
-                    tbl.maintenance.expire_snapshots().by_ids(old).commit()
-                    expired = len(old)
-                    break
-                except CommitFailedException:  # lost a race with a commit: try again
-                    time.sleep(random.uniform(0.005, 0.05))
-                    tbl = self._require()
-            figures.update(iceberg_snapshots=len(snaps) - expired,
+            before, expired = (0, 0) if tbl is None else expire_old_snapshots(
+                tbl, self._require, self._keep)
+            figures.update(iceberg_snapshots=before - expired,
                            iceberg_snapshots_expired=expired)
         except Exception as e:  # upkeep must not fail the run (reported)
             figures["error"] = f"{type(e).__name__}: {e}"

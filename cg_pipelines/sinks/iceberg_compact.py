@@ -26,6 +26,7 @@ from pyiceberg.table import Table
 from cg_pipelines.core.statesnap import needs_compaction
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.iceberg_expr import equal_to
+from cg_pipelines.sinks.iceberg_view import commit_view
 from cg_pipelines.sinks.maintenance import COMPACT_ATTEMPTS, Maintenance
 
 __all__ = ["compact_partition", "partition_files"]
@@ -58,7 +59,7 @@ def compact_partition(load: Callable[[], Table], partition: int, pol: Maintenanc
         sizes = partition_files(tbl, partition)
         rows = tbl.scan(row_filter=where).to_arrow()
         try:
-            with tbl.transaction() as txn:
+            with commit_view(tbl).transaction() as txn:
                 txn.overwrite(rows, overwrite_filter=where, snapshot_properties=summary(wm))
         except CommitFailedException:
             tbl = load()
