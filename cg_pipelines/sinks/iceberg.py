@@ -66,8 +66,8 @@ import random
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping
-from typing import ClassVar, Final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -88,23 +88,25 @@ from cg_pipelines.sinks.iceberg_compact import compact_partition
 from cg_pipelines.sinks.iceberg_expire import expire_old_snapshots
 from cg_pipelines.sinks.iceberg_expr import equal_to, is_in
 from cg_pipelines.sinks.iceberg_read import (
-    IcebergTableAccess,
+    WATERMARK_PREFIX,
+    IcebergReader,
     iceberg_s3_properties,
     key_tuples,
+    moved,
     optional_schema,
+    scan,
     sql_catalog,
     sqlite_catalog,
+    watermark_of,
 )
 from cg_pipelines.sinks.iceberg_view import commit_view
+from cg_pipelines.sinks.lineage import CommitLineage
 from cg_pipelines.sinks.maintenance import Maintenance
 from cg_pipelines.sinks.storage import mask_options
-from cg_pipelines.version import __version__
+from cg_pipelines.sinks.table import TableStats
 
 __all__ = ["MANIFEST_MERGE", "WATERMARK_PREFIX", "IcebergSink", "iceberg_s3_properties",
            "sql_catalog", "sqlite_catalog"]
-
-WATERMARK_PREFIX: Final = "cg.watermark."
-"""Table property prefix of the watermarks: ``cg.watermark.<app_id>``."""
 
 _NO_RETRY: Final = {"commit.retry.num-retries": "0"}
 
@@ -123,11 +125,7 @@ IN_PRUNE_LIMIT: Final = 200
 0.12's metrics evaluators prune no data file by an IN predicate of more than 200 values)."""
 
 
-def _key(name: str) -> str:
-    return name if name.startswith("cg.") else "cg." + name
-
-
-class IcebergSink(IcebergTableAccess):
+class IcebergSink:
     """A :class:`~cg_pipelines.sinks.base.ReplaceSink` over one Iceberg table.
 
     Thread-safe for concurrent use with different app ids; calls for one app id must not
@@ -196,7 +194,8 @@ class IcebergSink(IcebergTableAccess):
             self._catalog = load_catalog(props.pop("name", "cg"), **props)
         self._schema = optional_schema(schema) if schema is not None else None
         self._write: Append | Merge = write if write is not None else Append()
-        self._extra_md = {_key(k): str(v) for k, v in (commit_metadata or {}).items()}
+        self._lineage = CommitLineage(self._write.name, commit_metadata, user_metadata=False)
+        self._reader = IcebergReader(self._catalog, identifier, self._schema)
         self._retries = commit_retries
         self._keep = keep_snapshots
         self._metadata_versions = metadata_versions
@@ -225,7 +224,7 @@ class IcebergSink(IcebergTableAccess):
     def uri(self) -> str:
         """The table's location (``file://...``, ``s3://...``) once it exists, else
         ``iceberg:<identifier>``."""
-        tbl = self.load()
+        tbl = self._reader.load()
         return tbl.location() if tbl is not None else f"iceberg:{self._ident}"
 
     @property
@@ -243,22 +242,64 @@ class IcebergSink(IcebergTableAccess):
         return (f"IcebergSink({self._ident!r}, catalog={mask_options(self._catalog_props)!r}, "
                 f"write={self._write!r})")
 
+    # ---------------------------------------------------------------- reads (IcebergReader)
+
+    def load(self) -> Table | None:
+        """``IcebergReader.load``: the latest state, None without a table."""
+        return self._reader.load()
+
+    def exists(self) -> bool:
+        """``IcebergReader.exists``."""
+        return self._reader.exists()
+
+    def read(self, columns: list[str] | None = None,
+             row_filter: BooleanExpression | str | None = None,
+             filter: pc.Expression | None = None) -> pa.Table:
+        """``IcebergReader.read``: the latest rows, projected and filtered."""
+        return self._reader.read(columns, row_filter, filter)
+
+    def read_partitions(self, partitions: Sequence[int] | None = None) -> pa.Table:
+        """``IcebergReader.read_partitions``."""
+        return self._reader.read_partitions(partitions)
+
+    def data_files(self, row_filter: BooleanExpression | None = None) -> list[str]:
+        """``IcebergReader.data_files``."""
+        return self._reader.data_files(row_filter)
+
+    def partition_data_files(self, partitions: Sequence[int] | None = None) -> list[str]:
+        """``IcebergReader.partition_data_files``."""
+        return self._reader.partition_data_files(partitions)
+
+    def last_rows(self, key: str, keys: Sequence[object], columns: Sequence[str],
+                  order_by: str, partition: int | None = None, *,
+                  app_id: str | None = None) -> pa.Table:
+        """``IcebergReader.last_rows``: each key's last committed row (the state-sink contract)."""
+        return self._reader.last_rows(key, keys, columns, order_by, partition, app_id=app_id)
+
+    def stats(self, partition: int | None = None) -> TableStats:
+        """``IcebergReader.stats``."""
+        return self._reader.stats(partition)
+
+    def history(self) -> list[dict[str, Any]]:
+        """``IcebergReader.history``: every snapshot's summary, oldest first."""
+        return self._reader.history()
+
     # ---------------------------------------------------------------- the Sink protocol
 
     def watermark(self, app_id: str) -> int:
         """``app_id``'s watermark (0 if none or no table) in the latest table state, which the
         next :meth:`commit` of ``app_id`` is then based on."""
-        tbl = self.load()
+        tbl = self._reader.load()
         if tbl is None:
             return 0
         with self._lock:
             self._tables[app_id] = tbl
-        return _wm(tbl, app_id)
+        return watermark_of(tbl, app_id)
 
     def watermarks(self, app_ids: Iterable[str]) -> dict[str, int]:
         """Each app id's watermark from one load (read-only: remembers nothing)."""
-        tbl = self.load()
-        return {a: (_wm(tbl, a) if tbl is not None else 0) for a in app_ids}
+        tbl = self._reader.load()
+        return {a: (watermark_of(tbl, a) if tbl is not None else 0) for a in app_ids}
 
     def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
                markers: Mapping[str, int] | None = None, *,
@@ -300,8 +341,8 @@ class IcebergSink(IcebergTableAccess):
         version = watermarks[app_id][1]
         with self._lock:
             tbl = self._tables.get(app_id)
-        if tbl is None or _moved(tbl, watermarks) is not None:
-            tbl = self.load()
+        if tbl is None or moved(tbl, watermarks) is not None:
+            tbl = self._reader.load()
         if tbl is None:
             if any(exp for exp, _ in watermarks.values()):
                 first = next(a for a, (exp, _) in watermarks.items() if exp)
@@ -314,16 +355,16 @@ class IcebergSink(IcebergTableAccess):
                 self._write.check(table)
                 schema = pa.schema([f for f in schema if f.name != DELETE_COLUMN])
             self.ensure_table(schema)
-            tbl = self._require()
+            tbl = self._reader.require()
         empty = table is None or table.num_rows == 0
         merge = isinstance(self._write, Merge) and not empty
-        summary = self._summary(app_id, version, "merge" if merge else (
+        summary = self._lineage.commit(app_id, version, "merge" if merge else (
             "empty" if empty else "append"), lineage)
         props = {**{WATERMARK_PREFIX + a: str(v) for a, (_, v) in watermarks.items()},
                  **{WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}}
         for attempt in range(self._retries + 1):
             tbl = self._no_pyiceberg_retry(tbl)
-            conflict = _moved(tbl, watermarks)
+            conflict = moved(tbl, watermarks)
             if conflict is not None:
                 with self._lock:
                     self._tables[app_id] = tbl
@@ -357,7 +398,7 @@ class IcebergSink(IcebergTableAccess):
                     raise
                 self.commit_retries_used += 1
                 time.sleep(random.uniform(0.005, 0.02 * min(attempt + 1, 10)))
-                tbl = self._require()
+                tbl = self._reader.require()
         tbl = self._after_commit(tbl, app_id)
 
     def _merge_rows(self, tbl: Table, table: pa.Table, target: pa.Schema
@@ -380,7 +421,7 @@ class IcebergSink(IcebergTableAccess):
         # Many keys (pyiceberg prunes no file by an IN of more than IN_PRUNE_LIMIT values, so
         # it would rewrite every file anyway) or a composite key: rewrite the partition whole,
         # current rows of other keys kept; it is then one file again.
-        old = self._scan(tbl, part, None)
+        old = scan(tbl, part, None)
         if old.num_rows:
             mine = pc.is_in(key_tuples(old, keys), value_set=key_tuples(cur, keys))
             kept = conform(old.filter(pc.invert(mine)), target, self._ident)
@@ -397,15 +438,6 @@ class IcebergSink(IcebergTableAccess):
                 self._snapshots.append(snap.snapshot_id)
         return tbl
 
-    def _summary(self, app_id: str, watermark: int, operation: str,
-                 lineage: Mapping[str, object] | None) -> dict[str, str]:
-        md = {_key(k): str(v) for k, v in (lineage or {}).items() if v is not None}
-        md.update({"cg.app_id": app_id, "cg.watermark": str(watermark),
-                   "cg.write_mode": self._write.name, "cg.operation": operation,
-                   "cg.library_version": __version__})
-        md.update(self._extra_md)
-        return md
-
     # ---------------------------------------------------------------- table management
 
     def ensure_table(self, schema: pa.Schema) -> bool:
@@ -418,7 +450,7 @@ class IcebergSink(IcebergTableAccess):
             self._catalog.create_namespace(ns)
         except NamespaceAlreadyExistsError:
             pass
-        if self.load() is not None:
+        if self._reader.load() is not None:
             return False
         schema = optional_schema(schema)
         props = {**_NO_RETRY, **MANIFEST_MERGE,
@@ -432,7 +464,7 @@ class IcebergSink(IcebergTableAccess):
                     spec.add_identity(PARTITION_COLUMN)
             txn.commit_transaction()
         except (TableAlreadyExistsError, CommitFailedException):
-            if self.load() is None:
+            if self._reader.load() is None:
                 raise
             return False
         return True
@@ -448,9 +480,9 @@ class IcebergSink(IcebergTableAccess):
             try:
                 with tbl.transaction() as txn:
                     txn.set_properties(missing)
-                return self._require()
+                return self._reader.require()
             except CommitFailedException:
-                tbl = self._require()
+                tbl = self._reader.require()
                 missing = _missing_properties(tbl)
                 if not missing:
                     return tbl
@@ -481,7 +513,7 @@ class IcebergSink(IcebergTableAccess):
         with self._lock:
             tbl = self._tables.get(app_id)
         if tbl is None:
-            tbl = self._require()
+            tbl = self._reader.require()
         target = tbl.schema().as_arrow()
         if isinstance(self._write, Merge):
             rows = current_of(data, self._write, target, self._ident)
@@ -493,13 +525,13 @@ class IcebergSink(IcebergTableAccess):
                 pc.equal(rows[PARTITION_COLUMN], partition)).as_py():
             raise ContractError(f"{self._ident}: replacement rows of partition {partition} hold "
                                 "other partitions")
-        summary = self._summary(app_id, expected, "replace_partition",
+        summary = self._lineage.commit(app_id, expected, "replace_partition",
                                 {"partition": partition, **(lineage or {})})
         props = {WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}
         kept = {app_id: (expected, expected), **{a: (v, v) for a, v in (fenced or {}).items()}}
         for attempt in range(self._retries + 1):
             tbl = self._no_pyiceberg_retry(tbl)
-            conflict = _moved(tbl, kept)
+            conflict = moved(tbl, kept)
             if conflict is not None:
                 raise FenceConflictError(*conflict)
             before = tbl.scan(row_filter=where).count()
@@ -516,7 +548,7 @@ class IcebergSink(IcebergTableAccess):
                 if attempt == self._retries:
                     raise
                 time.sleep(random.uniform(0.005, 0.02 * min(attempt + 1, 10)))
-                tbl = self._require()
+                tbl = self._reader.require()
         self._after_commit(tbl, app_id)
         with self._lock:
             self._tables.pop(app_id, None)
@@ -539,32 +571,23 @@ class IcebergSink(IcebergTableAccess):
         t0 = time.monotonic()
         figures: dict[str, int | float | str] = {}
         try:
-            if self.load() is not None and compact_partition(
-                    lambda: self._no_pyiceberg_retry(self._require()), partition,
-                    self._maintenance, lambda t: _wm(t, app_id),
-                    lambda wm: self._summary(app_id, wm, "compact", {"partition": partition}),
+            if self._reader.load() is not None and compact_partition(
+                    lambda: self._no_pyiceberg_retry(self._reader.require()), partition,
+                    self._maintenance, lambda t: watermark_of(t, app_id),
+                    lambda wm: self._lineage.commit(app_id, wm, "compact",
+                                                    {"partition": partition}),
                     figures):
                 with self._lock:  # the held base is stale: the next commit reloads
                     self._tables.pop(app_id, None)
-            tbl = self.load()
+            tbl = self._reader.load()
             before, expired = (0, 0) if tbl is None else expire_old_snapshots(
-                tbl, self._require, self._keep)
+                tbl, self._reader.require, self._keep)
             figures.update(iceberg_snapshots=before - expired,
                            iceberg_snapshots_expired=expired)
         except Exception as e:  # upkeep must not fail the run (reported)
             figures["error"] = f"{type(e).__name__}: {e}"
         figures["iceberg_expire_seconds"] = round(time.monotonic() - t0, 3)
         return figures
-
-
-def _moved(tbl: Table, watermarks: Mapping[str, tuple[int, int]]) -> tuple[str, int, int] | None:
-    """``(app id, expected, found)`` of the first app id whose watermark in ``tbl`` is not its
-    expected one (``watermarks``: ``{app id: (expected, version)}``), or None."""
-    for app_id, (expected, _) in watermarks.items():
-        found = _wm(tbl, app_id)
-        if found != expected:
-            return app_id, expected, found
-    return None
 
 
 def _missing_properties(tbl: Table) -> dict[str, str]:
@@ -574,9 +597,3 @@ def _missing_properties(tbl: Table) -> dict[str, str]:
     missing = {k: v for k, v in _NO_RETRY.items() if props.get(k) != v}
     missing.update({k: v for k, v in MANIFEST_MERGE.items() if k not in props})
     return missing
-
-
-def _wm(tbl: Table, app_id: str) -> int:
-    return int(tbl.properties.get(WATERMARK_PREFIX + app_id, 0))
-
-

@@ -1,5 +1,5 @@
-"""Reading an Iceberg table for :class:`~cg_pipelines.sinks.iceberg.IcebergSink` (its base
-class :class:`IcebergTableAccess`: rows, each key's last row — the state-sink contract —,
+"""Reading an Iceberg table for :class:`~cg_pipelines.sinks.iceberg.IcebergSink` (the part it
+owns, :class:`IcebergReader`: rows, each key's last row — the state-sink contract —,
 statistics, snapshot summaries, data files), and the catalog helpers: pyiceberg's SQL catalog
 on SQLite or Postgres, S3 FileIO properties from delta-rs style storage options."""
 
@@ -25,8 +25,11 @@ from cg_pipelines.sinks.iceberg_expr import equal_to, is_in
 from cg_pipelines.sinks.storage import option_name
 from cg_pipelines.sinks.table import TableStats
 
-__all__ = ["IcebergTableAccess", "iceberg_s3_properties", "key_tuples", "optional_schema",
-           "sql_catalog", "sqlite_catalog"]
+WATERMARK_PREFIX: Final = "cg.watermark."
+"""Table property prefix of the watermarks: ``cg.watermark.<app_id>``."""
+
+__all__ = ["WATERMARK_PREFIX", "IcebergReader", "iceberg_s3_properties", "key_tuples", "moved",
+           "optional_schema", "scan", "sql_catalog", "sqlite_catalog", "watermark_of"]
 
 _S3_KEYS: Final = {
     "endpoint": "s3.endpoint", "endpoint_url": "s3.endpoint",
@@ -104,13 +107,20 @@ def optional_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields)
 
 
-class IcebergTableAccess:
-    """The read side of an :class:`~cg_pipelines.sinks.iceberg.IcebergSink` (its base class;
-    the attributes below are set by the sink's constructor)."""
+class IcebergReader:
+    """The read part of an :class:`~cg_pipelines.sinks.iceberg.IcebergSink` (the sink owns
+    one and hands its reads to it)."""
 
-    _ident: str
-    _catalog: Catalog
-    _schema: pa.Schema | None
+    def __init__(self, catalog: Catalog, identifier: str, schema: pa.Schema | None) -> None:
+        """
+        Args:
+            catalog: the table's catalog. identifier: ``namespace.table``.
+            schema: the schema given to the sink, if any (the shape of an absent table's
+                reads).
+        """
+        self._catalog = catalog
+        self._ident = identifier
+        self._schema = schema
 
     def load(self) -> Table | None:
         """The table's latest state, or None when it does not exist."""
@@ -119,7 +129,12 @@ class IcebergTableAccess:
         except NoSuchTableError:
             return None
 
-    def _require(self) -> Table:
+    def require(self) -> Table:
+        """The table's latest state.
+
+        Raises:
+            NoSuchTableError: no table.
+        """
         tbl = self.load()
         if tbl is None:
             raise NoSuchTableError(f"{self._ident}: no Iceberg table")
@@ -154,8 +169,8 @@ class IcebergTableAccess:
             return empty.select(columns) if columns is not None and self._schema else empty
         where = row_filter if row_filter is not None else AlwaysTrue()
         if filter is None:
-            return self._scan(tbl, where, columns)
-        rows = self._scan(tbl, where, None).filter(filter)
+            return scan(tbl, where, columns)
+        rows = scan(tbl, where, None).filter(filter)
         return rows.select(columns) if columns is not None else rows
 
     def read_partitions(self, partitions: Sequence[int] | None = None) -> pa.Table:
@@ -167,13 +182,6 @@ class IcebergTableAccess:
         """
         return self.read(row_filter=None if partitions is None
                          else is_in(PARTITION_COLUMN, list(partitions)))
-
-    @staticmethod
-    def _scan(tbl: Table, row_filter: BooleanExpression | str,
-              columns: Sequence[str] | None) -> pa.Table:
-        scan = tbl.scan(row_filter=row_filter,
-                        selected_fields=tuple(columns) if columns is not None else ("*",))
-        return scan.to_arrow()
 
     def data_files(self, row_filter: BooleanExpression | None = None) -> list[str]:
         """Paths of the current snapshot's data files (those ``row_filter`` may match).
@@ -206,11 +214,11 @@ class IcebergTableAccess:
         if tbl is None:
             return pa.table({c: pa.nulls(0) for c in cols})
         if not keys:
-            return self._scan(tbl, AlwaysTrue(), cols).slice(0, 0)
+            return scan(tbl, AlwaysTrue(), cols).slice(0, 0)
         flt: BooleanExpression = is_in(key, list(keys))
         if partition is not None and PARTITION_COLUMN in tbl.schema().column_names:
             flt = And(equal_to(PARTITION_COLUMN, int(partition)), flt)
-        return last_per_key(self._scan(tbl, flt, cols), key, order_by)
+        return last_per_key(scan(tbl, flt, cols), key, order_by)
 
     def stats(self, partition: int | None = None) -> TableStats:
         """``version`` (the table's last sequence number), total ``rows`` (from the current
@@ -220,7 +228,7 @@ class IcebergTableAccess:
         Raises:
             NoSuchTableError: no table.
         """
-        tbl = self._require()
+        tbl = self.require()
         snap = tbl.current_snapshot()
         rows = 0
         if snap is not None and snap.summary is not None:
@@ -233,7 +241,7 @@ class IcebergTableAccess:
 
     def history(self) -> list[dict[str, Any]]:
         """Every snapshot's summary (oldest first), with ``snapshot_id`` and ``timestamp_ms``."""
-        tbl = self._require()
+        tbl = self.require()
         out = []
         for s in sorted(tbl.snapshots(), key=lambda s: s.sequence_number or 0):
             d: dict[str, Any] = dict(s.summary.additional_properties) if s.summary else {}
@@ -242,6 +250,30 @@ class IcebergTableAccess:
             d.update(snapshot_id=s.snapshot_id, timestamp_ms=s.timestamp_ms)
             out.append(d)
         return out
+
+
+def scan(tbl: Table, row_filter: BooleanExpression | str,
+         columns: Sequence[str] | None) -> pa.Table:
+    """``tbl``'s current rows matching ``row_filter``, projected to ``columns`` (all when
+    None)."""
+    return tbl.scan(row_filter=row_filter,
+                    selected_fields=tuple(columns) if columns is not None else ("*",)).to_arrow()
+
+
+def watermark_of(tbl: Table, app_id: str) -> int:
+    """``app_id``'s watermark in ``tbl`` (its table property; 0 when none)."""
+    return int(tbl.properties.get(WATERMARK_PREFIX + app_id, 0))
+
+
+def moved(tbl: Table, watermarks: Mapping[str, tuple[int, int]]
+          ) -> tuple[str, int, int] | None:
+    """``(app id, expected, found)`` of the first app id whose watermark in ``tbl`` is not its
+    expected one (``watermarks``: ``{app id: (expected, version)}``), or None."""
+    for app_id, (expected, _) in watermarks.items():
+        found = watermark_of(tbl, app_id)
+        if found != expected:
+            return app_id, expected, found
+    return None
 
 
 def key_tuples(table: pa.Table, keys: Sequence[str]) -> pa.Array:

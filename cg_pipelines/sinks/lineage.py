@@ -1,6 +1,8 @@
-"""The lineage every Delta commit of a :class:`~cg_pipelines.sinks.delta.DeltaSink` carries in
-its commit info (``custom_metadata``), shared by its writer (data, empty and replace commits)
-and its maintainer (compaction and VACUUM commits).
+"""The lineage every commit of a :class:`~cg_pipelines.sinks.delta.DeltaSink` carries in its
+Delta commit info (``custom_metadata``), shared by its writer (data, empty and replace commits)
+and its maintainer (compaction and VACUUM commits); an
+:class:`~cg_pipelines.sinks.iceberg.IcebergSink`'s snapshot summaries carry the same keys
+(without ``userMetadata``).
 
 Keys: ``cg.stream``, ``cg.group``, ``cg.partition``, ``cg.first_seq``, ``cg.last_seq`` (what
 the caller passes as ``lineage``), ``cg.app_id``, ``cg.watermark``, ``cg.write_mode``,
@@ -38,14 +40,18 @@ def _user_metadata(md: Mapping[str, str]) -> str:
 class CommitLineage:
     """Builds the ``custom_metadata`` of a sink's commits (see the module docstring)."""
 
-    def __init__(self, write_mode: str, commit_metadata: Mapping[str, str] | None) -> None:
+    def __init__(self, write_mode: str, commit_metadata: Mapping[str, str] | None, *,
+                 user_metadata: bool = True) -> None:
         """
         Args:
             write_mode: the sink's write mode name (``append``/``merge``).
             commit_metadata: extra lineage for every commit (keys get the ``cg.`` prefix).
+            user_metadata: also the human-facing ``userMetadata`` copy (Delta's commit info;
+                an Iceberg snapshot summary has no such field).
         """
         self._mode = write_mode
         self._extra = {lineage_key(k): str(v) for k, v in (commit_metadata or {}).items()}
+        self._user = user_metadata
 
     def commit(self, app_id: str, watermark: int, operation: str,
                lineage: Mapping[str, object] | None) -> dict[str, str]:
@@ -57,9 +63,10 @@ class CommitLineage:
                    "cg.write_mode": self._mode, "cg.operation": operation,
                    "cg.library_version": __version__})
         md.update(self._extra)
-        # The coverage (up to ~3 bytes a message, machine-read by reconcile) is written once:
-        # userMetadata is the human-facing copy (Spark's DESCRIBE HISTORY).
-        md["userMetadata"] = _user_metadata(md)
+        if self._user:
+            # The coverage (up to ~3 bytes a message, machine-read by reconcile) is written
+            # once: userMetadata is the human-facing copy (Spark's DESCRIBE HISTORY).
+            md["userMetadata"] = _user_metadata(md)
         return md
 
     def create(self) -> dict[str, str]:

@@ -70,7 +70,7 @@ def test_compaction_losing_to_a_newer_holder_is_fenced(backend: Backend) -> None
         return {"cg.operation": "compact", "cg.watermark": str(wm)}
 
     out: dict[str, int | float | str] = {}
-    assert not compact_partition(old._require, 0, POLICY,  # the sink's loader
+    assert not compact_partition(old._reader.require, 0, POLICY,  # the sink's loader
                                  lambda t: int(t.properties.get("cg.watermark.s/g/0", 0)),
                                  summary_then_race, out)
     assert out["iceberg_compaction"] == "fenced", out
@@ -87,7 +87,7 @@ def test_compaction_losing_to_a_newer_holder_is_fenced(backend: Backend) -> None
         return {"cg.operation": "compact", "cg.watermark": str(wm)}
 
     out = {}
-    assert compact_partition(old._require, 0, POLICY,
+    assert compact_partition(old._reader.require, 0, POLICY,
                              lambda t: int(t.properties.get("cg.watermark.s/g/0", 0)),
                              summary_other, out)
     assert out["iceberg_compaction"] == "done" and out["iceberg_files_live"] == 1, out
