@@ -8,9 +8,7 @@ is still the one the batch was based on.
 Watermarks: the table PROPERTY ``cg.watermark.<app_id>`` (table properties are cumulative in
 Iceberg; snapshot summary properties belong to one snapshot), set by the same transaction as
 the data. Markers (``{app id: version}``) are properties too. Each commit's snapshot summary
-carries the lineage (``cg.stream``, ``cg.group``, ``cg.partition``, ``cg.first_seq``,
-``cg.last_seq``, ``cg.app_id``, ``cg.watermark``, ``cg.write_mode``, ``cg.operation``,
-``cg.library_version`` and the sink's ``commit_metadata``).
+carries the Delta sink's lineage keys (:mod:`cg_pipelines.sinks.lineage`).
 
 The fence (checked by experiment on pyiceberg 0.12.0, SQL catalog on SQLite and Postgres,
 local disk and moto S3; see ``tests/iceberg``):
@@ -557,29 +555,31 @@ class IcebergSink:
 
     def maintain(self, partition: int, app_id: str) -> dict[str, int | float | str]:
         """Compact ``partition``'s small files when due (:mod:`cg_pipelines.sinks.
-        iceberg_compact`, one fenced transaction), then, once the table holds more than
-        ``keep_snapshots`` + ``keep_snapshots // 2``, expire all but the newest
-        ``keep_snapshots`` snapshots (:mod:`cg_pipelines.sinks.iceberg_expire`; metadata only:
-        pyiceberg 0.12 deletes no files), never one a branch or tag points at. Called by the
-        engine under the partition's lease after its last commit; the table is shared, so any
-        partition's call expires the whole table's old snapshots. Changes no row and no
-        watermark. Returns figures for the run's metadata (``iceberg_compaction``,
-        ``iceberg_files_compacted``, ``iceberg_files_live``, ``iceberg_snapshots``,
-        ``iceberg_snapshots_expired``, ``iceberg_expire_seconds``); a failure is reported as
-        ``error`` (type and message),
-        not raised."""
+        iceberg_compact`, one fenced transaction), then expire old snapshots in batches
+        (:mod:`cg_pipelines.sinks.iceberg_expire`: down to ``keep_snapshots`` once above half
+        as many more; metadata only, never one a ref points at; any partition's call expires
+        the whole table's). Called under the partition's lease after its last commit; changes
+        no row and no watermark. Returns figures for the run's metadata
+        (``iceberg_compaction``, ``iceberg_files_compacted``, ``iceberg_files_live``,
+        ``iceberg_snapshots``, ``iceberg_snapshots_expired``, ``iceberg_expire_seconds``); a
+        failure is reported as ``error`` (type and message), not raised."""
         t0 = time.monotonic()
         figures: dict[str, int | float | str] = {}
         try:
-            if self._reader.load() is not None and compact_partition(
-                    lambda: self._no_pyiceberg_retry(self._reader.require()), partition,
-                    self._maintenance, lambda t: watermark_of(t, app_id),
+            tbl = self._reader.load()  # one load serves the compaction check and the expiry
+            loaded = [tbl] if tbl is not None else []
+
+            def latest() -> Table:  # that state first, then the catalog's latest
+                return self._no_pyiceberg_retry(loaded.pop() if loaded
+                                                else self._reader.require())
+
+            if tbl is not None and compact_partition(
+                    latest, partition, self._maintenance, lambda t: watermark_of(t, app_id),
                     lambda wm: self._lineage.commit(app_id, wm, "compact",
-                                                    {"partition": partition}),
-                    figures):
+                                                    {"partition": partition}), figures):
                 with self._lock:  # the held base is stale: the next commit reloads
                     self._tables.pop(app_id, None)
-            tbl = self._reader.load()
+                tbl = self._reader.load()
             before, expired = (0, 0) if tbl is None else expire_old_snapshots(
                 tbl, self._reader.require, self._keep)
             figures.update(iceberg_snapshots=before - expired,
