@@ -52,11 +52,14 @@ async def test_engine_survives_step_downs_and_leader_kill(
     api = JetStreamAPI(cnc, timeout=5)
     await checks.create_r3_group(cjs, stream, P)
     evs = keyed.events(n_keys=40, n_events=3600)
-    first, second = evs[:2400], evs[2400:]
-    await keyed.publish(cjs, stream, first)
+    # Published in four parts, one before each wait for commits: a wait always has work to
+    # see committed, however fast the runs drained what came before (they drained 2,400
+    # messages in 3.4 s once, before the first fault's step-down returned).
+    parts = [evs[:1200], evs[1200:2400], evs[2400:3000], evs[3000:]]
+    await keyed.publish(cjs, stream, parts[0])
     for body in BAD:
         await cjs.publish(f"{stream}.kbad", body)
-    await checks.wait_sourced(api, stream, len(first) + len(BAD))
+    await checks.wait_sourced(api, stream, len(parts[0]) + len(BAD))
 
     sink = DeltaSink(str(tmp_path / "t"), schema=keyed.OUT_SCHEMA)
     commits = {"n": 0}
@@ -106,9 +109,11 @@ async def test_engine_survives_step_downs_and_leader_kill(
             await after_commits(2)
             new = await nats_cluster.step_down_stream(wq)
             faults.append(f"stream leader step-down -> {nats_cluster.server_name(new)}")
+            await keyed.publish(cjs, stream, parts[1])
             await after_commits(3)
             new = await nats_cluster.step_down_meta()
             faults.append(f"meta leader step-down -> {nats_cluster.server_name(new)}")
+            await keyed.publish(cjs, stream, parts[2])
             await after_commits(3)
             killed = await nats_cluster.kill_stream_leader(wq)
             faults.append(f"kill -9 of work-queue leader {nats_cluster.server_name(killed)}")
@@ -116,7 +121,7 @@ async def test_engine_survives_step_downs_and_leader_kill(
             await asyncio.to_thread(nats_cluster.restart, killed)
             await nats_cluster.wait_healthy(60)
             faults.append(f"restart of {nats_cluster.server_name(killed)}")
-            await keyed.publish(cjs, stream, second)
+            await keyed.publish(cjs, stream, parts[3])
             # A run that finds the partition empty ends its loop only once everything
             # published is in the work queue (sourcing is asynchronous).
             # After a restart the work queue's source can back off for tens of seconds
