@@ -65,7 +65,7 @@ fenced commits), :class:`~cg_pipelines.sinks.deltaread.DeltaReader` (reads and s
 Upkeep (:mod:`cg_pipelines.sinks.maintenance`, :meth:`DeltaSink.maintain`, called by the
 engine after a run's last commit): compaction of the partition's small files, the per-partition
 state snapshots that keep :meth:`last_rows` independent of the table's age
-(:mod:`cg_pipelines.sinks.deltastate`), VACUUM and log cleanup. ``docs/growth.md`` lists what
+(:mod:`cg_pipelines.sinks.partstate`), VACUUM and log cleanup. ``docs/growth.md`` lists what
 grows and what bounds it.
 
 One snapshot per run: a run's state reads (:meth:`last_rows` with the run's ``app_id``) and its
@@ -414,7 +414,7 @@ class DeltaSink:
 
         In append mode, for one partition of a table partitioned by :data:`PARTITION_COLUMN`
         (the default), the rows come from the partition's state snapshot caught up from the
-        files committed since (:mod:`cg_pipelines.sinks.deltastate`): the cost does not grow
+        files committed since (:mod:`cg_pipelines.sinks.partstate`): the cost does not grow
         with the table's history. Otherwise (and in merge mode, where the table is the
         current state, one row per key) the table is read.
 

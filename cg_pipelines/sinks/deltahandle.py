@@ -24,7 +24,8 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from cg_pipelines.sinks.base import FenceConflictError
-from cg_pipelines.sinks.deltastate import PartitionStates, TableView
+from cg_pipelines.sinks.deltastate import TableView
+from cg_pipelines.sinks.partstate import PartitionStates
 from cg_pipelines.sinks.storage import safe_uri, scrubbed, table_filesystem
 
 if TYPE_CHECKING:

@@ -48,14 +48,12 @@ server), a Postgres-backed SQL catalog (:func:`sql_catalog`), REST (``{"type": "
 "uri": ...}``; the fence only needs ``AssertRefSnapshotId``, which REST servers check).
 
 Maintenance (:meth:`IcebergSink.maintain`, under the partition's lease): the partition's
-small files compacted in one fenced transaction (:mod:`cg_pipelines.sinks.iceberg_compact`:
-the partition rewritten whole, pyiceberg 0.12 having no rewrite; the thresholds of Delta's
-:class:`~cg_pipelines.sinks.maintenance.Maintenance`), then snapshot expiry (pyiceberg's
-``table.maintenance.expire_snapshots()``); the catalog keeps at most
-``write.metadata.previous-versions-max`` old metadata files. pyiceberg 0.12 has no orphan file
-removal, and its snapshot expiry does not delete files: the files compacted or expired away
-stay in storage until Spark/Java Iceberg's ``remove_orphan_files`` (or ``expire_snapshots``)
-deletes them.
+small files compacted in one fenced transaction (:mod:`cg_pipelines.sinks.iceberg_compact`,
+the thresholds of Delta's :class:`~cg_pipelines.sinks.maintenance.Maintenance`), then snapshot
+expiry; the catalog keeps ``write.metadata.previous-versions-max`` old metadata files. pyiceberg
+0.12 deletes no file: those compacted or expired away stay until Spark/Java Iceberg's
+``remove_orphan_files`` deletes them. Append mode reads state through per-partition snapshots
+(:mod:`cg_pipelines.sinks.iceberg_state`).
 """
 
 from __future__ import annotations
@@ -97,6 +95,7 @@ from cg_pipelines.sinks.iceberg_read import (
     sqlite_catalog,
     watermark_of,
 )
+from cg_pipelines.sinks.iceberg_state import IcebergStates
 from cg_pipelines.sinks.iceberg_view import commit_view
 from cg_pipelines.sinks.lineage import CommitLineage
 from cg_pipelines.sinks.maintenance import Maintenance
@@ -167,10 +166,10 @@ class IcebergSink:
                 loading the table still parses them all.
             metadata_versions: ``write.metadata.previous-versions-max`` of a created table
                 (default 20; copied with the metadata as above).
-            maintenance: the compaction thresholds of :meth:`maintain` (``compact``,
-                ``compact_min_files``, ``target_size``; default :class:`~cg_pipelines.sinks.
-                maintenance.Maintenance`'s: 16 small files, 128 MiB); its Delta settings
-                (VACUUM, log) do not apply.
+            maintenance: :meth:`maintain`'s compaction (``compact``, ``compact_min_files``,
+                ``target_size``; default :class:`~cg_pipelines.sinks.maintenance.Maintenance`'s:
+                16 small files, 128 MiB) and ``snapshots`` (append: state snapshots carried
+                over a compaction); its Delta settings (VACUUM, log) do not apply.
 
         Raises:
             UsageError: no namespace in ``identifier``; ``write`` not Append/Merge/None;
@@ -193,7 +192,8 @@ class IcebergSink:
         self._schema = optional_schema(schema) if schema is not None else None
         self._write: Append | Merge = write if write is not None else Append()
         self._lineage = CommitLineage(self._write.name, commit_metadata, user_metadata=False)
-        self._reader = IcebergReader(self._catalog, identifier, self._schema)
+        self._reader = IcebergReader(self._catalog, identifier, self._schema, IcebergStates()
+                                     if isinstance(self._write, Append) else None)
         self._retries = commit_retries
         self._keep = keep_snapshots
         self._metadata_versions = metadata_versions
@@ -576,7 +576,8 @@ class IcebergSink:
             if tbl is not None and compact_partition(
                     latest, partition, self._maintenance, lambda t: watermark_of(t, app_id),
                     lambda wm: self._lineage.commit(app_id, wm, "compact",
-                                                    {"partition": partition}), figures):
+                                                    {"partition": partition}),
+                    figures, self._reader.states if self._maintenance.snapshots else None):
                 with self._lock:  # the held base is stale: the next commit reloads
                     self._tables.pop(app_id, None)
                 tbl = self._reader.load()

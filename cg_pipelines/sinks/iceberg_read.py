@@ -22,6 +22,7 @@ from pyiceberg.table import Table
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.iceberg_expr import equal_to, is_in
+from cg_pipelines.sinks.iceberg_state import IcebergStates
 from cg_pipelines.sinks.storage import option_name
 from cg_pipelines.sinks.table import TableStats
 
@@ -111,16 +112,20 @@ class IcebergReader:
     """The read part of an :class:`~cg_pipelines.sinks.iceberg.IcebergSink` (the sink owns
     one and hands its reads to it)."""
 
-    def __init__(self, catalog: Catalog, identifier: str, schema: pa.Schema | None) -> None:
+    def __init__(self, catalog: Catalog, identifier: str, schema: pa.Schema | None,
+                 states: IcebergStates | None = None) -> None:
         """
         Args:
             catalog: the table's catalog. identifier: ``namespace.table``.
             schema: the schema given to the sink, if any (the shape of an absent table's
                 reads).
+            states: the per-partition state snapshots :meth:`last_rows` reads through (an
+                append-mode sink's; :mod:`cg_pipelines.sinks.iceberg_state`), or None.
         """
         self._catalog = catalog
         self._ident = identifier
         self._schema = schema
+        self.states = states
 
     def load(self) -> Table | None:
         """The table's latest state, or None when it does not exist."""
@@ -205,6 +210,9 @@ class IcebergReader:
         (the state-sink contract; see :meth:`DeltaSink.last_rows
         <cg_pipelines.sinks.delta.DeltaSink.last_rows>`). Sorted by key. ``app_id`` (the
         run's identity) is accepted and not needed: the read is of the latest table state.
+        With ``partition`` and state snapshots (append mode), the read costs the files
+        committed since the partition's snapshot, not its history
+        (:mod:`cg_pipelines.sinks.iceberg_state`).
 
         Raises:
             pyiceberg / pyarrow errors: read failures, unknown columns.
@@ -215,6 +223,10 @@ class IcebergReader:
             return pa.table({c: pa.nulls(0) for c in cols})
         if not keys:
             return scan(tbl, AlwaysTrue(), cols).slice(0, 0)
+        if partition is not None and self.states is not None:
+            got = self.states.last_rows(tbl, key, keys, cols, order_by, partition)
+            if got is not None:
+                return got
         flt: BooleanExpression = is_in(key, list(keys))
         if partition is not None and PARTITION_COLUMN in tbl.schema().column_names:
             flt = And(equal_to(PARTITION_COLUMN, int(partition)), flt)

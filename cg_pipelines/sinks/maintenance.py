@@ -6,7 +6,7 @@ table ages.
 Per call, for the one consumer-group partition:
 
 1. **State snapshots** of the partition are caught up to the latest version
-   (:mod:`cg_pipelines.sinks.deltastate`).
+   (:mod:`cg_pipelines.sinks.partstate`).
 2. **Compaction** (anchor: Delta's auto-compaction, ``delta.autoOptimize.autoCompact``): when
    the partition has at least :attr:`Maintenance.compact_min_files` live files smaller than
    :attr:`Maintenance.target_size`, ``DeltaTable.optimize.compact(partition_filters=
