@@ -228,8 +228,9 @@ class JoinSink(Sink, Protocol):
 
 
 def check_watermarks(watermarks: Mapping[str, tuple[int, int]]) -> str:
-    """Check a :meth:`JoinSink.commit_inputs` argument and return the first app id whose
-    version moves (``expected < version``).
+    """Check a :meth:`JoinSink.commit_inputs` argument (``{app id: (expected, version)}``;
+    a sink's ``commit`` is this with one app id) and return the first app id whose version
+    moves (``expected < version``).
 
     Raises:
         UsageError: empty, a negative ``expected``, a ``version < expected``, or no version
@@ -239,10 +240,11 @@ def check_watermarks(watermarks: Mapping[str, tuple[int, int]]) -> str:
         raise UsageError("commit_inputs needs at least one watermark")
     bad = {a: ev for a, ev in watermarks.items() if not 0 <= ev[0] <= ev[1]}
     if bad:
-        raise UsageError(f"commit_inputs: need 0 <= expected <= version, got {bad}")
+        raise UsageError(f"commit: need 0 <= expected <= version, got {bad}")
     moving = [a for a, (e, v) in watermarks.items() if v > e]
     if not moving:
-        raise UsageError(f"commit_inputs: no watermark moves in {dict(watermarks)}")
+        raise UsageError(f"commit: no watermark moves (need expected < version for at least "
+                         f"one app id), got {dict(watermarks)}")
     return moving[0]
 
 

@@ -107,9 +107,6 @@ class DeltaWriter:
                markers: Mapping[str, int] | None = None, *,
                lineage: Mapping[str, object] | None = None) -> None:
         """:meth:`DeltaSink.commit <cg_pipelines.sinks.delta.DeltaSink.commit>`."""
-        if not 0 <= expected < version:
-            raise UsageError(f"commit of {app_id}: need 0 <= expected < version, "
-                             f"got expected={expected} version={version}")
         self.commit_inputs(table, {app_id: (expected, version)}, markers, lineage=lineage)
 
     def commit_inputs(self, table: pa.Table | None, watermarks: Mapping[str, tuple[int, int]],

@@ -313,9 +313,6 @@ class IcebergSink:
                 of other partitions; columns that differ from the table's.
             CommitFailedException: ``commit_retries`` races lost to other partitions.
         """
-        if not 0 <= expected < version:
-            raise UsageError(f"commit of {app_id}: need 0 <= expected < version, "
-                             f"got expected={expected} version={version}")
         self.commit_inputs(table, {app_id: (expected, version)}, markers, lineage=lineage)
 
     def commit_inputs(self, table: pa.Table | None, watermarks: Mapping[str, tuple[int, int]],
