@@ -20,6 +20,7 @@ from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
 from pyiceberg.table import Table
 
 from cg_pipelines.core.state import last_per_key
+from cg_pipelines.core.storage_keys import check_storage_options
 from cg_pipelines.sinks.base import PARTITION_COLUMN
 from cg_pipelines.sinks.iceberg_expr import equal_to, is_in
 from cg_pipelines.sinks.iceberg_state import IcebergStates
@@ -42,9 +43,17 @@ _S3_KEYS: Final = {
 def iceberg_s3_properties(storage_options: Mapping[str, str]) -> dict[str, str]:
     """pyiceberg FileIO properties (``s3.endpoint``, ``s3.access-key-id``,
     ``s3.secret-access-key``, ``s3.session-token``, ``s3.region``) from delta-rs style storage
-    options (:func:`cg_pipelines.sinks.storage.s3_options`; ``AWS_`` prefix optional). Options
-    pyiceberg has no use for (``allow_http`` ...) are dropped; keys already in pyiceberg form
-    (``s3.*``) are kept."""
+    options (:func:`cg_pipelines.sinks.storage.s3_options`; ``AWS_`` prefix optional). S3
+    options pyiceberg has no use for (``allow_http`` ...) are dropped; keys already in pyiceberg
+    form (``s3.*``) are kept.
+
+    Raises:
+        ConfigError: a key no S3 store reads (:func:`~cg_pipelines.core.storage_keys.
+            check_storage_options`): a misspelt endpoint would otherwise be dropped here and
+            the table written to AWS itself.
+    """
+    check_storage_options("s3://", {k: v for k, v in storage_options.items()
+                                    if not k.startswith("s3.")})
     out: dict[str, str] = {}
     for k, v in storage_options.items():
         if k.startswith("s3."):

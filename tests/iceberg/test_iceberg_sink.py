@@ -12,6 +12,7 @@ import pytest
 from pyiceberg.expressions import EqualTo
 from pyiceberg.transforms import IdentityTransform
 
+from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.write import Merge
 from cg_pipelines.sinks.base import FenceConflictError, ReplaceSink
 from cg_pipelines.sinks.iceberg import IcebergSink, iceberg_s3_properties
@@ -160,6 +161,8 @@ def test_s3_properties_and_repr_hide_secrets() -> None:
                                     "warehouse": "file:///tmp", "init_catalog_tables": "true",
                                     **props})
     assert "sekrit" not in repr(s)
+    with pytest.raises(ConfigError, match=r"AWS_ENDPOINT_ULR \(did you mean AWS_ENDPOINT_URL"):
+        iceberg_s3_properties({"AWS_ENDPOINT_ULR": "http://h:1", "s3.region": "r"})
     with pytest.raises(ValueError, match="namespace"):
         IcebergSink("t", catalog=s.catalog)
 
