@@ -404,8 +404,8 @@ async def run_mode(nc: nats.NATS, tmp: str, mode: str, args: argparse.Namespace,
         v0, t0 = first.stats().version, time.perf_counter()
         await asyncio.to_thread(age, first, keys_of, calib, per_part, rnd.randrange(1 << 30))
         pol = maintenance(args, (time.perf_counter() - t0) / max(1, first.stats().version - v0))
-        DeltaTable(paths["aged"], storage_options=store_of(paths["aged"])).alter.set_table_properties(
-            pol.table_properties())
+        aged_table = DeltaTable(paths["aged"], storage_options=store_of(paths["aged"]))
+        aged_table.alter.set_table_properties(pol.table_properties())
     else:
         pol = LIBRARY if ICEBERG else maintenance(args, 0.0)
     print(f"  {mode}: {retention_line(pol, args)}", flush=True)

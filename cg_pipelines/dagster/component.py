@@ -25,8 +25,10 @@ which writes ``defs/orders_totals/defs.yaml``::
 The processor is imported from its path when the definitions load (an
 :class:`~cg_pipelines.ArrowProcessor` or :class:`~cg_pipelines.spark.SparkProcessor`: Python
 code, not YAML). ``resources`` keys are ``nats`` (:class:`NatsResource`), ``warehouse``
-(:class:`DeltaWarehouseResource`), ``spark`` (:class:`SparkResource`) and ``partition_runs``
-(:class:`PartitionRunsResource`); their attributes are those classes' fields. Several
+(:class:`DeltaWarehouseResource`; with ``format: iceberg``
+:class:`~cg_pipelines.dagster.IcebergWarehouseResource`), ``spark`` (:class:`SparkResource`)
+and ``partition_runs`` (:class:`PartitionRunsResource`); their attributes are those classes'
+fields. Several
 components with the same resource settings share one resource object, so their definitions
 merge. Errors name the field: ``processor: 'my_project.transforms:totals': module
 'my_project.transforms' has no attribute 'totals'``.
@@ -64,6 +66,7 @@ from cg_pipelines.dagster.resources import (
     SparkResource,
 )
 from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.warehouse import IcebergWarehouseResource
 
 __all__ = ["ConsumerGroupAssetComponent", "DeleteWhenModel", "WriteModel"]
 
@@ -73,6 +76,11 @@ RESOURCE_CLASSES: dict[str, type[Any]] = {
     "warehouse": DeltaWarehouseResource,
     "spark": SparkResource,
     "partition_runs": PartitionRunsResource,
+}
+# ``warehouse: {format: ...}``: the table format's warehouse class (default delta).
+WAREHOUSE_FORMATS: dict[str, type[Any]] = {
+    "delta": DeltaWarehouseResource,
+    "iceberg": IcebergWarehouseResource,
 }
 # One object per (key, settings): Definitions.merge accepts a resource key twice only when it
 # is the same object, so components declaring the same settings must share it. A long-lived
@@ -98,6 +106,7 @@ attributes:
   resources:
     nats: {{servers: {{env: NATS_URL}}}}
     warehouse: {{root: {{env: WAREHOUSE}}}}
+    # or Iceberg: {{format: iceberg, warehouse: {{env: WAREHOUSE}}, catalog_uri: ...}}
     # spark: {{master: "local[2]"}}   (a SparkProcessor needs it)
     # partition_runs: {{dead_letter_policy: halt, batch_max_msgs: 20000}}
 """
@@ -240,10 +249,18 @@ def build_resources(declared: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if not isinstance(settings, dict):
             raise ConfigError(f"resources.{key}", f"must be a mapping of {cls.__name__} "
                               f"fields, got {settings!r}")
+        fields = settings
+        if key == "warehouse":
+            fmt = settings.get("format", "delta")
+            if fmt not in WAREHOUSE_FORMATS:
+                raise ConfigError("resources.warehouse.format", f"must be one of "
+                                  f"{', '.join(WAREHOUSE_FORMATS)}, got {fmt!r}")
+            cls = WAREHOUSE_FORMATS[fmt]
+            fields = {k: v for k, v in settings.items() if k != "format"}
 
-        def make(cls: type[Any] = cls, key: str = key, settings: dict[str, Any] = settings) -> Any:
+        def make(cls: type[Any] = cls, key: str = key, fields: dict[str, Any] = fields) -> Any:
             try:
-                return cls(**{k: _value(v) for k, v in settings.items()})
+                return cls(**{k: _value(v) for k, v in fields.items()})
             except Exception as e:  # pydantic's ValidationError names the fields
                 raise ConfigError(f"resources.{key}", f"{cls.__name__}: {e}") from e
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import nats
 import pytest
 
+from cg_pipelines import ArrowProcessor, JsonDecoder, JsonField
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.dagster import ConsumerGroupAssetComponent
@@ -29,6 +30,8 @@ from cg_pipelines.dagster.component import (
     scaffold_text,
     shared_resource_count,
 )
+from cg_pipelines.dagster.io_manager import IcebergTableIOManager
+from cg_pipelines.dagster.warehouse import IcebergWarehouseResource
 from cg_pipelines.sinks.delta import DeltaSink
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,3 +201,31 @@ def test_shared_resources_are_bounded() -> None:
     assert shared_resource_count() <= SHARED_MAX
     # the oldest settings were dropped: the same settings now make a new object
     assert build_resources({"warehouse": {"root": "/tmp/bound-0"}})["warehouse"] is not first
+
+
+def doubled(table: object, ctx: object) -> object:
+    return table
+
+
+PROCESSOR = ArrowProcessor(JsonDecoder([JsonField("customer", "string")]), doubled)
+
+
+def test_an_iceberg_warehouse_by_format(tmp_path: Path) -> None:
+    """``warehouse: {format: iceberg, ...}`` gives the Iceberg warehouse, its IO manager and
+    an asset of kind iceberg; an unknown format is refused with the choices."""
+    yaml = BASE.replace("cg_pipelines.dagster.component:RESOURCE_CLASSES",
+                        "tests.component.test_component:PROCESSOR").replace(
+        "warehouse: {root: /tmp/cg-component-wh}",
+        f"warehouse: {{format: iceberg, warehouse: {tmp_path / 'lake'}, namespace: shop}}")
+    defs = ConsumerGroupAssetComponent.resolve_from_yaml(yaml).build_defs(
+        None)  # type: ignore[arg-type]  # the context is not read
+    warehouse = defs.resources["warehouse"]
+    assert isinstance(warehouse, IcebergWarehouseResource) and warehouse.namespace == "shop"
+    assert isinstance(defs.resources["cg_io_manager"], IcebergTableIOManager)
+    (spec,) = [a for a in defs.resolve_all_asset_specs() if a.key.to_user_string() == "t"]
+    assert spec.kinds == {"nats", "iceberg"}
+    bad = ConsumerGroupAssetComponent.resolve_from_yaml(yaml.replace("iceberg", "hudi"))
+    with pytest.raises(ConfigError, match="resources.warehouse.format: must be one of delta, "
+                                          "iceberg, got 'hudi'"):
+        bad.build_defs(None)  # type: ignore[arg-type]
+
