@@ -167,5 +167,5 @@ def check_storage_options(uri: str, options: Mapping[str, str]) -> None:
         scheme = urlsplit(uri).scheme or "a local path"
         raise ConfigError(
             "storage_options",
-            f"unknown to the {scheme} store (delta-rs would ignore them silently): "
+            f"unknown to the {scheme} store (its client would ignore them silently): "
             f"{', '.join(unknown)}; see cg_pipelines.core.storage_keys.PROVIDER_KEYS")
