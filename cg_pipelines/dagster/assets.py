@@ -49,13 +49,14 @@ from dagster import (
 
 from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.write import Merge
-from cg_pipelines.dagster.history import CODE_TAG, run_worker_tags
+from cg_pipelines.dagster.history import CODE_TAG
 from cg_pipelines.dagster.partition_run import (
     DEAD_LETTER_CHECK,
     DRAINED_CHECK,
     FENCE_CHECK,
     PartitionRunConfig,
     failed_run_checks,
+    run_alive,
     run_failure,
     run_mode,
     table_metadata,
@@ -196,11 +197,12 @@ def build_group_asset(spec: ConsumerGroupAsset) -> AssetsDefinition:
     def _group_asset(context: AssetExecutionContext, config: PartitionRunConfig
                      ) -> Iterator[MaterializeResult | AssetCheckResult]:
         try:
-            if not spec.uses_spark:
-                result = _materialize(context, spec, config)
-            else:
-                with stopping_foreign_spark(context, spec.spark_resource_key):
+            with run_alive(context, spec):
+                if not spec.uses_spark:
                     result = _materialize(context, spec, config)
+                else:
+                    with stopping_foreign_spark(context, spec.spark_resource_key):
+                        result = _materialize(context, spec, config)
         except Exception as e:
             # The partition's checks say what a failed run means for each of them (else
             # Dagster marks them all "execution failed").
@@ -260,7 +262,7 @@ def _resolve(context: AssetExecutionContext, spec: ConsumerGroupAsset,
     # The code version (retry rule) and this run's worker process (lost-run detection), for
     # the backlog sensor (cg_pipelines.dagster.history).
     context.instance.add_run_tags(context.run.run_id, {
-        CODE_TAG: spec.current_code_version(), **run_worker_tags()})
+        CODE_TAG: spec.current_code_version()})
     waited = wait_for_earlier_runs(context, runs.run_timeout_s)
     try:
         v = load_group_config(nats_res, spec)

@@ -3,11 +3,15 @@
 - :func:`partition_runs`: per partition, consecutive failed runs under the current code since
   the last success, when the newest ended and its error, and whether a run is queued or in
   progress (:class:`~cg_pipelines.core.triggers.PartitionRuns`).
-- Lost run workers: a partition run records its process (:func:`run_worker_tags`); a run still
-  marked in progress whose process is gone from this host (kill -9, OOM) is marked failed by
-  :func:`fail_lost_runs`, so the per-partition run limit frees the partition at the next tick
-  instead of after Dagster's ``max_runtime`` (the default run launcher has no run-worker health
-  check of its own).
+- Lost runs: a partition run records its process (:func:`run_worker_tags`) and keeps a
+  heartbeat in NATS (:class:`~cg_pipelines.jetstream.liveness.RunHeartbeat`); a run still
+  marked in progress that is lost — its process gone from this host (kill -9, OOM), or, seen
+  from any host, no heartbeat left and no pinned lease (its host was lost) — is marked failed
+  by :func:`fail_lost_runs` (the rule: :func:`cg_pipelines.core.liveness.judge_run`), so the
+  per-partition run limit frees the partition at the next tick instead of after Dagster's
+  ``max_runtime``. Dagster's own run monitoring sees a dead run worker only where the run
+  launcher reports worker health (Docker, Kubernetes, ECS) or the code server that launched it
+  is alive; a lost host is neither.
 - The backlog sensor's partitioned checks: :func:`check_states` (what Dagster shows per check
   and partition), :func:`record_first_checks` (a partition's first results, run-less). Later
   results go through check-only runs (:data:`CHECK_MODE`); ``docs/signals.md`` says why.
@@ -18,9 +22,11 @@ Public Dagster APIs only (``dagster`` top-level names, ``DagsterInstance`` metho
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
-from collections.abc import Collection, Iterable, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +44,11 @@ from dagster import (
 )
 
 from cg_pipelines.core.errors import one_line
+from cg_pipelines.core.liveness import LOST_RUN_GRACE_S, RunSighting, judge_run
 from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy
 
-__all__ = ["CHECK_MODE", "CODE_TAG", "MODE_TAG", "WORKER_TAG", "CheckState", "check_states",
-           "fail_lost_runs", "finished_runs", "partition_runs", "partition_runs_of",
+__all__ = ["CHECK_MODE", "CODE_TAG", "MODE_TAG", "WORKER_TAG", "CheckState", "Probe", "Suspect",
+           "check_states", "fail_lost_runs", "finished_runs", "partition_runs", "partition_runs_of",
            "record_first_checks", "run_worker_tags"]
 
 CODE_TAG = "cg/code_version"
@@ -82,47 +89,85 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def worker_gone(tag: str) -> bool:
-    """Whether the run worker named by a :data:`WORKER_TAG` value ran on this host and its
-    process no longer exists (False when it cannot be told: another host, no ``/proc``)."""
+def worker_gone(tag: str) -> bool | None:
+    """Whether the run worker named by a :data:`WORKER_TAG` value is gone: ``True`` when it
+    ran on this host and its process no longer exists (or its pid is another process now),
+    ``False`` when it runs here, ``None`` when it cannot be told (another host, no ``/proc``, a
+    malformed tag)."""
     try:
         host, pid_s, ticks_s = tag.split(" ")
         pid, ticks = int(pid_s), int(ticks_s)
     except ValueError:
-        return False
+        return None
     if host != socket.gethostname() or pid <= 0:
-        return False
+        return None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:
-        return False
+        return None
     now = _start_ticks(pid)
-    return bool(ticks) and now is not None and now != ticks
+    if not ticks or now is None:
+        return None
+    return now != ticks
 
 
-def fail_lost_runs(instance: DagsterInstance, partition_keys: Iterable[str]) -> list[str]:
-    """Mark failed every in-progress run of these partition keys whose recorded run worker
-    (:data:`WORKER_TAG`) is gone from this host. Returns their run ids. Harmless if wrong:
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """An in-progress partition run whose worker this host cannot see, old enough to be
+    judged by NATS: its ``run_id`` and Dagster ``partition_key``."""
+
+    run_id: str
+    partition_key: str
+
+
+Probe = Callable[[Sequence[Suspect]], Mapping[str, tuple[bool | None, bool | None]]]
+"""Reads NATS for suspects: ``{run id: (heartbeat present, a lease of its partition
+pinned)}`` (``None`` where unknown; a run left out is unknown)."""
+
+
+def fail_lost_runs(instance: DagsterInstance, partition_keys: Iterable[str],
+                   probe: Probe | None = None, *, grace_s: float = LOST_RUN_GRACE_S,
+                   now: float | None = None) -> list[tuple[str, str]]:
+    """Mark failed every in-progress run of these partition keys that
+    :func:`~cg_pipelines.core.liveness.judge_run` finds lost: its recorded run worker
+    (:data:`WORKER_TAG`) gone from this host, or — on any host — no heartbeat left and no
+    pinned lease (``probe``, asked once for all the runs older than ``grace_s`` seconds that
+    this host cannot see). Returns ``(run id, reason)`` pairs. A wrong verdict loses nothing:
     the engine's lease and fenced commit keep a live run from double-committing.
 
-    One run-records query for all the keys (a tag filter with a list of values)."""
+    One run-records query for all the keys (a tag filter with a list of values); runs
+    without a worker tag (check-only runs) are left alone. ``now``: Unix seconds."""
     keys = list(partition_keys)
     if not keys:
         return []
-    lost = []
+    now = time.time() if now is None else now
+    seen: list[tuple[DagsterRun, RunSighting]] = []
+    suspects: list[Suspect] = []
     for rec in instance.get_run_records(RunsFilter(
             tags={PARTITION_TAG: keys}, statuses=[DagsterRunStatus.STARTED])):
         run = rec.dagster_run
         tag = run.tags.get(WORKER_TAG)
-        if tag and worker_gone(tag):
+        if not tag:
+            continue
+        started = rec.start_time or rec.create_timestamp.timestamp()
+        sighting = RunSighting(run.run_id, now - started, process_gone=worker_gone(tag))
+        seen.append((run, sighting))
+        if sighting.process_gone is None and sighting.age_s >= grace_s:
+            suspects.append(Suspect(run.run_id, run.tags.get(PARTITION_TAG, "?")))
+    facts = probe(suspects) if probe is not None and suspects else {}
+    lost = []
+    for run, sighting in seen:
+        heartbeat, pinned = facts.get(run.run_id, (None, None))
+        verdict = judge_run(dataclasses.replace(sighting, heartbeat=heartbeat, pinned=pinned),
+                            grace_s)
+        if verdict.lost:
             key = run.tags.get(PARTITION_TAG, "?")
             instance.report_run_failed(
-                run, f"run worker process of partition {key} is gone ({tag.split()[1]} "
-                "no longer runs on this host: killed or out of memory); marked failed so "
-                "the partition can run again")
-            lost.append(run.run_id)
+                run, f"run of partition {key} is lost: {verdict.reason}; marked failed so the "
+                "partition can run again")
+            lost.append((run.run_id, verdict.reason))
     return lost
 
 

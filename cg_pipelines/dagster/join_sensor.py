@@ -35,8 +35,9 @@ from cg_pipelines.core.triggers import (
     plan_backlog_runs,
     served_partitions,
 )
-from cg_pipelines.dagster.history import CODE_TAG, fail_lost_runs, partition_runs
+from cg_pipelines.dagster.history import CODE_TAG, partition_runs
 from cg_pipelines.dagster.join_spec import CoPartitionedAsset
+from cg_pipelines.dagster.lost_runs import fail_lost, lease_of
 from cg_pipelines.dagster.resources import NatsResource, PartitionRunsResource
 from cg_pipelines.dagster.spec import TICK_ERRORS
 from cg_pipelines.jetstream import admin
@@ -167,8 +168,9 @@ def join_backlog_tick(spec: CoPartitionedAsset, nats_res: NatsResource,
             if b.pending > 0}
     history = {}
     if instance is not None:
-        for run_id in fail_lost_runs(instance, keys.values()):
-            log.warning(f"run {run_id}: its run worker process is gone; marked failed")
+        fail_lost(instance, list(keys.values()), nats_res, runs,
+                  lambda key: [lease_of(i.stream, i.group, spec.partition_of(key))
+                               for i in spec.inputs], log, now)
         history = partition_runs(instance, keys, code, policy)
     plan = plan_backlog_runs(spec.run_key_group, reading.merged, history, policy, now,
                              code=code, min_pending=runs.min_pending, max_age_s=runs.max_age_s,

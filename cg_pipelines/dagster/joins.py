@@ -45,7 +45,6 @@ from dagster import (
 from cg_pipelines.dagster.history import (
     CODE_TAG,
     MODE_TAG,
-    run_worker_tags,
 )
 from cg_pipelines.dagster.join_sensor import build_join_sensor, set_configs
 from cg_pipelines.dagster.join_spec import CoPartitionedAsset
@@ -55,6 +54,7 @@ from cg_pipelines.dagster.partition_run import (
     FENCE_CHECK,
     PartitionRunConfig,
     failed_run_checks,
+    run_alive,
     run_failure,
     run_mode,
     table_metadata,
@@ -134,11 +134,12 @@ def build_copartitioned_asset(spec: CoPartitionedAsset) -> AssetsDefinition:
     def _joined_asset(context: AssetExecutionContext, config: PartitionRunConfig
                       ) -> Iterator[MaterializeResult | AssetCheckResult]:
         try:
-            if not spec.uses_spark:
-                result = _materialize(context, spec, config)
-            else:
-                with stopping_foreign_spark(context, spec.spark_resource_key):
+            with run_alive(context, spec):
+                if not spec.uses_spark:
                     result = _materialize(context, spec, config)
+                else:
+                    with stopping_foreign_spark(context, spec.spark_resource_key):
+                        result = _materialize(context, spec, config)
         except Exception as e:
             yield from failed_run_checks(e)
             raise
@@ -155,7 +156,7 @@ def _materialize(context: AssetExecutionContext, spec: CoPartitionedAsset,
     runs: PartitionRunsResource = getattr(res, spec.runs_resource_key)
     p = spec.partition_of(context.partition_key)
     context.instance.add_run_tags(context.run.run_id, {
-        CODE_TAG: spec.current_code_version(), **run_worker_tags()})
+        CODE_TAG: spec.current_code_version()})
     waited = wait_for_earlier_runs(context, runs.run_timeout_s)
     try:
         nats_res.run(lambda nc: set_configs(nc, spec, nats_res.call_timeout_s))

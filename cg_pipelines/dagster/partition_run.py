@@ -5,11 +5,12 @@ same partition, the run checks and what a failed run reports, and the table meta
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -36,7 +37,8 @@ from cg_pipelines.core.errors import (
     exception_chain,
     one_line,
 )
-from cg_pipelines.dagster.history import MODE_TAG
+from cg_pipelines.dagster.history import MODE_TAG, run_worker_tags
+from cg_pipelines.jetstream.liveness import HeartbeatError
 from cg_pipelines.sinks.base import FenceConflictError
 from cg_pipelines.sinks.table import TableSink, TableStats
 
@@ -46,6 +48,7 @@ __all__ = [
     "FENCE_CHECK",
     "PartitionRunConfig",
     "failed_run_checks",
+    "run_alive",
     "run_failure",
     "run_mode",
     "table_metadata",
@@ -63,6 +66,44 @@ class GroupNamed(Protocol):
 
     @property
     def group(self) -> str: ...
+
+
+class RunsOf(Protocol):
+    """Where a partition run finds its NATS and runs resources (a group or a set asset)."""
+
+    @property
+    def nats_resource_key(self) -> str: ...
+
+    @property
+    def runs_resource_key(self) -> str: ...
+
+
+@contextlib.contextmanager
+def run_alive(context: AssetExecutionContext, spec: RunsOf) -> Iterator[None]:
+    """Keep the run's heartbeat in NATS while the block runs
+    (:meth:`~cg_pipelines.dagster.resources.NatsResource.heartbeat`, TTL
+    ``heartbeat_ttl_s``), then tag the run with its worker process
+    (:data:`~cg_pipelines.dagster.history.WORKER_TAG`): a tagged run has a heartbeat, so the
+    backlog sensor can judge it lost from any host (:mod:`cg_pipelines.core.liveness`).
+
+    Raises:
+        Failure: the first heartbeat could not be written (NATS unreachable, or the
+            heartbeat stream refused it); nothing was leased.
+    """
+    res = context.resources
+    runs = getattr(res, spec.runs_resource_key)
+    heartbeat = getattr(res, spec.nats_resource_key).heartbeat(context.run.run_id,
+                                                               runs.heartbeat_ttl_s)
+    try:
+        heartbeat.__enter__()
+    except HeartbeatError as e:
+        raise Failure(f"{e}; the run did not start (a run without a heartbeat would be judged "
+                      "lost)") from e
+    try:
+        context.instance.add_run_tags(context.run.run_id, run_worker_tags())
+        yield
+    finally:
+        heartbeat.__exit__(None, None, None)
 
 
 class PartitionRunConfig(Config):

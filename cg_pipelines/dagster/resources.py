@@ -35,6 +35,7 @@ from nats.aio.client import Client
 from pydantic import Field, PrivateAttr
 
 from cg_pipelines.core.errors import StateError, WrongTypeError
+from cg_pipelines.core.liveness import LOST_RUN_GRACE_S
 from cg_pipelines.core.triggers import RetryPolicy
 from cg_pipelines.dagster.warehouse import DeltaWarehouseResource
 from cg_pipelines.engine.options import EngineOptions
@@ -44,6 +45,7 @@ from cg_pipelines.jetstream.connect import (
     close_quietly,
     redact_url,
 )
+from cg_pipelines.jetstream.liveness import RunHeartbeat
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -124,6 +126,14 @@ class NatsResource(ConfigurableResource):
             return await asyncio.wait_for(main(), timeout_s or self.call_timeout_s)
 
         return asyncio.run(bounded())
+
+    def heartbeat(self, run_id: str, ttl_s: float) -> RunHeartbeat:
+        """A context manager keeping run ``run_id``'s heartbeat alive in NATS (a beat lives
+        ``ttl_s`` seconds, one every ``ttl_s / 3``) on a connection of its own:
+        :class:`~cg_pipelines.jetstream.liveness.RunHeartbeat`. Entering raises
+        ``HeartbeatError`` when the first beat cannot be written."""
+        return RunHeartbeat(self.connect_options().connect, run_id, ttl_s,
+                            timeout_s=self.call_timeout_s)
 
 
 class SparkResource(ConfigurableResource):
@@ -435,6 +445,14 @@ class PartitionRunsResource(ConfigurableResource):
     retry_backoff_s: float = Field(default=15.0, description="Seconds to wait before retrying a "
                                    "failed partition run; doubles per consecutive failure ...")
     retry_max_backoff_s: float = Field(default=300.0, description="... up to this many seconds.")
+    heartbeat_ttl_s: float = Field(
+        default=30.0, ge=3.0, description="Lost runs: each partition run keeps a heartbeat in "
+        "NATS that lives this many seconds (renewed every third); the backlog sensor marks "
+        "failed an in-progress run with no heartbeat left and no pinned lease, on any host "
+        "(cg_pipelines.core.liveness).")
+    lost_run_grace_s: float = Field(
+        default=LOST_RUN_GRACE_S, ge=0.0, description="... but not within this many seconds "
+        "of the run's start (time to write its first heartbeat).")
     # ------------------------------------------------------------ run retention
     run_retention_hours: float | None = Field(
         default=24.0, gt=0,

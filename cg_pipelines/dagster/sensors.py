@@ -66,7 +66,8 @@ from cg_pipelines.core.triggers import (
     summary_lines,
 )
 from cg_pipelines.dagster.backlog_observers import OBSERVERS, BacklogTick, TickView
-from cg_pipelines.dagster.history import CODE_TAG, fail_lost_runs, partition_runs
+from cg_pipelines.dagster.history import CODE_TAG, partition_runs
+from cg_pipelines.dagster.lost_runs import fail_lost, lease_of
 from cg_pipelines.dagster.partition_checks import (
     EXCLUDED_RUNS,
     LOG_LINES,
@@ -121,12 +122,12 @@ class _RunPlan:
     requested: dict[int, tuple[str, float]]
 
 
-def _plan_runs(spec: ConsumerGroupAsset, runs: PartitionRunsResource, reading: GroupReading,
-               state: BacklogCursor, instance: DagsterInstance | None, log: Any, now: float, *,
-               observe: bool) -> _RunPlan:
-    """Mark failed the runs whose worker process is gone, read the run history (a constant
-    number of queries), plan the runs with retries and drop repeated requests (with
-    ``observe``); logs at most ``LOG_LINES`` lines."""
+def _plan_runs(spec: ConsumerGroupAsset, nats_res: NatsResource, runs: PartitionRunsResource,
+               reading: GroupReading, state: BacklogCursor, instance: DagsterInstance | None,
+               log: Any, now: float, *, observe: bool) -> _RunPlan:
+    """Mark failed the lost runs (:func:`~cg_pipelines.dagster.lost_runs.fail_lost`), read
+    the run history (a constant number of queries), plan the runs with retries and drop
+    repeated requests (with ``observe``); logs at most ``LOG_LINES`` lines."""
     policy = runs.retry_policy()
     code = spec.current_code_version()
     keys = {b.partition: spec.partition_key(b.partition) for b in reading.backlog
@@ -134,8 +135,9 @@ def _plan_runs(spec: ConsumerGroupAsset, runs: PartitionRunsResource, reading: G
     history = {}
     errors = dict(state.errors)
     if instance is not None:
-        for run_id in fail_lost_runs(instance, keys.values()):
-            log.warning(f"run {run_id}: its run worker process is gone; marked failed")
+        fail_lost(instance, list(keys.values()), nats_res, runs,
+                  lambda key: [lease_of(spec.stream, spec.group, spec.partition_of(key))],
+                  log, now)
         history = partition_runs(instance, keys, code, policy,
                                  exclude_tag=EXCLUDED_RUNS, errors=errors)
     plan = plan_backlog_runs(spec.group, reading.backlog, history, policy, now,
@@ -164,8 +166,8 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
                  now: float | None = None, job_name: str | None = None,
                  check_job: str | None = None) -> BacklogTick:
     """One backlog tick: read the group
-    (:func:`~cg_pipelines.dagster.partition_checks.read_group`), mark failed the runs whose
-    worker process is gone, plan the runs with retries
+    (:func:`~cg_pipelines.dagster.partition_checks.read_group`), mark failed the lost runs
+    (:func:`~cg_pipelines.core.liveness.judge_run`), plan the runs with retries
     (:func:`~cg_pipelines.core.triggers.plan_backlog_runs`, run history from ``instance``:
     a constant number of queries, :func:`~cg_pipelines.dagster.history.partition_runs`).
 
@@ -197,7 +199,7 @@ def backlog_tick(spec: ConsumerGroupAsset, nats_res: NatsResource,
     except TICK_ERRORS as e:
         return BacklogTick(skip_reason=_with_warning(
             f"consumer group {spec.stream}.{spec.group}: {e}", warning), cursor=cursor)
-    rp = _plan_runs(spec, runs, reading, state, instance, log, now, observe=observe)
+    rp = _plan_runs(spec, nats_res, runs, reading, state, instance, log, now, observe=observe)
     out = BacklogTick(run_requests=[
         RunRequest(run_key=r.run_key, partition_key=spec.partition_key(r.partition),
                    tags=rp.tags, job_name=job_name) for r in rp.send], cursor=cursor)

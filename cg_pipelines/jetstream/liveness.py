@@ -1,0 +1,243 @@
+"""Run heartbeats in NATS, and what a driver reads to judge a run lost.
+
+The rule is :func:`cg_pipelines.core.liveness.judge_run`; this module is its I/O:
+
+- :class:`RunHeartbeat`: while a run lives, a thread of its process publishes to
+  ``cg.liveness.<run id>`` on the stream :data:`LIVENESS_STREAM` with a per-message TTL
+  (header ``Nats-TTL``, nats-server >= 2.11) of ``ttl_s`` seconds, every ``ttl_s / 3``
+  seconds; the stream keeps one message a subject, so it holds at most one message per live
+  run (expired ones are deleted by the server; ``max_age`` of one day bounds it even so).
+- :func:`read_sightings`: for suspected runs, whether their heartbeat is still there
+  (``$JS.API.STREAM.MSG.GET`` ``last_by_subj``, answered by the stream leader) and whether their
+  partitions' lease consumers (``partition-<p>`` on the group's work queue) have a pinned
+  client. One request per suspect and per lease; a request that fails leaves that fact
+  unknown (``None``), which keeps the run alive.
+
+The stream is this library's own (never a reference-format bucket: the reference lists a
+bucket's keys as groups) and is created by the first heartbeat with a config every process
+sends identically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from nats.aio.client import Client
+
+from cg_pipelines.core.config import PRIORITY_GROUP
+from cg_pipelines.core.errors import CgError, ConfigError
+from cg_pipelines.core.liveness import HEARTBEAT_SUBJECT_PREFIX, heartbeat_subject
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.connect import close_quietly
+from cg_pipelines.jetstream.errors import (
+    ConsumerNotFoundError,
+    JetStreamError,
+    RequestTimeoutError,
+    StreamNotFoundError,
+)
+
+__all__ = ["LIVENESS_STREAM", "HeartbeatError", "RunHeartbeat", "ensure_liveness_stream",
+           "any_pinned", "pinned_client_id", "publish_heartbeat", "read_heartbeats",
+           "read_pins"]
+
+LIVENESS_STREAM = "CG_RUN_LIVENESS"
+"""The stream of run heartbeats (subjects ``cg.liveness.>``)."""
+
+_DAY_NS = 86_400 * 10**9
+_MIN_TTL_S = 3.0
+
+
+class HeartbeatError(CgError):
+    """A run's heartbeat could not be written (the run must not go on unseen: a driver would
+    judge it lost)."""
+
+
+def liveness_stream_config(replicas: int = 1) -> dict[str, Any]:
+    """The wire config of :data:`LIVENESS_STREAM` (durations in nanoseconds): limits
+    retention, one message a subject, per-message TTLs allowed, file storage, one day's
+    ``max_age`` as a bound whatever the TTLs."""
+    return {"name": LIVENESS_STREAM, "subjects": [f"{HEARTBEAT_SUBJECT_PREFIX}.>"],
+            "retention": "limits", "storage": "file", "num_replicas": replicas,
+            "max_msgs_per_subject": 1, "max_age": _DAY_NS, "discard": "old",
+            "allow_msg_ttl": True, "allow_direct": True}
+
+
+async def ensure_liveness_stream(api: JetStreamAPI, replicas: int = 1) -> None:
+    """Create :data:`LIVENESS_STREAM` unless it exists (any config: an operator may have
+    raised its replicas).
+
+    Raises:
+        HeartbeatError: it exists without per-message TTLs (``allow_msg_ttl``), or it could
+            not be created.
+    """
+    try:
+        info = await api.stream_info(LIVENESS_STREAM)
+    except StreamNotFoundError:
+        try:
+            info = await api.create_stream(liveness_stream_config(replicas))
+        except JetStreamError as e:
+            # another process created it first: read what it made
+            try:
+                info = await api.stream_info(LIVENESS_STREAM)
+            except JetStreamError:
+                raise HeartbeatError(f"cannot create stream {LIVENESS_STREAM}: {e}") from e
+    if not (info.get("config") or {}).get("allow_msg_ttl"):
+        raise HeartbeatError(f"stream {LIVENESS_STREAM} exists without allow_msg_ttl: run "
+                             "heartbeats need per-message TTLs (nats-server >= 2.11); delete "
+                             "it or set allow_msg_ttl")
+
+
+async def publish_heartbeat(nc: Client, run_id: str, ttl_s: float, body: bytes = b"",
+                            timeout_s: float = 5.0) -> int:
+    """Publish one heartbeat of ``run_id`` living ``ttl_s`` seconds (rounded up to whole
+    seconds, at least 1); returns its stream sequence.
+
+    Raises:
+        HeartbeatError: JetStream refused it or did not answer in ``timeout_s`` seconds.
+        ConfigError: ``run_id`` is not one subject token.
+    """
+    subject = heartbeat_subject(run_id)
+    ttl = f"{max(1, math.ceil(ttl_s))}s"
+    try:
+        reply = await nc.request(subject, body, timeout=timeout_s, headers={"Nats-TTL": ttl})
+    except Exception as e:  # every failure means the same: no beat was stored
+        raise HeartbeatError(f"heartbeat of run {run_id} not stored: {e!r}") from e
+    ack = json.loads(reply.data or b"{}")
+    if "error" in ack or "seq" not in ack:
+        raise HeartbeatError(f"heartbeat of run {run_id} refused: {ack.get('error', ack)}")
+    return int(ack["seq"])
+
+
+async def read_heartbeats(api: JetStreamAPI, run_ids: Iterable[str]) -> dict[str, bool | None]:
+    """``{run id: heartbeat present}``; ``None`` where the read failed (or the stream is
+    missing while some run should have made it: the first beat creates it, so a missing
+    stream means no run wrote one — ``False``)."""
+    out: dict[str, bool | None] = {}
+    for run_id in run_ids:
+        try:
+            msg = await api.msg_get(LIVENESS_STREAM, last_by_subj=heartbeat_subject(run_id))
+        except StreamNotFoundError:
+            out[run_id] = False
+        except (TimeoutError, JetStreamError, ConfigError):
+            out[run_id] = None
+        else:
+            out[run_id] = msg is not None
+    return out
+
+
+async def read_pins(api: JetStreamAPI, leases: Iterable[tuple[str, str]]
+                    ) -> dict[tuple[str, str], bool | None]:
+    """``{(stream, lease consumer): has a pinned client}``; a missing consumer is ``False``,
+    a failed read ``None``."""
+    out: dict[tuple[str, str], bool | None] = {}
+    for stream, consumer in leases:
+        try:
+            info = await api.consumer_info(stream, consumer)
+        except (ConsumerNotFoundError, StreamNotFoundError):
+            out[(stream, consumer)] = False
+        except (TimeoutError, JetStreamError):
+            out[(stream, consumer)] = None
+        else:
+            out[(stream, consumer)] = pinned_client_id(info) is not None
+    return out
+
+
+def pinned_client_id(info: Mapping[str, Any]) -> str | None:
+    """The pinned client id of the ``PCG`` priority group in a consumer info, or None."""
+    for g in info.get("priority_groups") or []:
+        if g.get("group") == PRIORITY_GROUP and g.get("pinned_client_id"):
+            return str(g["pinned_client_id"])
+    return None
+
+
+def any_pinned(pins: Mapping[tuple[str, str], bool | None],
+               leases: Sequence[tuple[str, str]]) -> bool | None:
+    """Whether any of ``leases`` is pinned: ``True`` if one is, ``None`` if none is and one is
+    unknown, else ``False``."""
+    got = [pins.get(lease) for lease in leases]
+    if any(g is True for g in got):
+        return True
+    return None if any(g is None for g in got) else False
+
+
+class RunHeartbeat:
+    """A context manager that keeps ``run_id``'s heartbeat alive while the block runs.
+
+    ``__enter__`` publishes the first beat (creating :data:`LIVENESS_STREAM` if needed) and
+    raises :class:`HeartbeatError` when it cannot; then a daemon thread with its own asyncio
+    loop and NATS connection (``connect()``) publishes every ``ttl_s / 3`` seconds until
+    ``__exit__``. A failed later beat is retried at the next interval (NATS away: the run's
+    own NATS calls fail too). On exit nothing is deleted: the last beat expires ``ttl_s``
+    seconds later, covering the orchestrator's own bookkeeping after the block.
+
+    Args:
+        connect: makes a connected nats-py client (e.g. ``NatsResource.connect_options().
+            connect``).
+        run_id: the orchestrator's run id (one subject token).
+        ttl_s: seconds a beat lives, at least 3.
+        timeout_s: seconds for connecting and for each publish.
+
+    Raises:
+        ConfigError: ``ttl_s < 3`` or a bad ``run_id``.
+    """
+
+    def __init__(self, connect: Callable[[], Awaitable[Client]], run_id: str, ttl_s: float,
+                 *, timeout_s: float = 10.0) -> None:
+        if ttl_s < _MIN_TTL_S:
+            raise ConfigError("heartbeat_ttl_s", f"must be >= {_MIN_TTL_S:g} seconds, got "
+                                                 f"{ttl_s!r}")
+        heartbeat_subject(run_id)
+        self.connect, self.run_id, self.ttl_s, self.timeout_s = connect, run_id, ttl_s, timeout_s
+        self.beats = 0
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name=f"cg-heartbeat-{run_id}",
+                                        daemon=True)
+
+    def __enter__(self) -> RunHeartbeat:
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise HeartbeatError(f"cannot keep run {self.run_id}'s heartbeat: "
+                                 f"{self._error}") from self._error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(self.timeout_s * 2)
+
+    def _main(self) -> None:
+        asyncio.run(self._beat())
+
+    async def _beat(self) -> None:
+        nc: Client | None = None
+        try:
+            try:
+                nc = await asyncio.wait_for(self.connect(), self.timeout_s)
+                api = JetStreamAPI(nc, timeout=self.timeout_s)
+                await ensure_liveness_stream(api)
+                await api.close()
+                await publish_heartbeat(nc, self.run_id, self.ttl_s, timeout_s=self.timeout_s)
+                self.beats += 1
+            except BaseException as e:  # handed to __enter__
+                self._error = e
+                return
+            finally:
+                self._ready.set()
+            loop = asyncio.get_running_loop()
+            while not await loop.run_in_executor(None, self._stop.wait, self.ttl_s / 3):
+                with contextlib.suppress(HeartbeatError, RequestTimeoutError):
+                    await publish_heartbeat(nc, self.run_id, self.ttl_s,
+                                            timeout_s=self.timeout_s)
+                    self.beats += 1
+        finally:
+            if nc is not None:
+                await close_quietly(nc)
