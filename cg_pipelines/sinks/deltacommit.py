@@ -18,15 +18,10 @@ from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, Fences, check_fences
 from cg_pipelines.sinks.deltahandle import DeltaHandle, txn
 from cg_pipelines.sinks.deltaread import partition_rows
-from cg_pipelines.sinks.deltawrite import (
-    counting,
-    current_of,
-    cut_snapshot,
-    delta_schema,
-    merge_into,
-)
+from cg_pipelines.sinks.deltawrite import cut_snapshot, delta_schema, merge_into
 from cg_pipelines.sinks.lineage import CommitLineage
 from cg_pipelines.sinks.maintenance import Maintenance
+from cg_pipelines.sinks.rows import counting, current_of
 
 __all__ = ["CONFLICT_RETRIES", "DeltaWriter"]
 

@@ -28,7 +28,6 @@ from pyiceberg.table import Table
 from cg_pipelines.core.errors import ContractError, UsageError
 from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, Fences, check_fences
-from cg_pipelines.sinks.deltawrite import conform, current_of
 from cg_pipelines.sinks.iceberg_expr import equal_to, is_in
 from cg_pipelines.sinks.iceberg_read import (
     WATERMARK_PREFIX,
@@ -41,6 +40,7 @@ from cg_pipelines.sinks.iceberg_read import (
 )
 from cg_pipelines.sinks.iceberg_view import commit_view
 from cg_pipelines.sinks.lineage import CommitLineage
+from cg_pipelines.sinks.rows import conform, current_of
 
 __all__ = ["IN_PRUNE_LIMIT", "MANIFEST_MERGE", "IcebergWriter"]
 
