@@ -11,6 +11,8 @@ Beyond the contract it records every commit (:attr:`MemorySink.commits`, a list 
 :class:`MemoryCommit`: what a test asserts on, like a list sink collects values) and hands the
 current rows over whole (:meth:`MemorySink.rows`).
 
+The table's columns are those of the first commit (or ``schema``), every one nullable (as an
+Iceberg table's); later rows are fitted to them (the same columns, cast to their types).
 What it does not do: persist anything (the table lives as long as the object; two holders of
 one partition share one object), store types differently than given (Delta truncates
 nanosecond timestamps to microseconds; here rows keep their Arrow types), or maintain (it is
@@ -249,16 +251,19 @@ class MemorySink:
                 raise FenceConflictError(app_id, expected, found)
 
     def _new_table(self, table: pa.Table | None) -> pa.Table:
-        """The empty table a first commit creates: ``table``'s schema (less Merge mode's
-        helper column), else the sink's ``schema``."""
+        """The empty table a first commit creates: ``table``'s columns (less Merge mode's
+        helper column), else the sink's ``schema``'s; every column nullable, no schema
+        metadata (as the rows written are fitted to it)."""
         if table is not None and table.num_columns:
             if isinstance(self._write, Merge) and table.num_rows:
                 self._write.check(table)
-            return pa.schema([f for f in table.schema if f.name != DELETE_COLUMN]).empty_table()
-        if self._schema is None:
+            fields = [f for f in table.schema if f.name != DELETE_COLUMN]
+        elif self._schema is not None:
+            fields = list(self._schema)
+        else:
             raise UsageError(f"{self.uri}: no table yet and no schema to create it with: pass "
                              "schema= or commit rows first")
-        return self._schema.empty_table()
+        return pa.schema([f.with_nullable(True) for f in fields]).empty_table()
 
     def _written(self, current: pa.Table, table: pa.Table) -> pa.Table:
         """``current`` after ``table`` is written to it in the sink's write mode."""
