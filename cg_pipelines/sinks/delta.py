@@ -72,7 +72,7 @@ One snapshot per run: a run's state reads (:meth:`last_rows` with the run's ``ap
 upkeep (:meth:`maintain`) use the snapshot its :meth:`watermark` read loaded, as its commits
 advanced it, instead of a snapshot update of their own (delta-rs lists ``_delta_log`` for each:
 on local disk the whole directory, whose entries the log retention bounds). Exact under the
-engine's contract (:class:`~cg_pipelines.sinks.base.StateSink`,
+engine's contract (:meth:`~cg_pipelines.sinks.base.TableSink.last_rows`,
 :class:`~cg_pipelines.sinks.base.MaintainedSink`); a state read without ``app_id``, or outside
 a run, reads the latest version. ``docs/growth.md`` has the figures.
 
@@ -84,13 +84,15 @@ aborts at exit ("terminate called without an active exception", delta-rs issue #
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.storage_keys import check_storage_options
 from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.sinks.base import Fences, TableStats
+from cg_pipelines.sinks.compat import legacy_commit_args
 from cg_pipelines.sinks.deltacommit import DeltaWriter
 from cg_pipelines.sinks.deltahandle import DeltaHandle
 from cg_pipelines.sinks.deltaread import DeltaReader
@@ -98,7 +100,6 @@ from cg_pipelines.sinks.deltawrite import delta_schema
 from cg_pipelines.sinks.lineage import LINEAGE_PREFIX, CommitLineage
 from cg_pipelines.sinks.maintenance import DeltaMaintainer, Maintenance
 from cg_pipelines.sinks.storage import mask_options, s3_options
-from cg_pipelines.sinks.table import TableStats
 
 if TYPE_CHECKING:
     import pyarrow.dataset as pads  # imports pandas: annotations only
@@ -107,7 +108,9 @@ __all__ = ["LINEAGE_PREFIX", "DeltaSink", "Maintenance", "TableStats"]
 
 
 class DeltaSink:
-    """A :class:`~cg_pipelines.sinks.base.Sink` over one Delta table (local path or ``s3://``).
+    """A :class:`~cg_pipelines.sinks.base.TableSink` (and
+    :class:`~cg_pipelines.sinks.base.MaintainedSink`) over one Delta table (local path or
+    ``s3://``).
 
     Thread-safe for concurrent use with *different* app ids (one snapshot per app id); calls for
     one app id must not overlap (the engine runs one holder per partition).
@@ -225,7 +228,7 @@ class DeltaSink:
             f"partition_by={self._partition_by!r}, write={self._write!r})"
         )
 
-    # ---------------------------------------------------------------- the Sink protocol
+    # ---------------------------------------------------------------- the TableSink contract
 
     def watermark(self, app_id: str) -> int:
         """The last committed version (sequence) of ``app_id``, 0 if none or no table yet.
@@ -251,59 +254,48 @@ class DeltaSink:
         """
         return self._writer.watermarks(app_ids)
 
-    def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
-               markers: Mapping[str, int] | None = None, *,
+    def commit(self, table: pa.Table | None, fences: Fences | str, *legacy: Any,
+               markers: Mapping[str, int] | None = None,
                lineage: Mapping[str, object] | None = None) -> None:
-        """Write ``table`` (append, or merge by key in :class:`Merge` mode) and set ``app_id``'s
-        watermark to ``version``, in one Delta commit, only if the watermark is still
-        ``expected``. ``markers`` (``{app id: version}``) are recorded in the same commit as
-        further application transactions (not fenced; read back with :meth:`watermark`).
-        ``lineage`` (e.g. ``stream``, ``group``, ``partition``, ``first_seq``, ``last_seq``)
-        goes into the commit's ``custom_metadata`` as ``cg.<name>`` (values as strings).
+        """Write ``table`` (append, or merge by key in :class:`Merge` mode) and move every
+        watermark of ``fences`` (``{app id: (expected, version)}``) in ONE Delta commit, only
+        if each is still its ``expected`` (:meth:`TableSink.commit
+        <cg_pipelines.sinks.base.TableSink.commit>`). Every app id is an application
+        transaction of the commit; the first is the commit's ``cg.app_id`` and the one whose
+        remembered snapshot (:meth:`watermark`) the commit is fenced against, so delta-rs
+        rejects it when a commit after that snapshot carries any of them. ``markers`` (``{key:
+        version}``) are recorded as further application transactions (not fenced; read back
+        with :meth:`watermark`). ``lineage`` (e.g. ``stream``, ``group``, ``partition``,
+        ``first_seq``, ``last_seq``) goes into the commit's ``custom_metadata`` as
+        ``cg.<name>`` (values as strings).
 
-        Args:
-            table: rows to append (any schema the table accepts; ``None`` or 0 rows records only
-                the watermark). Creates the table (schema only, see :meth:`ensure_table`) if it
-                does not exist.
-            app_id: the partition's watermark key, e.g. ``"<stream>/<group>/<partition>"``.
-            version: the new watermark (last sequence of the batch); must be > ``expected``.
-            expected: the watermark this commit is based on (from :meth:`watermark` or the
-                previous commit).
+        ``table``: rows to append (any schema the table accepts; ``None`` or 0 rows records
+        only the watermarks). Creates the table (schema only, see :meth:`ensure_table`) if it
+        does not exist. The old one-input form ``commit(table, app_id, version, expected[,
+        markers])`` is accepted until the engine's drain moves to the fences form
+        (:func:`~cg_pipelines.sinks.compat.legacy_commit_args`).
 
         Raises:
-            FenceConflictError: the watermark is not ``expected`` (in the remembered snapshot,
-                and in the latest one), or a concurrent commit with the same app id won after
-                that snapshot; nothing was written.
-            UsageError: ``version <= expected``, or the table does not exist, ``table`` has no
-                columns and no ``schema`` was given.
+            FenceConflictError: a watermark is not its ``expected`` (in the remembered
+                snapshot, and in the latest one), or a concurrent commit with the first app id
+                won after that snapshot; nothing was written.
+            UsageError: no fence, a ``version < expected``, no version moves, or the table
+                does not exist, ``table`` has no columns and no ``schema`` was given.
             ContractError: in merge mode, a required column is missing, a key is null, or the
                 output's columns differ from the table's.
             DeltaError / OSError: I/O or schema errors from delta-rs (not retried); a
                 ``CommitFailedError`` that is not a fence conflict (e.g. a concurrent metadata
                 change) is re-raised as is; nothing was written.
         """
-        self._writer.commit(table, app_id, version, expected, markers, lineage=lineage)
+        fences, markers = legacy_commit_args(fences, legacy, markers)
+        self._writer.commit(table, fences, markers, lineage=lineage)
 
-    def commit_inputs(self, table: pa.Table | None, watermarks: Mapping[str, tuple[int, int]],
+    def commit_inputs(self, table: pa.Table | None, watermarks: Fences,
                       markers: Mapping[str, int] | None = None, *,
                       lineage: Mapping[str, object] | None = None) -> None:
-        """Write ``table`` and move every watermark of ``watermarks`` (``{app id: (expected,
-        version)}``) in ONE Delta commit, only if each is still its ``expected``: the
-        co-partitioned run's commit (:class:`~cg_pipelines.sinks.base.JoinSink`). An app id
-        whose input had nothing in the batch keeps its version (``version == expected``) and
-        is fenced all the same. The first app id is the commit's ``cg.app_id`` and the one
-        whose remembered snapshot (:meth:`watermark`) the commit is fenced against; every app
-        id is an application transaction of the commit, so delta-rs rejects it when a commit
-        after that snapshot carries any of them. :meth:`commit` is this with one app id.
-
-        Raises:
-            FenceConflictError: one of the watermarks is not its ``expected`` (the first found
-                is named); nothing was written.
-            UsageError: no watermark, a ``version < expected``, or no version moves.
-            Otherwise as :meth:`commit`.
-        """
-        self._writer.commit_inputs(
-            table, watermarks, markers, lineage=lineage)
+        """The old name of :meth:`commit` with fences (kept until the co-partitioned engine
+        calls ``commit``); raises as it."""
+        self._writer.commit(table, watermarks, markers, lineage=lineage)
 
     def ensure_table(self, schema: pa.Schema) -> bool:
         """Create the table empty (schema, partitioning, ``delta.checkpointInterval``, the
@@ -391,7 +383,7 @@ class DeltaSink:
 
     def read_partitions(self, partitions: Sequence[int] | None = None) -> pa.Table:
         """:meth:`read` of the rows of ``partitions`` (``None``: all), pruned by the
-        partition column (the :class:`~cg_pipelines.sinks.table.TableSink` read).
+        partition column (the :class:`~cg_pipelines.sinks.base.TableSink` read).
 
         Raises:
             DeltaError / OSError / pyarrow errors: read failures.
@@ -410,7 +402,7 @@ class DeltaSink:
     ) -> pa.Table:
         """The last committed row (greatest ``order_by``) of each of ``keys``: the per-key state
         of :class:`~cg_pipelines.core.state.KeyedState` (the state-sink contract,
-        :class:`~cg_pipelines.sinks.base.StateSink`).
+        :meth:`TableSink.last_rows <cg_pipelines.sinks.base.TableSink.last_rows>`).
 
         In append mode, for one partition of a table partitioned by :data:`PARTITION_COLUMN`
         (the default), the rows come from the partition's state snapshot caught up from the
@@ -430,7 +422,7 @@ class DeltaSink:
                 (:meth:`DeltaHandle.run_view
                 <cg_pipelines.sinks.deltahandle.DeltaHandle.run_view>`); exact only under the
                 engine's contract
-                (:meth:`StateSink.last_rows <cg_pipelines.sinks.base.StateSink.last_rows>`:
+                (:meth:`TableSink.last_rows <cg_pipelines.sinks.base.TableSink.last_rows>`:
                 after that read, under the lease, never for a key the run committed since).
                 None (any other caller): the latest version.
 

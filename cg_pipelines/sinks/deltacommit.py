@@ -15,18 +15,13 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, check_watermarks
+from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, Fences, check_fences
 from cg_pipelines.sinks.deltahandle import DeltaHandle, txn
 from cg_pipelines.sinks.deltaread import partition_rows
-from cg_pipelines.sinks.deltawrite import (
-    counting,
-    current_of,
-    cut_snapshot,
-    delta_schema,
-    merge_into,
-)
+from cg_pipelines.sinks.deltawrite import cut_snapshot, delta_schema, merge_into
 from cg_pipelines.sinks.lineage import CommitLineage
 from cg_pipelines.sinks.maintenance import Maintenance
+from cg_pipelines.sinks.rows import counting, current_of
 
 __all__ = ["CONFLICT_RETRIES", "DeltaWriter"]
 
@@ -103,17 +98,11 @@ class DeltaWriter:
             dt = self._t.load()
             return {a: txn(dt, a) for a in app_ids}
 
-    def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
+    def commit(self, table: pa.Table | None, watermarks: Fences,
                markers: Mapping[str, int] | None = None, *,
                lineage: Mapping[str, object] | None = None) -> None:
         """:meth:`DeltaSink.commit <cg_pipelines.sinks.delta.DeltaSink.commit>`."""
-        self.commit_inputs(table, {app_id: (expected, version)}, markers, lineage=lineage)
-
-    def commit_inputs(self, table: pa.Table | None, watermarks: Mapping[str, tuple[int, int]],
-                      markers: Mapping[str, int] | None = None, *,
-                      lineage: Mapping[str, object] | None = None) -> None:
-        """:meth:`DeltaSink.commit_inputs <cg_pipelines.sinks.delta.DeltaSink.commit_inputs>`."""
-        moving = check_watermarks(watermarks)
+        moving = check_fences(watermarks)
         app_id = next(iter(watermarks))
         version = watermarks[app_id][1]
         with self._t.guard(), self._t.app_lock(app_id):

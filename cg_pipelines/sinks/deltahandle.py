@@ -221,7 +221,7 @@ class DeltaHandle:
         serves every state read of the run with no reload; its dataset, made only when a read
         must read data files, is taken under that lock too (the files the view names are
         still in the snapshot: nothing rewrites the partition's files during its run). Exact
-        under the engine's contract (:class:`~cg_pipelines.sinks.base.StateSink`): every
+        under the engine's contract (:meth:`~cg_pipelines.sinks.base.TableSink.last_rows`): every
         commit of the partition before the watermark read is in it, and the run's own later
         commits hold none of the keys asked for. What it saves: each delta-rs snapshot update
         lists ``_delta_log`` (on local disk the whole directory, whose entries grow with the

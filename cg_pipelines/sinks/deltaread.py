@@ -21,10 +21,9 @@ from deltalake.exceptions import TableNotFoundError
 from cg_pipelines.core.errors import ColumnNotFoundError
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.sinks.base import PARTITION_COLUMN
+from cg_pipelines.sinks.base import PARTITION_COLUMN, TableStats
 from cg_pipelines.sinks.deltahandle import DeltaHandle
 from cg_pipelines.sinks.deltastate import TableView
-from cg_pipelines.sinks.table import TableStats
 
 if TYPE_CHECKING:
     # Annotations only: pyarrow.dataset imports pandas (~0.3 s together), which importing the

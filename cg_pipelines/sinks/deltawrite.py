@@ -1,5 +1,6 @@
-"""Writing rows into a Delta table: the schema a table is created with, conforming a batch to
-the table's columns, and the MERGE of :class:`~cg_pipelines.core.write.Merge` mode.
+"""Writing rows into a Delta table: the schema a table is created with, the MERGE of
+:class:`~cg_pipelines.core.write.Merge` mode (the batch fitted to the table's columns by
+:func:`~cg_pipelines.sinks.rows.conform`), and the log errors that mean a stale snapshot.
 
 Merge mode runs a Delta MERGE by key (``DeltaTable.merge`` with the commit's
 ``CommitProperties``, so the data change and the watermark are ONE Delta version). The batch is
@@ -11,19 +12,16 @@ files, and merges of different partitions do not conflict.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from cg_pipelines.core.errors import ContractError
-from cg_pipelines.core.write import DELETE_COLUMN, Merge, last_rows_by_key
+from cg_pipelines.core.write import DELETE_COLUMN, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN
+from cg_pipelines.sinks.rows import conform
 
-__all__ = ["COMMIT_HOOKS", "conform", "counting", "current_of", "cut_snapshot", "delta_schema",
-           "delta_type", "merge_into"]
+__all__ = ["COMMIT_HOOKS", "cut_snapshot", "delta_schema", "delta_type", "merge_into"]
 
 COMMIT_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 """delta-rs' post-commit hooks for every commit of the sink (data, empty, replace, compaction,
@@ -68,39 +66,6 @@ def delta_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(delta_type(f.type)) for f in schema], metadata=schema.metadata)
 
 
-def counting(data: pa.RecordBatchReader, counted: dict[str, int]) -> pa.RecordBatchReader:
-    """``data`` passed through, its rows added up in ``counted["rows"]``."""
-
-    def gen() -> Iterator[pa.RecordBatch]:
-        for batch in data:
-            counted["rows"] += batch.num_rows
-            yield batch
-
-    return pa.RecordBatchReader.from_batches(data.schema, gen())
-
-
-def conform(table: pa.Table, target: pa.Schema, where: str, keep: Sequence[str] = ()
-            ) -> pa.Table:
-    """``table`` with the target's columns in its order and types (plus ``keep``);
-    ``where`` names the table in errors.
-
-    Raises:
-        ContractError: columns missing from ``table`` or not in the table (named).
-    """
-    names = [n for n in table.column_names if n not in keep]
-    extra = [n for n in names if n not in target.names]
-    missing = [f.name for f in target if f.name not in names]
-    if extra or missing:
-        raise ContractError(
-            f"{where}: the output's columns differ from the table's"
-            + (f"; not in the table: {extra}" if extra else "")
-            + (f"; missing from the output: {missing}" if missing else ""))
-    # timestamps: truncated to the table's microseconds, as delta-rs does on append
-    cols = [table[f.name].cast(f.type, safe=not pa.types.is_timestamp(f.type))
-            for f in target] + [table[k] for k in keep]
-    return pa.Table.from_arrays(cols, names=[*target.names, *keep])
-
-
 def merge_into(dt: DeltaTable, table: pa.Table, mode: Merge, props: CommitProperties,
                where: str, hooks: PostCommitHookProperties | None = COMMIT_HOOKS) -> None:
     """MERGE ``table`` into snapshot ``dt`` by ``mode``'s key (see the module docstring),
@@ -120,22 +85,3 @@ def merge_into(dt: DeltaTable, table: pa.Table, mode: Merge, props: CommitProper
        .when_matched_update_all(predicate=f"NOT {flag}", except_cols=[DELETE_COLUMN])
        .when_not_matched_insert_all(predicate=f"NOT {flag}", except_cols=[DELETE_COLUMN])
        .execute())
-
-
-def current_of(data: pa.RecordBatchReader, mode: Merge, target: pa.Schema, where: str
-               ) -> pa.Table:
-    """Merge mode: the rows ``data`` (output rows in stream order) leaves in the table (last
-    row per key, deletes dropped), conformed to ``target``; ``where`` names the table in
-    errors."""
-    state: pa.Table | None = None
-    for batch in data:
-        if batch.num_rows == 0:
-            continue
-        cur = mode.current(pa.Table.from_batches([batch]))
-        state = cur if state is None else last_rows_by_key(
-            pa.concat_tables([state, cur], promote_options="permissive"),
-            mode.keys, mode.order_by)
-    if state is None:
-        return target.empty_table()
-    live = state.filter(pc.invert(state[DELETE_COLUMN])).drop_columns([DELETE_COLUMN])
-    return conform(live, target, where)

@@ -1,9 +1,9 @@
 """Apache Iceberg sink over ``pyiceberg`` 0.12: fenced, exactly-once commits beside Delta.
 
-The contract is :class:`~cg_pipelines.sinks.delta.DeltaSink`'s (the engine's
-:class:`~cg_pipelines.sinks.base.ReplaceSink`): one :meth:`IcebergSink.commit` is ONE catalog
-commit that writes the batch's rows and moves the partition's watermark, only if the watermark
-is still the one the batch was based on.
+The contract is :class:`~cg_pipelines.sinks.base.TableSink` (as
+:class:`~cg_pipelines.sinks.delta.DeltaSink`'s): one :meth:`IcebergSink.commit` is ONE catalog
+commit that writes the batch's rows and moves every side's watermark, only if each is still
+the one the batch was based on.
 
 Watermarks: the table PROPERTY ``cg.watermark.<app_id>`` (table properties are cumulative in
 Iceberg; snapshot summary properties belong to one snapshot), set by the same transaction as
@@ -54,83 +54,60 @@ expiry; the catalog keeps ``write.metadata.previous-versions-max`` old metadata 
 0.12 deletes no file: those compacted or expired away stay until Spark/Java Iceberg's
 ``remove_orphan_files`` deletes them. Append mode reads state through per-partition snapshots
 (:mod:`cg_pipelines.sinks.iceberg_state`).
+
+The sink is composed of parts, as :class:`~cg_pipelines.sinks.delta.DeltaSink` is:
+:class:`~cg_pipelines.sinks.iceberg_read.IcebergReader` (loads, reads, state reads,
+statistics), :class:`~cg_pipelines.sinks.iceberg_write.IcebergWriter` (watermarks, fenced
+commits, partition replaces, table creation; it holds each app id's base table state) and
+:class:`~cg_pipelines.sinks.iceberg_maintain.IcebergMaintainer` (upkeep); snapshot summaries
+come from :class:`~cg_pipelines.sinks.lineage.CommitLineage`.
 """
 
 from __future__ import annotations
 
-import random
-import threading
-import time
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.exceptions import (
-    CommitFailedException,
-    NamespaceAlreadyExistsError,
-    TableAlreadyExistsError,
-)
-from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table
 
-from cg_pipelines.core.errors import ContractError, UsageError
-from cg_pipelines.core.write import DELETE_COLUMN, Append, Merge
-from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, check_watermarks
-from cg_pipelines.sinks.deltawrite import conform, current_of
-from cg_pipelines.sinks.iceberg_compact import compact_partition
-from cg_pipelines.sinks.iceberg_expire import expire_old_snapshots
-from cg_pipelines.sinks.iceberg_expr import equal_to, is_in
+from cg_pipelines.core.errors import UsageError
+from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.sinks.base import Fences, TableStats
+from cg_pipelines.sinks.compat import legacy_commit_args
+from cg_pipelines.sinks.iceberg_maintain import IcebergMaintainer
 from cg_pipelines.sinks.iceberg_read import (
     WATERMARK_PREFIX,
     IcebergReader,
     iceberg_s3_properties,
-    key_tuples,
-    moved,
     optional_schema,
-    scan,
     sql_catalog,
     sqlite_catalog,
-    watermark_of,
 )
 from cg_pipelines.sinks.iceberg_state import IcebergStates
-from cg_pipelines.sinks.iceberg_view import commit_view
+from cg_pipelines.sinks.iceberg_write import IN_PRUNE_LIMIT, MANIFEST_MERGE, IcebergWriter
 from cg_pipelines.sinks.lineage import CommitLineage
 from cg_pipelines.sinks.maintenance import Maintenance
 from cg_pipelines.sinks.storage import mask_options
-from cg_pipelines.sinks.table import TableStats
 
-__all__ = ["MANIFEST_MERGE", "WATERMARK_PREFIX", "IcebergSink", "iceberg_s3_properties",
-           "sql_catalog", "sqlite_catalog"]
-
-_NO_RETRY: Final = {"commit.retry.num-retries": "0"}
-
-MANIFEST_MERGE: Final = {"commit.manifest-merge.enabled": "true",
-                         "commit.manifest.min-count-to-merge": "8"}
-"""Table properties the sink sets on the tables it creates or first writes to (unless the
-table already sets them): pyiceberg's merge append. Its default fast append writes one
-manifest per commit and merges none (pyiceberg 0.12, ``_FastAppendFiles``), so between two
-compactions of a partition the manifest list grew by one per commit and every scan, state
-read and compaction check read them all; a merge append folds the manifests into one once 8
-of them (a 8 MiB bin, ``commit.manifest.target-size-bytes``) are there. Same snapshot
-producer otherwise (``AssertRefSnapshotId``: the fence is unchanged)."""
-
-IN_PRUNE_LIMIT: Final = 200
-"""Merge batches with more distinct keys than this rewrite their partition whole (pyiceberg
-0.12's metrics evaluators prune no data file by an IN predicate of more than 200 values)."""
+__all__ = ["IN_PRUNE_LIMIT", "MANIFEST_MERGE", "WATERMARK_PREFIX", "IcebergSink",
+           "iceberg_s3_properties", "sql_catalog", "sqlite_catalog"]
 
 
 class IcebergSink:
-    """A :class:`~cg_pipelines.sinks.base.ReplaceSink` over one Iceberg table.
+    """A :class:`~cg_pipelines.sinks.base.TableSink` (and
+    :class:`~cg_pipelines.sinks.base.MaintainedSink`) over one Iceberg table.
 
     Thread-safe for concurrent use with different app ids; calls for one app id must not
     overlap (the engine runs one holder per partition).
 
-    Errors: :class:`FenceConflictError` when the watermark moved; pyiceberg errors
-    (``CommitFailedException`` after ``commit_retries`` lost races, ``NoSuchTableError``,
-    ``ValidationException``), ``OSError`` for I/O, ``UsageError`` (a ``ValueError``) for bad input.
+    Errors: :class:`~cg_pipelines.sinks.base.FenceConflictError` when a watermark moved;
+    pyiceberg errors (``CommitFailedException`` after ``commit_retries`` lost races,
+    ``NoSuchTableError``, ``ValidationException``), ``OSError`` for I/O, ``UsageError`` (a
+    ``ValueError``) for bad input.
     """
 
     table_format: ClassVar[str] = "iceberg"
@@ -189,34 +166,40 @@ class IcebergSink:
             props = dict(catalog)
             self._catalog_props = props
             self._catalog = load_catalog(props.pop("name", "cg"), **props)
-        self._schema = optional_schema(schema) if schema is not None else None
+        table_schema = optional_schema(schema) if schema is not None else None
         self._write: Append | Merge = write if write is not None else Append()
-        self._lineage = CommitLineage(self._write.name, commit_metadata, user_metadata=False)
-        self._reader = IcebergReader(self._catalog, identifier, self._schema, IcebergStates()
+        lineage = CommitLineage(self._write.name, commit_metadata, user_metadata=False)
+        self._reader = IcebergReader(self._catalog, identifier, table_schema, IcebergStates()
                                      if isinstance(self._write, Append) else None)
-        self._retries = commit_retries
-        self._keep = keep_snapshots
-        self._metadata_versions = metadata_versions
-        self._maintenance = maintenance if maintenance is not None else Maintenance()
-        self._lock = threading.Lock()
-        self._tables: dict[str, Table] = {}
-        self._snapshots: list[int] = []
-        self.last_rows_written: int | None = None
-        self.commit_retries_used = 0
+        self._writer = IcebergWriter(self._catalog, identifier, self._reader, self._write,
+                                     lineage, schema=table_schema,
+                                     commit_retries=commit_retries,
+                                     metadata_versions=metadata_versions)
+        self._maintainer = IcebergMaintainer(
+            self._reader, self._writer, lineage,
+            maintenance if maintenance is not None else Maintenance(), keep_snapshots)
 
     # ---------------------------------------------------------------- properties
 
     @property
     def identifier(self) -> str:
+        """The table's ``namespace.table``."""
         return self._ident
 
     @property
     def catalog(self) -> Catalog:
+        """The table's pyiceberg catalog."""
         return self._catalog
 
     @property
     def write(self) -> Append | Merge:
+        """The write mode (:class:`Append` or :class:`Merge`)."""
         return self._write
+
+    @property
+    def maintenance(self) -> Maintenance:
+        """The maintenance policy."""
+        return self._maintainer.policy
 
     @property
     def uri(self) -> str:
@@ -233,8 +216,17 @@ class IcebergSink:
     @property
     def snapshots_written(self) -> list[int]:
         """Snapshot ids this sink object committed (the last snapshot of each commit)."""
-        with self._lock:
-            return list(self._snapshots)
+        return self._writer.snapshots_written
+
+    @property
+    def last_rows_written(self) -> int | None:
+        """The rows the last :meth:`replace_partition` wrote (None before any)."""
+        return self._writer.last_rows_written
+
+    @property
+    def commit_retries_used(self) -> int:
+        """Commits this sink object tried again after losing a race to another partition."""
+        return self._writer.commit_retries_used
 
     def __repr__(self) -> str:
         return (f"IcebergSink({self._ident!r}, catalog={mask_options(self._catalog_props)!r}, "
@@ -282,208 +274,66 @@ class IcebergSink:
         """``IcebergReader.history``: every snapshot's summary, oldest first."""
         return self._reader.history()
 
-    # ---------------------------------------------------------------- the Sink protocol
+    # ---------------------------------------------------------------- the TableSink contract
 
     def watermark(self, app_id: str) -> int:
         """``app_id``'s watermark (0 if none or no table) in the latest table state, which the
-        next :meth:`commit` of ``app_id`` is then based on."""
-        tbl = self._reader.load()
-        if tbl is None:
-            return 0
-        with self._lock:
-            self._tables[app_id] = tbl
-        return watermark_of(tbl, app_id)
-
-    def watermarks(self, app_ids: Iterable[str]) -> dict[str, int]:
-        """Each app id's watermark from one load (read-only: remembers nothing)."""
-        tbl = self._reader.load()
-        return {a: (watermark_of(tbl, a) if tbl is not None else 0) for a in app_ids}
-
-    def commit(self, table: pa.Table | None, app_id: str, version: int, expected: int,
-               markers: Mapping[str, int] | None = None, *,
-               lineage: Mapping[str, object] | None = None) -> None:
-        """Write ``table`` (append, or merge by key) and set ``app_id``'s watermark to
-        ``version`` in ONE catalog commit, only if it is still ``expected`` (see the module
-        docstring for the fence). Creates the table on first use.
+        next :meth:`commit` whose first fence is ``app_id`` is then based on.
 
         Raises:
-            FenceConflictError: the watermark is not ``expected``; nothing was written.
-            UsageError: ``not 0 <= expected < version``; no table and no schema.
+            pyiceberg errors: the catalog cannot be read.
+        """
+        return self._writer.watermark(app_id)
+
+    def watermarks(self, app_ids: Iterable[str]) -> dict[str, int]:
+        """Each app id's watermark from one load (read-only: remembers nothing).
+
+        Raises:
+            pyiceberg errors: the catalog cannot be read.
+        """
+        return self._writer.watermarks(app_ids)
+
+    def commit(self, table: pa.Table | None, fences: Fences | str, *legacy: Any,
+               markers: Mapping[str, int] | None = None,
+               lineage: Mapping[str, object] | None = None) -> None:
+        """Write ``table`` (append, or merge by key) and move every watermark of ``fences``
+        (``{app id: (expected, version)}``) in ONE catalog commit, only if each is still its
+        ``expected`` (:meth:`TableSink.commit <cg_pipelines.sinks.base.TableSink.commit>`; see
+        the module docstring for the fence). The commit is based on the table state the first
+        app id's :meth:`watermark` loaded; the catalog refuses it when the table moved since
+        (``AssertRefSnapshotId``), and it is then decided again on the new state. Creates the
+        table on first use. The old one-input form ``commit(table, app_id, version,
+        expected[, markers])`` is accepted until the engine's drain moves to the fences form
+        (:func:`~cg_pipelines.sinks.compat.legacy_commit_args`).
+
+        Raises:
+            FenceConflictError: a watermark is not its ``expected``; nothing was written.
+            UsageError: no fence, a ``version < expected``, no version moves; no table and no
+                schema.
             ContractError: merge input without the required columns or with null keys, or
                 of other partitions; columns that differ from the table's.
             CommitFailedException: ``commit_retries`` races lost to other partitions.
         """
-        self.commit_inputs(table, {app_id: (expected, version)}, markers, lineage=lineage)
+        fences, markers = legacy_commit_args(fences, legacy, markers)
+        self._writer.commit(table, fences, markers, lineage=lineage)
 
-    def commit_inputs(self, table: pa.Table | None, watermarks: Mapping[str, tuple[int, int]],
+    def commit_inputs(self, table: pa.Table | None, watermarks: Fences,
                       markers: Mapping[str, int] | None = None, *,
                       lineage: Mapping[str, object] | None = None) -> None:
-        """Write ``table`` and move every watermark of ``watermarks`` (``{app id: (expected,
-        version)}``) in ONE catalog commit, only if each is still its ``expected``: the
-        co-partitioned run's commit (:class:`~cg_pipelines.sinks.base.JoinSink`; an input
-        with nothing in the batch keeps its version and is fenced all the same). The commit
-        is based on the table state the first app id's :meth:`watermark` loaded; the catalog
-        refuses it when the table moved since (``AssertRefSnapshotId``), and it is then
-        decided again on the new state. :meth:`commit` is this with one app id.
-
-        Raises:
-            FenceConflictError: one of the watermarks is not its ``expected``; nothing written.
-            UsageError: no watermark, a ``version < expected``, or no version moves.
-            Otherwise as :meth:`commit`.
-        """
-        check_watermarks(watermarks)
-        app_id = next(iter(watermarks))
-        version = watermarks[app_id][1]
-        with self._lock:
-            tbl = self._tables.get(app_id)
-        if tbl is None or moved(tbl, watermarks) is not None:
-            tbl = self._reader.load()
-        if tbl is None:
-            if any(exp for exp, _ in watermarks.values()):
-                first = next(a for a, (exp, _) in watermarks.items() if exp)
-                raise FenceConflictError(first, watermarks[first][0], 0)
-            schema = table.schema if table is not None and table.num_columns else self._schema
-            if schema is None:
-                raise UsageError(f"{self._ident}: no table yet and no schema to create it "
-                                 "with: pass schema= or call ensure_table() first")
-            if isinstance(self._write, Merge) and table is not None and table.num_rows:
-                self._write.check(table)
-                schema = pa.schema([f for f in schema if f.name != DELETE_COLUMN])
-            self.ensure_table(schema)
-            tbl = self._reader.require()
-        empty = table is None or table.num_rows == 0
-        merge = isinstance(self._write, Merge) and not empty
-        summary = self._lineage.commit(app_id, version, "merge" if merge else (
-            "empty" if empty else "append"), lineage)
-        props = {**{WATERMARK_PREFIX + a: str(v) for a, (_, v) in watermarks.items()},
-                 **{WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}}
-        for attempt in range(self._retries + 1):
-            tbl = self._no_pyiceberg_retry(tbl)
-            conflict = moved(tbl, watermarks)
-            if conflict is not None:
-                with self._lock:
-                    self._tables[app_id] = tbl
-                raise FenceConflictError(*conflict)
-            # built on THIS table state (a partition rewrite reads the partition's rows)
-            target = tbl.schema().as_arrow()
-            delete: BooleanExpression | None = None
-            if empty:
-                rows = target.empty_table()
-            elif merge:
-                assert table is not None and isinstance(self._write, Merge)
-                rows, delete = self._merge_rows(tbl, table, target)
-            else:
-                assert table is not None
-                rows = conform(table, target, self._ident)
-            try:
-                view = commit_view(tbl)  # the same commit, without copying old snapshots
-                with view.transaction() as txn:
-                    txn.set_properties(props)
-                    if delete is not None:
-                        with warnings.catch_warnings():  # "Delete operation did not match"
-                            warnings.simplefilter("ignore", UserWarning)
-                            txn.overwrite(rows, overwrite_filter=delete,
-                                          snapshot_properties=summary)
-                    else:
-                        txn.append(rows, snapshot_properties=summary)
-                tbl = view  # the catalog's full new metadata
-                break
-            except CommitFailedException:
-                if attempt == self._retries:
-                    raise
-                self.commit_retries_used += 1
-                time.sleep(random.uniform(0.005, 0.02 * min(attempt + 1, 10)))
-                tbl = self._reader.require()
-        tbl = self._after_commit(tbl, app_id)
-
-    def _merge_rows(self, tbl: Table, table: pa.Table, target: pa.Schema
-                    ) -> tuple[pa.Table, BooleanExpression]:
-        """Merge mode: the rows to append and the delete filter of one batch, against table
-        state ``tbl``."""
-        assert isinstance(self._write, Merge)
-        cur = self._write.current(table)
-        live = cur.filter(pc.invert(cur[DELETE_COLUMN])).drop_columns([DELETE_COLUMN])
-        rows = conform(live, target, self._ident)
-        part: BooleanExpression = AlwaysTrue()
-        if PARTITION_COLUMN in target.names and PARTITION_COLUMN in cur.column_names:
-            parts = pc.unique(cur[PARTITION_COLUMN]).to_pylist()
-            if len(parts) != 1:
-                raise ContractError(f"{self._ident}: a merge batch holds partitions {parts}")
-            part = equal_to(PARTITION_COLUMN, int(parts[0]))
-        keys = self._write.keys
-        if len(keys) == 1 and 0 < cur.num_rows <= IN_PRUNE_LIMIT:
-            return rows, And(part, is_in(keys[0], cur[keys[0]].to_pylist()))
-        # Many keys (pyiceberg prunes no file by an IN of more than IN_PRUNE_LIMIT values, so
-        # it would rewrite every file anyway) or a composite key: rewrite the partition whole,
-        # current rows of other keys kept; it is then one file again.
-        old = scan(tbl, part, None)
-        if old.num_rows:
-            mine = pc.is_in(key_tuples(old, keys), value_set=key_tuples(cur, keys))
-            kept = conform(old.filter(pc.invert(mine)), target, self._ident)
-            rows = pa.concat_tables([kept, rows])
-        return rows, part
-
-    def _after_commit(self, tbl: Table, app_id: str) -> Table:
-        """Remember ``tbl`` — pyiceberg updated it in place to the metadata our commit made
-        (no reload) — as the base of ``app_id``'s next commit."""
-        snap = tbl.current_snapshot()
-        with self._lock:
-            self._tables[app_id] = tbl
-            if snap is not None:
-                self._snapshots.append(snap.snapshot_id)
-        return tbl
-
-    # ---------------------------------------------------------------- table management
+        """The old name of :meth:`commit` with fences (kept until the co-partitioned engine
+        calls ``commit``); raises as it."""
+        self._writer.commit(table, watermarks, markers, lineage=lineage)
 
     def ensure_table(self, schema: pa.Schema) -> bool:
         """Create the table empty (columns optional; identity partition on
-        :data:`PARTITION_COLUMN` when present; ``commit.retry.num-retries=0``) unless it
-        exists; safe under concurrency (a losing creator finds the table). Returns True if
-        this call created it."""
-        ns = self._ident.rsplit(".", 1)[0]
-        try:
-            self._catalog.create_namespace(ns)
-        except NamespaceAlreadyExistsError:
-            pass
-        if self._reader.load() is not None:
-            return False
-        schema = optional_schema(schema)
-        props = {**_NO_RETRY, **MANIFEST_MERGE,
-                 "write.metadata.delete-after-commit.enabled": "true",
-                 "write.metadata.previous-versions-max": str(self._metadata_versions)}
-        try:
-            txn = self._catalog.create_table_transaction(self._ident, schema=schema,
-                                                         properties=props)
-            if PARTITION_COLUMN in schema.names:
-                with txn.update_spec() as spec:
-                    spec.add_identity(PARTITION_COLUMN)
-            txn.commit_transaction()
-        except (TableAlreadyExistsError, CommitFailedException):
-            if self._reader.load() is None:
-                raise
-            return False
-        return True
+        :data:`~cg_pipelines.sinks.base.PARTITION_COLUMN` when present;
+        ``commit.retry.num-retries=0``) unless it exists; safe under concurrency (a losing
+        creator finds the table). Returns True if this call created it.
 
-    def _no_pyiceberg_retry(self, tbl: Table) -> Table:
-        """``tbl``, or its fresh state after setting ``commit.retry.num-retries=0`` (and
-        :data:`MANIFEST_MERGE`'s properties the table does not set) on a table created
-        elsewhere or by an older sink (one property commit; lost races are retried)."""
-        missing = _missing_properties(tbl)
-        if not missing:
-            return tbl
-        for _ in range(20):
-            try:
-                with tbl.transaction() as txn:
-                    txn.set_properties(missing)
-                return self._reader.require()
-            except CommitFailedException:
-                tbl = self._reader.require()
-                missing = _missing_properties(tbl)
-                if not missing:
-                    return tbl
-        raise CommitFailedException(f"{self._ident}: set commit.retry.num-retries=0 on the "
-                                    "table (the fence needs pyiceberg's blind retry off) and "
-                                    "commit again")
+        Raises:
+            pyiceberg errors: the table could not be created and does not exist.
+        """
+        return self._writer.ensure_table(schema)
 
     def replace_partition(
         self, data: pa.RecordBatchReader, partition: int, app_id: str, expected: int,
@@ -502,53 +352,12 @@ class IcebergSink:
             The rows the partition had before.
 
         Raises:
-            FenceConflictError: the watermark is not ``expected``.
+            FenceConflictError: a kept watermark moved.
+            ContractError: a row of ``data`` holds another partition.
             NoSuchTableError: no table.
         """
-        with self._lock:
-            tbl = self._tables.get(app_id)
-        if tbl is None:
-            tbl = self._reader.require()
-        target = tbl.schema().as_arrow()
-        if isinstance(self._write, Merge):
-            rows = current_of(data, self._write, target, self._ident)
-        else:
-            rows = conform(data.read_all(), target, self._ident)
-        self.last_rows_written = None
-        where = equal_to(PARTITION_COLUMN, int(partition))
-        if rows.num_rows and PARTITION_COLUMN in rows.column_names and not pc.all(
-                pc.equal(rows[PARTITION_COLUMN], partition)).as_py():
-            raise ContractError(f"{self._ident}: replacement rows of partition {partition} hold "
-                                "other partitions")
-        summary = self._lineage.commit(app_id, expected, "replace_partition",
-                                {"partition": partition, **(lineage or {})})
-        props = {WATERMARK_PREFIX + k: str(v) for k, v in (markers or {}).items()}
-        kept = {app_id: (expected, expected), **{a: (v, v) for a, v in (fenced or {}).items()}}
-        for attempt in range(self._retries + 1):
-            tbl = self._no_pyiceberg_retry(tbl)
-            conflict = moved(tbl, kept)
-            if conflict is not None:
-                raise FenceConflictError(*conflict)
-            before = tbl.scan(row_filter=where).count()
-            try:
-                view = commit_view(tbl)
-                with view.transaction() as txn:
-                    # the fence needs a new snapshot even when nothing changes
-                    txn.set_properties({**{WATERMARK_PREFIX + a: str(v)
-                                           for a, (v, _) in kept.items()}, **props})
-                    txn.overwrite(rows, overwrite_filter=where, snapshot_properties=summary)
-                tbl = view
-                break
-            except CommitFailedException:
-                if attempt == self._retries:
-                    raise
-                time.sleep(random.uniform(0.005, 0.02 * min(attempt + 1, 10)))
-                tbl = self._reader.require()
-        self._after_commit(tbl, app_id)
-        with self._lock:
-            self._tables.pop(app_id, None)
-        self.last_rows_written = rows.num_rows
-        return int(before)
+        return self._writer.replace_partition(data, partition, app_id, expected, markers,
+                                              lineage=lineage, fenced=fenced)
 
     def maintain(self, partition: int, app_id: str) -> dict[str, int | float | str]:
         """Compact ``partition``'s small files when due (:mod:`cg_pipelines.sinks.
@@ -560,38 +369,4 @@ class IcebergSink:
         (``iceberg_compaction``, ``iceberg_files_compacted``, ``iceberg_files_live``,
         ``iceberg_snapshots``, ``iceberg_snapshots_expired``, ``iceberg_expire_seconds``); a
         failure is reported as ``error`` (type and message), not raised."""
-        t0 = time.monotonic()
-        figures: dict[str, int | float | str] = {}
-        try:
-            tbl = self._reader.load()  # one load serves the compaction check and the expiry
-            loaded = [tbl] if tbl is not None else []
-
-            def latest() -> Table:  # that state first, then the catalog's latest
-                return self._no_pyiceberg_retry(loaded.pop() if loaded
-                                                else self._reader.require())
-
-            if tbl is not None and compact_partition(
-                    latest, partition, self._maintenance, lambda t: watermark_of(t, app_id),
-                    lambda wm: self._lineage.commit(app_id, wm, "compact",
-                                                    {"partition": partition}),
-                    figures, self._reader.states if self._maintenance.snapshots else None):
-                with self._lock:  # the held base is stale: the next commit reloads
-                    self._tables.pop(app_id, None)
-                tbl = self._reader.load()
-            before, expired = (0, 0) if tbl is None else expire_old_snapshots(
-                tbl, self._reader.require, self._keep)
-            figures.update(iceberg_snapshots=before - expired,
-                           iceberg_snapshots_expired=expired)
-        except Exception as e:  # upkeep must not fail the run (reported)
-            figures["error"] = f"{type(e).__name__}: {e}"
-        figures["iceberg_expire_seconds"] = round(time.monotonic() - t0, 3)
-        return figures
-
-
-def _missing_properties(tbl: Table) -> dict[str, str]:
-    """The table properties the sink's commits need and ``tbl`` lacks: pyiceberg's retry off
-    (the fence), and :data:`MANIFEST_MERGE`'s where the table sets nothing of its own."""
-    props = tbl.properties
-    missing = {k: v for k, v in _NO_RETRY.items() if props.get(k) != v}
-    missing.update({k: v for k, v in MANIFEST_MERGE.items() if k not in props})
-    return missing
+        return self._maintainer.maintain(partition, app_id)

@@ -21,11 +21,10 @@ from pyiceberg.table import Table
 
 from cg_pipelines.core.state import last_per_key
 from cg_pipelines.core.storage_keys import check_storage_options
-from cg_pipelines.sinks.base import PARTITION_COLUMN
+from cg_pipelines.sinks.base import PARTITION_COLUMN, TableStats
 from cg_pipelines.sinks.iceberg_expr import equal_to, is_in
 from cg_pipelines.sinks.iceberg_state import IcebergStates
 from cg_pipelines.sinks.storage import option_name
-from cg_pipelines.sinks.table import TableStats
 
 WATERMARK_PREFIX: Final = "cg.watermark."
 """Table property prefix of the watermarks: ``cg.watermark.<app_id>``."""
@@ -189,7 +188,7 @@ class IcebergReader:
 
     def read_partitions(self, partitions: Sequence[int] | None = None) -> pa.Table:
         """:meth:`read` of the rows of ``partitions`` (``None``: all), pruning files by the
-        partition column (the :class:`~cg_pipelines.sinks.table.TableSink` read).
+        partition column (the :class:`~cg_pipelines.sinks.base.TableSink` read).
 
         Raises:
             pyiceberg / pyarrow errors: read failures.

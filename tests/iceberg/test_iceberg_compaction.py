@@ -36,9 +36,9 @@ def test_small_files_compacted_rows_and_watermarks_kept(backend: Backend, mode: 
     s = backend.sink(Merge(key="key", order_by="seq") if mode == "merge" else None,
                      maintenance=POLICY)
     for i in range(1, 7):  # six commits of partition 0 (keys repeat: merge rewrites them)
-        s.commit(rows(0, [f"k{i % 4}", f"j{i}"], 2 * i - 1), "s/g/0", i, i - 1)
-    s.commit(rows(1, ["q"], 1), "s/g/1", 1, 0)
-    s.commit(rows(1, ["r"], 2), "s/g/1", 2, 1)
+        s.commit(rows(0, [f"k{i % 4}", f"j{i}"], 2 * i - 1), {"s/g/0": (i - 1, i)})
+    s.commit(rows(1, ["q"], 1), {"s/g/1": (0, 1)})
+    s.commit(rows(1, ["r"], 2), {"s/g/1": (1, 2)})
     before = content(s)
     tbl = s.load()
     assert tbl is not None and len(partition_files(tbl, 0)) >= POLICY.compact_min_files
@@ -52,7 +52,7 @@ def test_small_files_compacted_rows_and_watermarks_kept(backend: Backend, mode: 
     assert content(s) == before
     assert (s.watermark("s/g/0"), s.watermark("s/g/1")) == (6, 2)
     assert s.maintain(0, "s/g/0")["iceberg_compaction"] == "no"  # one file: nothing due
-    s.commit(rows(0, ["k9"], 13), "s/g/0", 7, 6)  # the holder goes on after its compaction
+    s.commit(rows(0, ["k9"], 13), {"s/g/0": (6, 7)})  # the holder goes on after its compaction
     assert s.watermark("s/g/0") == 7 and len(content(s)) == len(before) + 1
 
 
@@ -60,13 +60,13 @@ def test_small_files_compacted_rows_and_watermarks_kept(backend: Backend, mode: 
 def test_compaction_losing_to_a_newer_holder_is_fenced(backend: Backend) -> None:
     old, newer = backend.sink(maintenance=POLICY), backend.sink(maintenance=POLICY)
     for i in range(1, 6):
-        old.commit(rows(0, [f"k{i}"], i), "s/g/0", i, i - 1)
+        old.commit(rows(0, [f"k{i}"], i), {"s/g/0": (i - 1, i)})
     raced: list[str] = []
 
     def summary_then_race(wm: int) -> dict[str, str]:
         if not raced:  # between the compaction's read and its commit: a newer holder commits
             raced.append("x")
-            newer.commit(rows(0, ["late"], 6), "s/g/0", 6, 5)
+            newer.commit(rows(0, ["late"], 6), {"s/g/0": (5, 6)})
         return {"cg.operation": "compact", "cg.watermark": str(wm)}
 
     out: dict[str, int | float | str] = {}
@@ -83,7 +83,7 @@ def test_compaction_losing_to_a_newer_holder_is_fenced(backend: Backend) -> None
     def summary_other(wm: int) -> dict[str, str]:
         if not other_raced:
             other_raced.append("x")
-            newer.commit(rows(1, ["p1"], 1), "s/g/1", 1, 0)
+            newer.commit(rows(1, ["p1"], 1), {"s/g/1": (0, 1)})
         return {"cg.operation": "compact", "cg.watermark": str(wm)}
 
     out = {}

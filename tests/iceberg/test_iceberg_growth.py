@@ -34,7 +34,7 @@ def drive(s: IcebergSink, commits: int, parts: int = 4) -> None:
     for i in range(1, commits + 1):
         for p in range(parts):
             s.watermark(f"a/{p}")
-            s.commit(rows(p, i), f"a/{p}", i, i - 1)
+            s.commit(rows(p, i), {f"a/{p}": (i - 1, i)})
 
 
 def manifests(s: IcebergSink) -> int:
@@ -73,9 +73,9 @@ def test_a_table_written_to_first_gets_merge_append_unless_it_says_otherwise(tmp
     assert manifests(own) == 20  # fast append: one manifest per commit
     zombie = IcebergSink("n.plain", catalog=cat)
     zombie.watermark("a/0")
-    plain.commit(rows(0, 6), "a/0", 6, 5)
+    plain.commit(rows(0, 6), {"a/0": (5, 6)})
     with pytest.raises(FenceConflictError):  # merge append is fenced as before
-        zombie.commit(rows(0, 6), "a/0", 6, 5)
+        zombie.commit(rows(0, 6), {"a/0": (5, 6)})
     assert plain.read().num_rows == 21
 
 
@@ -105,12 +105,12 @@ def test_commits_on_the_view_keep_every_snapshot_and_are_fenced(backend: Backend
     zombie = backend.sink(maintenance=NO_COMPACTION)
     assert zombie.watermark("a/1") == 3
     s.watermark("a/1")
-    s.commit(rows(1, 4), "a/1", 4, 3)
+    s.commit(rows(1, 4), {"a/1": (3, 4)})
     with pytest.raises(FenceConflictError):  # built on the view, refused all the same
-        zombie.commit(rows(1, 4), "a/1", 4, 3)
+        zombie.commit(rows(1, 4), {"a/1": (3, 4)})
     for p in (0, 2, 3):
         s.watermark(f"a/{p}")
-        s.commit(rows(p, 4), f"a/{p}", 4, 3)
+        s.commit(rows(p, 4), {f"a/{p}": (3, 4)})
     tbl = s.load()
     assert tbl is not None
     assert len(tbl.snapshots()) == 16  # every commit's snapshot is kept
@@ -126,7 +126,7 @@ def test_expiry_waits_for_the_slack(backend: Backend) -> None:
     assert expiry_slack(4) == 2
     drive(s, 6, parts=1)  # 6 snapshots: not more than 4 + 2
     assert s.maintain(0, "a/0")["iceberg_snapshots_expired"] == 0
-    s.commit(rows(0, 7), "a/0", 7, 6)  # 7
+    s.commit(rows(0, 7), {"a/0": (6, 7)})  # 7
     figures = s.maintain(0, "a/0")
     assert figures["iceberg_snapshots_expired"] == 3 and figures["iceberg_snapshots"] == 4
     tbl = s.load()

@@ -14,7 +14,7 @@ from pyiceberg.transforms import IdentityTransform
 
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.write import Merge
-from cg_pipelines.sinks.base import FenceConflictError, ReplaceSink
+from cg_pipelines.sinks.base import FenceConflictError, MaintainedSink, TableSink
 from cg_pipelines.sinks.iceberg import IcebergSink, iceberg_s3_properties
 from tests.iceberg.conftest import BACKENDS, Backend
 
@@ -32,13 +32,13 @@ def rows(p: int, keys: list[str], seq0: int) -> pa.Table:
 def test_stale_same_partition_is_fenced_other_partition_retried(backend: Backend) -> None:
     live, zombie, other = backend.sink(), backend.sink(), backend.sink()
     assert live.watermark("s/g/0") == 0
-    live.commit(rows(0, ["a", "b"], 1), "s/g/0", 2, 0, lineage={"stream": "s", "first_seq": 1})
+    live.commit(rows(0, ["a", "b"], 1), {"s/g/0": (0, 2)}, lineage={"stream": "s", "first_seq": 1})
     assert zombie.watermark("s/g/0") == 2 and other.watermark("s/g/1") == 0
-    live.commit(rows(0, ["c"], 3), "s/g/0", 3, 2)      # the zombie's snapshot is now stale
+    live.commit(rows(0, ["c"], 3), {"s/g/0": (2, 3)})      # the zombie's snapshot is now stale
     with pytest.raises(FenceConflictError) as e:
-        zombie.commit(rows(0, ["zz"], 3), "s/g/0", 3, 2)
+        zombie.commit(rows(0, ["zz"], 3), {"s/g/0": (2, 3)})
     assert e.value.found == 3
-    other.commit(rows(1, ["q"], 1), "s/g/1", 1, 0)     # stale too, but another partition
+    other.commit(rows(1, ["q"], 1), {"s/g/1": (0, 1)})     # stale too, but another partition
     assert other.commit_retries_used >= 1
     got = live.read().sort_by("seq")
     assert sorted(got["key"].to_pylist()) == ["a", "b", "c", "q"]
@@ -74,7 +74,7 @@ def test_concurrent_partitions_all_land(backend: Backend) -> None:
         try:
             wm = s.watermark(f"s/g/{p}")
             for _ in range(6):
-                s.commit(rows(p, [f"k{p}"], wm + 1), f"s/g/{p}", wm + 1, wm)
+                s.commit(rows(p, [f"k{p}"], wm + 1), {f"s/g/{p}": (wm, wm + 1)})
                 wm += 1
         except BaseException as e:  # reported below
             errors.append(e)
@@ -96,9 +96,10 @@ def test_table_shape_empty_commit_markers_and_state(tmp_path, request) -> None:
 
     b = make_backend("sqlite-local", request, tmp_path)
     s = b.sink(schema=SCHEMA)
-    assert isinstance(s, ReplaceSink)
+    assert isinstance(s, TableSink) and isinstance(s, MaintainedSink)
     s.watermark("s/g/0")
-    s.commit(None, "s/g/0", 5, 0, {"s/g/0@origin": 17})  # empty batch: creates the table
+    # an empty batch creates the table
+    s.commit(None, {"s/g/0": (0, 5)}, markers={"s/g/0@origin": 17})
     assert s.watermark("s/g/0") == 5 and s.watermark("s/g/0@origin") == 17
     tbl = s.load()
     assert tbl is not None
@@ -106,12 +107,12 @@ def test_table_shape_empty_commit_markers_and_state(tmp_path, request) -> None:
         ("_partition", IdentityTransform)]
     assert tbl.properties["commit.retry.num-retries"] == "0"
     assert s.history()[-1]["cg.operation"] == "empty"
-    s.commit(rows(0, ["a", "b", "a"], 6), "s/g/0", 8, 5)
+    s.commit(rows(0, ["a", "b", "a"], 6), {"s/g/0": (5, 8)})
     st = s.last_rows("key", ["a", "b", "x"], ["v"], "seq", partition=0)
     assert st.to_pylist() == [{"key": "a", "v": 62, "seq": 8}, {"key": "b", "v": 61, "seq": 7}]
     assert s.last_rows("key", ["a"], ["v"], "seq", partition=1).num_rows == 0
     with pytest.raises(ValueError, match="expected < version"):
-        s.commit(None, "s/g/0", 8, 8)
+        s.commit(None, {"s/g/0": (8, 8)})
     # DeltaSink's read(columns, filter=<pyarrow expression>), as the reconcile check calls it
     import pyarrow.compute as pc
 
@@ -136,13 +137,13 @@ def test_merge_composite_key_and_maintenance_bound(tmp_path, request) -> None:
                          "_partition": [0] * len(evs)}, schema=schema)
 
     s.watermark("a")
-    s.commit(batch([("x", "1", "up"), ("x", "2", "up"), ("y", "1", "up")], 1), "a", 3, 0)
-    s.commit(batch([("x", "1", "del"), ("y", "1", "up"), ("x", "1", "up")], 4), "a", 6, 3)
-    s.commit(batch([("x", "2", "del")], 7), "a", 7, 6)
+    s.commit(batch([("x", "1", "up"), ("x", "2", "up"), ("y", "1", "up")], 1), {"a": (0, 3)})
+    s.commit(batch([("x", "1", "del"), ("y", "1", "up"), ("x", "1", "up")], 4), {"a": (3, 6)})
+    s.commit(batch([("x", "2", "del")], 7), {"a": (6, 7)})
     got = sorted((r["site"], r["dev"], r["_seq"]) for r in s.read().to_pylist())
     assert got == [("x", "1", 6), ("y", "1", 5)]
     for i in range(8, 14):
-        s.commit(None, "a", i, i - 1)
+        s.commit(None, {"a": (i - 1, i)})
     assert len(s.load().snapshots()) > 3
     figures = s.maintain(0, "a")
     assert "error" not in figures, figures
@@ -197,7 +198,7 @@ def test_merge_of_many_keys_rewrites_the_partition_and_keeps_others(tmp_path, re
                           "_seq": list(range(seq[p] + 1, seq[p] + n + 1)),
                           "_partition": [p] * n}, schema=schema)
             s.watermark(f"a/{p}")
-            s.commit(t, f"a/{p}", seq[p] + n, seq[p])
+            s.commit(t, {f"a/{p}": (seq[p], seq[p] + n)})
             seq[p] += n
     got = {(r["_partition"], r["key"]): r["v"] for r in s.read().to_pylist()}
     assert got == ref and s.read().num_rows == len(ref)
@@ -214,12 +215,12 @@ def test_a_table_created_elsewhere_gets_pyiceberg_retry_off_and_is_fenced(tmp_pa
     cat.create_table("n.t", schema=SCHEMA)
     live, zombie = IcebergSink("n.t", catalog=cat), IcebergSink("n.t", catalog=cat)
     live.watermark("a")
-    live.commit(rows(0, ["a"], 1), "a", 1, 0)
+    live.commit(rows(0, ["a"], 1), {"a": (0, 1)})
     assert cat.load_table("n.t").properties["commit.retry.num-retries"] == "0"
     zombie.watermark("a")
-    live.commit(rows(0, ["b"], 2), "a", 2, 1)
+    live.commit(rows(0, ["b"], 2), {"a": (1, 2)})
     with pytest.raises(FenceConflictError):
-        zombie.commit(rows(0, ["b"], 2), "a", 2, 1)
+        zombie.commit(rows(0, ["b"], 2), {"a": (1, 2)})
     assert live.read().num_rows == 2
 
 

@@ -57,7 +57,7 @@ def commit_many(s: IcebergSink, p: int, start: int, n: int) -> int:
     """``n`` commits of partition ``p`` from watermark ``start`` (two keys each, keys
     repeating); returns the new watermark."""
     for i in range(start + 1, start + n + 1):
-        s.commit(rows(p, [KEYS[i % 6], KEYS[(i * 5) % 6]], 2 * i), f"s/g/{p}", i, i - 1)
+        s.commit(rows(p, [KEYS[i % 6], KEYS[(i * 5) % 6]], 2 * i), {f"s/g/{p}": (i - 1, i)})
     return start + n
 
 
@@ -113,7 +113,7 @@ def test_torn_or_foreign_snapshots_are_not_used(backend: Backend) -> None:
     cat = load_catalog("cg", **backend.catalog)
     cat.drop_table(backend.identifier)
     again = backend.sink(maintenance=POLICY)
-    again.commit(rows(0, ["k1"], 99), "s/g/0", 1, 0)
+    again.commit(rows(0, ["k1"], 99), {"s/g/0": (0, 1)})
     assert again.load().location() == tbl.location()  # type: ignore[union-attr]
     assert fs.get_file_info(stored).size > 0  # the old table's snapshot is still there
     assert state_read(again, 0) == [{"key": "k1", "seq": 99, "v": 990}]
@@ -134,7 +134,7 @@ def test_no_snapshots_where_they_cannot_be_exact(backend: Backend) -> None:
     cat = load_catalog("cg", **backend.catalog)
     cat.create_table("cg.flat", schema=SCHEMA)
     flat = IcebergSink("cg.flat", catalog=dict(backend.catalog), maintenance=POLICY)
-    flat.commit(pa.concat_tables([rows(0, ["k1"], 1), rows(1, ["k1"], 2)]), "s/g/0", 1, 0)
+    flat.commit(pa.concat_tables([rows(0, ["k1"], 1), rows(1, ["k1"], 2)]), {"s/g/0": (0, 1)})
     got = flat.last_rows("key", ["k1"], ["v"], "seq", 0, app_id="s/g/0")
     assert got.select(["key", "seq"]).to_pylist() == [{"key": "k1", "seq": 1}]
     ftbl = flat.load()
@@ -154,7 +154,7 @@ def test_files_of_an_earlier_spec_are_not_snapshotted(backend: Backend) -> None:
     with tbl.update_spec() as spec:
         spec.add_identity("_partition")
     s = IcebergSink("cg.evolved", catalog=dict(backend.catalog), maintenance=POLICY)
-    s.commit(rows(0, ["k3"], 3), "s/g/0", 1, 0)
+    s.commit(rows(0, ["k3"], 3), {"s/g/0": (0, 1)})
     got = s.last_rows("key", ["k1", "k2", "k3"], ["v"], "seq", 0, app_id="s/g/0")
     assert got.select(["key", "seq"]).to_pylist() == [{"key": "k1", "seq": 1},
                                                       {"key": "k3", "seq": 3}]

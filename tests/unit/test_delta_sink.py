@@ -46,13 +46,13 @@ def test_watermark_starts_at_zero_and_creates_nothing(uri: str) -> None:
 def test_commit_advances_watermark_and_consecutive_commits(uri: str) -> None:
     sink = DeltaSink(uri)
     assert sink.watermark("a") == 0
-    sink.commit(rows(1, 3), "a", 3, 0)
+    sink.commit(rows(1, 3), {"a": (0, 3)})
     assert sink.exists()
     assert sink.watermark("a") == 3
     # A run commits batch after batch without re-reading the watermark.
-    sink.commit(rows(4, 2), "a", 5, 3)
-    sink.commit(None, "a", 6, 5)
-    sink.commit(rows(7, 1), "a", 7, 6)
+    sink.commit(rows(4, 2), {"a": (3, 5)})
+    sink.commit(None, {"a": (5, 6)})
+    sink.commit(rows(7, 1), {"a": (6, 7)})
     assert sink.watermark("a") == 7
     assert DeltaSink(uri).watermark("a") == 7  # seen by a fresh reader
     assert DeltaSink(uri).watermark("other") == 0
@@ -60,22 +60,22 @@ def test_commit_advances_watermark_and_consecutive_commits(uri: str) -> None:
 
 
 def test_commit_without_prior_watermark_loads_a_snapshot(uri: str) -> None:
-    DeltaSink(uri).commit(rows(1, 1), "a", 1, 0)
+    DeltaSink(uri).commit(rows(1, 1), {"a": (0, 1)})
     sink = DeltaSink(uri)
     with pytest.raises(FenceConflictError) as ei:
-        sink.commit(rows(2, 1), "a", 2, 0)
+        sink.commit(rows(2, 1), {"a": (0, 2)})
     assert (ei.value.expected, ei.value.found) == (0, 1)
-    sink.commit(rows(2, 1), "a", 2, 1)
+    sink.commit(rows(2, 1), {"a": (1, 2)})
     assert sink.watermark("a") == 2
 
 
 def test_stale_expected_is_refused_and_writes_nothing(uri: str) -> None:
     sink = DeltaSink(uri)
     sink.watermark("a")
-    sink.commit(rows(1, 5), "a", 5, 0)
+    sink.commit(rows(1, 5), {"a": (0, 5)})
     version = delta_version(uri)
     with pytest.raises(FenceConflictError) as ei:
-        sink.commit(rows(6, 5), "a", 10, 3)
+        sink.commit(rows(6, 5), {"a": (3, 10)})
     assert (ei.value.app_id, ei.value.expected, ei.value.found) == ("a", 3, 5)
     assert sink.watermark("a") == 5
     assert sink.read().num_rows == 5
@@ -87,13 +87,13 @@ def test_zombie_with_stale_snapshot_is_fenced_by_delta_conflict_checker(uri: str
     zombie, owner = DeltaSink(uri), DeltaSink(uri)
     assert zombie.watermark("a") == 0
     assert owner.watermark("a") == 0
-    owner.commit(rows(1, 4, "owner"), "a", 4, 0)
+    owner.commit(rows(1, 4, "owner"), {"a": (0, 4)})
     # An unrelated partition commits too: the zombie's snapshot is two versions behind.
-    DeltaSink(uri).commit(rows(1, 1, "b"), "b", 1, 0)
+    DeltaSink(uri).commit(rows(1, 1, "b"), {"b": (0, 1)})
     version = delta_version(uri)
     # The zombie's own snapshot still says 0, so only delta-rs' conflict check can stop it.
     with pytest.raises(FenceConflictError) as ei:
-        zombie.commit(rows(1, 4, "zombie"), "a", 4, 0)
+        zombie.commit(rows(1, 4, "zombie"), {"a": (0, 4)})
     assert ei.value.found == 4
     assert delta_version(uri) == version
     assert "zombie" not in owner.read().column("tag").to_pylist()
@@ -102,10 +102,10 @@ def test_zombie_with_stale_snapshot_is_fenced_by_delta_conflict_checker(uri: str
 
 def _race_same_app(uri: str, n: int, fresh: bool) -> None:
     if not fresh:
-        DeltaSink(uri).commit(rows(1, 1, "seed"), "other", 1, 0)
+        DeltaSink(uri).commit(rows(1, 1, "seed"), {"other": (0, 1)})
     sinks = [DeltaSink(uri) for _ in range(n)]
     assert all(s.watermark("a") == 0 for s in sinks)
-    out = race(n, lambda i: sinks[i].commit(rows(1, 3, f"w{i}"), "a", 10 + i, 0))
+    out = race(n, lambda i: sinks[i].commit(rows(1, 3, f"w{i}"), {"a": (0, 10 + i)}))
     winners = [i for i, e in out.items() if e is None]
     assert len(winners) == 1, out
     losers = [e for e in out.values() if e is not None]
@@ -140,7 +140,7 @@ def test_partitions_commit_concurrently_without_conflict(
         app = f"s/g/{i}"
         wm = sinks[i].watermark(app)
         for _ in range(batches):
-            sinks[i].commit(rows(wm + 1, 2, key=str(i)), app, wm + 2, wm)
+            sinks[i].commit(rows(wm + 1, 2, key=str(i)), {app: (wm, wm + 2)})
             wm += 2
 
     out = race(n, partition)
@@ -155,12 +155,12 @@ def test_partitions_commit_concurrently_without_conflict(
 def test_empty_commit_advances_watermark(uri: str) -> None:
     sink = DeltaSink(uri)
     sink.watermark("a")
-    sink.commit(rows(1, 2), "a", 2, 0)
+    sink.commit(rows(1, 2), {"a": (0, 2)})
     v = delta_version(uri)
-    sink.commit(None, "a", 5, 2)
+    sink.commit(None, {"a": (2, 5)})
     assert sink.watermark("a") == 5
     assert delta_version(uri) == v + 1
-    sink.commit(rows(1, 0), "a", 6, 5)  # 0 rows
+    sink.commit(rows(1, 0), {"a": (5, 6)})  # 0 rows
     assert sink.watermark("a") == 6
     assert delta_version(uri) == v + 2
     assert sink.read().num_rows == 2
@@ -172,19 +172,19 @@ def test_empty_commit_is_fenced(uri: str) -> None:
     a, b = DeltaSink(uri), DeltaSink(uri)
     a.watermark("p")
     b.watermark("p")
-    a.commit(None, "p", 3, 0)
+    a.commit(None, {"p": (0, 3)})
     with pytest.raises(FenceConflictError):
-        b.commit(None, "p", 4, 0)
+        b.commit(None, {"p": (0, 4)})
     assert DeltaSink(uri).watermark("p") == 3
 
 
 def test_empty_first_commit_needs_a_schema(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="schema"):
-        DeltaSink(str(tmp_path / "x")).commit(None, "a", 1, 0)
+        DeltaSink(str(tmp_path / "x")).commit(None, {"a": (0, 1)})
     assert not DeltaSink(str(tmp_path / "x")).exists()
     sink = DeltaSink(str(tmp_path / "y"), schema=SCHEMA)
     assert sink.read().schema == SCHEMA  # no table yet: empty, with the given schema
-    sink.commit(None, "a", 1, 0)
+    sink.commit(None, {"a": (0, 1)})
     assert sink.exists() and sink.watermark("a") == 1
     assert sink.read().num_rows == 0
     assert sink.read().schema.names == SCHEMA.names
@@ -193,9 +193,9 @@ def test_empty_first_commit_needs_a_schema(tmp_path: Path) -> None:
 def test_version_must_advance(uri: str) -> None:
     sink = DeltaSink(uri)
     with pytest.raises(ValueError):
-        sink.commit(rows(1, 1), "a", 3, 3)
+        sink.commit(rows(1, 1), {"a": (3, 3)})
     with pytest.raises(ValueError):
-        sink.commit(rows(1, 1), "a", 2, 3)
+        sink.commit(rows(1, 1), {"a": (3, 2)})
     assert not sink.exists()
 
 
@@ -215,8 +215,8 @@ def test_ensure_table_concurrent_creators_make_one_version(tmp_path: Path, attem
 
 def test_read_returns_what_was_written(uri: str) -> None:
     sink = DeltaSink(uri, partition_by=["key"])
-    sink.commit(rows(1, 3, "x", key="N1"), "a", 3, 0)
-    sink.commit(rows(4, 2, "y", key="N2"), "a", 5, 3)
+    sink.commit(rows(1, 3, "x", key="N1"), {"a": (0, 3)})
+    sink.commit(rows(4, 2, "y", key="N2"), {"a": (3, 5)})
     assert DeltaTable(uri).metadata().partition_columns == ["key"]
     all_rows = sink.read().sort_by("seq")
     assert all_rows.select(SCHEMA.names).to_pylist() == (
@@ -227,14 +227,14 @@ def test_read_returns_what_was_written(uri: str) -> None:
     assert sorted(got.column("seq").to_pylist()) == [4, 5]
     # A reader sees commits made by others after its first read.
     other = DeltaSink(uri)
-    other.commit(rows(6, 1, "z", key="N1"), "b", 1, 0)
+    other.commit(rows(6, 1, "z", key="N1"), {"b": (0, 1)})
     assert sink.read(filter=pc.field("tag") == "z").num_rows == 1
 
 
 def test_nanosecond_timestamps_are_stored_as_microseconds(uri: str) -> None:
     recs = [Record(1, "a.b", b"x", 1_700_000_000_123_456_789), Record(2, "a.c", b"y", 5_000)]
     sink = DeltaSink(uri)
-    sink.commit(records_to_arrow(recs), "a", 2, 0)
+    sink.commit(records_to_arrow(recs), {"a": (0, 2)})
     assert DeltaTable(uri).protocol().reader_features is None  # no timestampNanos
     got = sink.read().sort_by("seq")
     assert got.schema.field("time").type == pa.timestamp("us", tz="UTC")
@@ -282,28 +282,28 @@ def test_watermarks_survive_checkpoints(uri: str) -> None:
     sink = DeltaSink(uri, checkpoint_interval=3)
     wm = sink.watermark("a")
     for _ in range(7):
-        sink.commit(rows(wm + 1, 1), "a", wm + 1, wm)
+        sink.commit(rows(wm + 1, 1), {"a": (wm, wm + 1)})
         wm += 1
-    sink.commit(None, "b", 4, 0)
+    sink.commit(None, {"b": (0, 4)})
     assert DeltaTable(uri).metadata().configuration["delta.checkpointInterval"] == "3"
     assert (Path(uri) / "_delta_log" / "_last_checkpoint").exists()
     fresh = DeltaSink(uri)
     assert (fresh.watermark("a"), fresh.watermark("b")) == (7, 4)
     with pytest.raises(FenceConflictError):
-        fresh.commit(None, "a", 9, 6)
-    fresh.commit(None, "a", 9, 7)
+        fresh.commit(None, {"a": (6, 9)})
+    fresh.commit(None, {"a": (7, 9)})
     assert DeltaSink(uri).watermark("a") == 9
 
 
 def test_concurrent_reads_and_commits_on_one_sink(uri: str) -> None:
     sink = DeltaSink(uri)
-    sink.commit(rows(1, 1, key="0"), "s/g/0", 1, 0)
+    sink.commit(rows(1, 1, key="0"), {"s/g/0": (0, 1)})
 
     def work(i: int) -> None:
         if i == 0:
             wm = sink.watermark("s/g/0")
             for _ in range(10):
-                sink.commit(rows(wm + 1, 1, key="0"), "s/g/0", wm + 1, wm)
+                sink.commit(rows(wm + 1, 1, key="0"), {"s/g/0": (wm, wm + 1)})
                 wm += 1
         else:
             seen = 0
@@ -320,9 +320,9 @@ def test_commit_decides_on_latest_snapshot_when_remembered_one_is_older(uri: str
     # The caller learnt the watermark elsewhere (another sink object): not a fence conflict.
     old = DeltaSink(uri)
     assert old.watermark("a") == 0
-    DeltaSink(uri).commit(rows(1, 2), "a", 2, 0)
-    old.commit(rows(3, 1), "a", 3, 2)
+    DeltaSink(uri).commit(rows(1, 2), {"a": (0, 2)})
+    old.commit(rows(3, 1), {"a": (2, 3)})
     assert DeltaSink(uri).watermark("a") == 3
     with pytest.raises(FenceConflictError) as ei:
-        old.commit(rows(4, 1), "a", 4, 2)
+        old.commit(rows(4, 1), {"a": (2, 4)})
     assert ei.value.found == 3
