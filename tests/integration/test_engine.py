@@ -279,7 +279,7 @@ async def test_slow_batch_keeps_lease_and_pin(nc, js, unique_name, tmp_path) -> 
     def slow_transform(table, ctx):  # the first batch takes 2.5 pin timeouts
         calls["n"] += 1
         if calls["n"] == 1:
-            time.sleep(2.5 * FAST["priority_timeout_s"])
+            time.sleep(2.5 * FAST["priority_timeout_s"])  # past the pin timeout, ack wait
         return orig(table, ctx)
 
     slow.transform = slow_transform

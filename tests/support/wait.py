@@ -26,7 +26,7 @@ async def wait_for(cond: Callable[[], Any], timeout: float, what: str,
             return r
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval)  # poll interval
 
 
 async def still_running(h: Any) -> bool:
