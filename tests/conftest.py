@@ -97,7 +97,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := with_token(SESSION_TOKEN_VAR, _SESSION_TOKEN)) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.5)  # poll interval (deadline: LEFTOVER_GRACE_S)
     if left:
         _LEFTOVERS.extend(f"{pid} {cmd}" for pid, cmd in left)
         kill([pid for pid, _ in left], signal.SIGKILL)

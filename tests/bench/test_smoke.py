@@ -183,7 +183,7 @@ def run_smoke(script: Path, timeout_s: float = TIMEOUT_S,
     seconds = time.monotonic() - t0
     deadline = time.monotonic() + grace_s
     while (left := with_token(TOKEN_VAR, token)) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.5)  # poll interval (deadline: grace_s)
     if left:  # reported by the test; killed here so they do not outlive the run
         kill([pid for pid, _ in left], signal.SIGKILL)
     return SmokeRun(returncode, stdout, stderr, seconds, [f"{pid} {cmd}" for pid, cmd in left])

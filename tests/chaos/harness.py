@@ -307,7 +307,7 @@ class _Chaos:
 
             async with self.lock:  # a window is never cut by a server kill: stream order holds
                 await self.retry.call("publish", send)
-            await asyncio.sleep(self.cfg.window_pause_s)
+            await asyncio.sleep(self.cfg.window_pause_s)  # the publishing pace: windows apart
         self.published.set()
 
     async def _global_faults(self) -> None:
@@ -317,7 +317,7 @@ class _Chaos:
                  + [STEP_DOWN] * cfg.step_downs)
         at = sorted((rng.uniform(0.1 * span, span), k) for k in kinds)
         for t, kind in at:
-            await asyncio.sleep(max(0.0, self.t0 + t - time.monotonic()))
+            await asyncio.sleep(max(0.0, self.t0 + t - time.monotonic()))  # the fault's time
             if kind == RESTART:
                 for _ in range(40):  # kill NATS under a run when there is one (up to 4 s)
                     if any(not r.done and not r.detached for r in self.runs):
@@ -325,7 +325,7 @@ class _Chaos:
                     await asyncio.sleep(0.1)
                 async with self.lock:
                     self.server.kill()
-                    await asyncio.sleep(rng.uniform(0.3, 1.0))
+                    await asyncio.sleep(rng.uniform(0.3, 1.0))  # the server stays down a while
                     await asyncio.to_thread(self.server.start)
                 self.log(f"  t={time.monotonic() - self.t0:.1f}s nats-server killed, restarted")
             elif kind == MEMBERSHIP:
@@ -372,7 +372,7 @@ class _Chaos:
                     self.api, STREAM, GROUP, range(cfg.partitions)))
             except Exception as e:  # NATS restarting: try again next tick
                 self.log(f"  scheduler: {type(e).__name__}: {e}")
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)  # backoff while NATS restarts
                 continue
             live = [r for r in self.runs if not r.done]
             if (self.published.is_set() and self.globals_done.is_set() and not live

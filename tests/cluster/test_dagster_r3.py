@@ -18,6 +18,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
+from cg_pipelines.engine.lease import lease_consumer_name, pinned_id
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.testing.cluster import NatsCluster
@@ -33,6 +34,7 @@ from tests.dagster.defs_keyed import (
     pkey,
 )
 from tests.support import keyed
+from tests.support.wait import wait_for
 
 
 def failure_line(res: ExecuteInProcessResult) -> str:
@@ -74,10 +76,17 @@ async def test_dagster_runs_and_sensors_on_r3_with_faults(
         killed.append(await nats_cluster.kill_stream_leader(wq))
 
     async def restart() -> None:  # while that run executes
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the killed leader stays down 1 s more, the run going on
         await asyncio.to_thread(nats_cluster.restart, killed[-1])
         faults.append(f"kill -9 + restart of work-queue leader "
                       f"{nats_cluster.server_name(killed[-1])}")
+
+    async def leased(p: int) -> bool:
+        try:
+            info = await api.consumer_info(wq, lease_consumer_name(p))
+        except Exception:  # not created yet, or no consumer leader at the moment
+            return False
+        return pinned_id(info) is not None
 
     with DagsterInstance.ephemeral() as instance:
         # The membership sensor sees m1 own every partition; the backlog sensor asks for all.
@@ -99,7 +108,10 @@ async def test_dagster_runs_and_sensors_on_r3_with_faults(
                 job.execute_in_process, partition_key=key, instance=instance,
                 raise_on_error=False))
             if during is not None:
-                await asyncio.sleep(0.2)  # the run is starting or draining
+                # the run holds the partition's lease (pinned), or is already over
+                part = int(key.rsplit("-", 1)[1])
+                await wait_for(lambda r=run, p=part: r.done() or leased(p), 120,
+                               f"the run of {key} to lease its partition")
                 await during()
             res = await run
             await nats_cluster.wait_healthy(60)

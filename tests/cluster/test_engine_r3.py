@@ -34,7 +34,7 @@ from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.testing.cluster import NatsCluster
 from tests.cluster import checks
 from tests.support import keyed
-from tests.support.wait import wait_for
+from tests.support.wait import pulls_waiting, wait_for
 
 P = 4
 OPTIONS = EngineOptions(batch_max_msgs=60, max_messages=400, ack_wait_s=2.0,
@@ -117,7 +117,8 @@ async def test_engine_survives_step_downs_and_leader_kill(
             await after_commits(3)
             killed = await nats_cluster.kill_stream_leader(wq)
             faults.append(f"kill -9 of work-queue leader {nats_cluster.server_name(killed)}")
-            await asyncio.sleep(1.5)  # runs go on (or wait) on the other two nodes
+            await asyncio.sleep(1.5)  # the node stays down 1.5 s: runs go on (or wait) on
+            # the other two nodes meanwhile
             await asyncio.to_thread(nats_cluster.restart, killed)
             await nats_cluster.wait_healthy(60)
             faults.append(f"restart of {nats_cluster.server_name(killed)}")
@@ -138,7 +139,7 @@ async def test_engine_survives_step_downs_and_leader_kill(
                                         hook=hook_for(p))
             except Exception as e:  # a failed run is retried, as Dagster would
                 errors.append(f"partition {p}: {type(e).__name__}: {e}")
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)  # a retry's backoff, as Dagster's would be
                 continue
             results.append(r)
             if done_before and r.status == "empty":
@@ -214,7 +215,8 @@ async def test_a_pull_ended_by_a_consumer_leader_change_is_sent_again(
     cname = lease_consumer_name(0)
 
     waiting = asyncio.create_task(api.pull(wq, cname, batch=1, expires_s=5.0))
-    await asyncio.sleep(0.5)  # the pull waits at the leader: the partition is empty
+    # the pull waits at the leader (the partition is empty)
+    await pulls_waiting(api, wq, cname, what="the pull waiting at the consumer leader")
     await nats_cluster.step_down_consumer(wq, cname)
     got = await waiting
     assert got.unavailable and not got.messages, got
@@ -224,7 +226,7 @@ async def test_a_pull_ended_by_a_consumer_leader_change_is_sent_again(
                      DeltaSink(str(tmp_path / "t"), schema=keyed.OUT_SCHEMA), OPTIONS, None)
     holder = LeaseHolder(ctx, cname)
     pulling = asyncio.create_task(holder.pull("pull the lease", batch=1, expires_s=3.0))
-    await asyncio.sleep(0.5)
+    await pulls_waiting(api, wq, cname, what="the run's pull waiting at the new leader")
     await nats_cluster.step_down_consumer(wq, cname)
     again = await pulling  # sent again after the unavailable answer, then expired empty
     assert again.status in (404, 408) and not again.messages, again

@@ -241,7 +241,7 @@ async def test_backlog_sensor_thresholds_and_served_members(
     assert [r.run_key for r in mid.run_requests or []] == [
         f"{GROUP}:3:{h.first_index(evs, 3) + 1}"]
     # ... or when the oldest pending message is old enough
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # the oldest pending message gets older than max_age_s 0.1
     aged = await asyncio.to_thread(tick, min_pending=10_000, max_age_s=0.1)
     assert h.partitions_of(list(aged.run_requests or [])) == ["g-1", "g-3"]
     young = await asyncio.to_thread(tick, min_pending=10_000, max_age_s=3600.0)
@@ -369,7 +369,7 @@ async def test_broken_config_skips_with_reason(
     # under a run key of its own (the first attempt's key is used up forever).
     await fix()
     await h.wait_sourced(js, stream, len(h.events_on({1, 3})))
-    await asyncio.sleep(1.2)
+    await asyncio.sleep(1.2)  # past g-1's retry backoff (1 s)
     retry = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
     keys = {r.partition_key: r.run_key for r in retry.run_requests or [] if r.job_name == JOB}
     # the failed run planned g-1's lag check and never evaluated it (Dagster: "execution
@@ -453,7 +453,7 @@ async def test_backlog_sensor_records_lag_checks_and_reconciles(
     assert (await asyncio.to_thread(job.execute_in_process, partition_key="g-1",
                                     instance=instance)).success
     assert states()[("lag_within_objective", "g-1")] == (True, True)
-    await asyncio.sleep(max(0.0, t1 + 2.1 - time.time()))
+    await asyncio.sleep(max(0.0, t1 + 2.1 - time.time()))  # past lag_refresh_s (2 s) since d1
     d3 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance, cursor=d2.cursor)
     obs3 = observations(d3)
     assert sorted(obs3) == ["g-1", "g-3"] and obs3["g-1"]["pending"].value == 0

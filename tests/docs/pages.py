@@ -177,7 +177,7 @@ class Page:
                                                 timeout=5) as answer:
                         status = answer.status
                 except (urllib.error.URLError, OSError):
-                    time.sleep(1)
+                    time.sleep(1)  # poll interval (deadline: SERVE_TIMEOUT_S)
             print(f"{time.monotonic() - t0:6.1f} s  {shlex.join(words)} (answered {status})")
             assert status == 200, f"{shlex.join(words)} did not answer on port {port}:\n" \
                                   f"{log.read_text(errors='replace')[-3000:]}"

@@ -13,10 +13,18 @@ from pathlib import Path
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, StaticConfig
+from cg_pipelines.core.config import (
+    ELASTIC_BUCKET,
+    ElasticConfig,
+    PartitioningFilter,
+    StaticConfig,
+    config_key,
+    work_queue_stream_name,
+)
 from cg_pipelines.core.subjects import partition_of_subject
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
+from tests.support.wait import wait_for
 
 CG = [sys.executable, "-m", "cg_pipelines.cli"]
 
@@ -51,6 +59,27 @@ async def wait_buffered(js: JetStreamContext, wq: str, n: int) -> None:
                 return
             await asyncio.sleep(0.1)
         raise AssertionError(f"{wq}: {n} messages never sourced")
+    finally:
+        await api.close()
+
+
+async def _member_up(js: JetStreamContext, s: str, group: str, member: str,
+                     run: asyncio.Task[subprocess.CompletedProcess[str]]) -> bool:
+    """True once elastic member ``member`` of ``s.group`` is up: its consumer exists on the
+    work-queue stream and a watcher of the group's config key exists on the KV bucket. Fails
+    at once if ``cg`` (the ``run`` task) already ended."""
+    if run.done():
+        r = run.result()
+        raise AssertionError(f"cg ended ({r.returncode}) before the member was up: "
+                             f"{r.stdout}{r.stderr}")
+    api = JetStreamAPI.from_js(js)
+    try:
+        if member not in await api.list_consumer_names(work_queue_stream_name(s, group)):
+            return False
+        key = f"$KV.{ELASTIC_BUCKET}.{config_key(s, group)}"
+        return any(key == c["config"].get("filter_subject")
+                   or key in (c["config"].get("filter_subjects") or [])
+                   for c in await api.list_consumers(f"KV_{ELASTIC_BUCKET}"))
     finally:
         await api.close()
 
@@ -178,8 +207,13 @@ async def test_join_reports_progress_and_stops_cleanly_on_sigint(nats_server, js
 async def test_group_deleted_stops_cleanly(nats_server, js, unique_name) -> None:
     url, s = nats_server.url, unique_name
     await elastic_group(js, s, max_members=1)
-    run = asyncio.create_task(cg(url, "elastic", "consume", s, "g", "m1", timeout=30))
-    await asyncio.sleep(1.5)
+    run = asyncio.create_task(cg(url, "elastic", "consume", s, "g", "m1", timeout=60))
+    # Delete the group only once the member is up (on a loaded machine the CLI may take
+    # seconds to start; deleted before it looks, it finds no group and exits 2): its consumer
+    # is on the work-queue stream and it watches its config key.
+    await wait_for(lambda: _member_up(js, s, "g", "m1", run), 45,
+                   f"cg elastic consume {s} g m1 to create its consumer and watch its config",
+                   interval=0.1)
     assert await admin.delete_elastic(js, s, "g")
     r = await run
     assert r.returncode == 0, r.stderr

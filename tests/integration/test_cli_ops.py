@@ -4,7 +4,6 @@ the gap case is tests/integration/test_reconcile.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.sinks.delta import DeltaSink
 from tests.support import keyed
+from tests.support.wait import wait_for
 
 CG = [sys.executable, "-m", "cg_pipelines.cli"]
 FAST = dict(ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=3.0)
@@ -51,6 +51,12 @@ def assert_aligned(text: str) -> None:
             assert row[end - 1] != " " and (len(row) == end or row[end] == " "), (name, text)
 
 
+async def _wq_last_seq(api: JetStreamAPI, s: str, seq: int) -> bool:
+    """The work queue of group g has received origin sequence ``seq`` (the work queue keeps
+    the origin's sequences here: it sources every message)."""
+    return int((await api.stream_info(f"{s}-g"))["state"]["last_seq"]) >= seq
+
+
 async def test_backlog_halt_skip_resume_dead_letters_and_reconcile(
         nats_server: NatsServer, nc: Client, js: JetStreamContext, unique_name: str,
         tmp_path: Path) -> None:
@@ -65,10 +71,8 @@ async def test_backlog_halt_skip_resume_dead_letters_and_reconcile(
     bad = (await js.publish(f"{s}.{key}", b'{"key": "' + key.encode() + b'", "n": oops}')).seq
     await keyed.publish(js, s, evs[30:])
     api = JetStreamAPI.from_js(js)
-    for _ in range(200):
-        if (await api.stream_info(f"{s}-g"))["state"]["messages"] >= len(evs) + 1:
-            break
-        await asyncio.sleep(0.05)
+    await wait_for(lambda: _wq_last_seq(api, s, len(evs) + 1), 30,
+                   f"{len(evs) + 1} messages in the work queue {s}-g")
 
     # backlog: every message pending, the oldest's age, nobody holding a partition yet
     rows = cg_json(url, "backlog", s, "g")
@@ -145,7 +149,8 @@ async def test_backlog_halt_skip_resume_dead_letters_and_reconcile(
     msg = await api.msg_get(s, seq=rp["origin_seq"])
     assert msg is not None and msg.headers["Cg-Replay-Of"] == str(bad)
     # still bad: the next run (dlq policy) dead-letters it again; the table is unchanged
-    await asyncio.sleep(0.3)
+    await wait_for(lambda: _wq_last_seq(api, s, rp["origin_seq"]), 30,
+                   f"the replayed message (origin seq {rp['origin_seq']}) in the work queue")
     r = await run_partition(nc, s, "g", p, keyed.processor(), sink, EngineOptions(**FAST))
     assert r.dead_lettered == 1, r
     assert keyed.mismatches(sink.read(), evs) is None

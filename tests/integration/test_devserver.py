@@ -107,7 +107,7 @@ def test_die_with_parent_leaves_no_orphan(tmp_path: Path) -> None:
         "from cg_pipelines.local.nats_server import NatsServer\n"
         f"s = NatsServer({str(tmp_path / 'store')!r}, die_with_parent=True).start()\n"
         "print(s.pid, flush=True)\n"
-        "time.sleep(60)\n"
+        "time.sleep(60)\n"  # the parent only has to live until it is killed
     )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

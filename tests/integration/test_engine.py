@@ -34,6 +34,7 @@ from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.sinks.delta import DeltaSink
 from tests.support import keyed
+from tests.support.wait import SentRequests, pulls_waiting
 
 N = 2  # partitions
 FAST = dict(ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=6.0)
@@ -103,7 +104,8 @@ async def test_new_messages_after_start_wait_for_next_run(nc, js, unique_name, t
     r1 = await run_partition(nc, stream, "g", 0, keyed.processor(), sink,
                              EngineOptions(batch_max_msgs=50, **FAST), hook=hook)
     assert r1.status == "drained" and r1.processed == 200
-    await asyncio.sleep(0.3)
+    async with JetStreamAPI.from_js(js) as api:  # the 50 published meanwhile are queued
+        await _wait_sourced(api, f"{stream}-g", len(more))
     r2 = await run_partition(nc, stream, "g", 0, keyed.processor(), sink, EngineOptions(**FAST))
     assert r2.processed == 50
     assert keyed.mismatches(sink.read(), evs + more) is None
@@ -247,7 +249,12 @@ async def test_held_partition_and_handover_on_step_down(nc, js, unique_name, tmp
     steady.transform = steady_transform
     standby = asyncio.create_task(run_partition(
         nc, stream, "g", 0, steady, sink, EngineOptions(batch_max_msgs=30, **FAST)))
-    await asyncio.sleep(0.3)
+    # step down once the standby's first pull (no pin id, hold_wait_s) waits at the server
+    lease_pulls = f"$JS.API.CONSUMER.MSG.NEXT.{stream}-g.{lease_consumer_name(0)}"
+    async with SentRequests(nc, lease_pulls,
+                            lambda b: "id" not in b and b.get("expires", 0) >= 5e9) as pulls:
+        await pulls.wait(60, "the standby's first lease pull")
+    await pulls_waiting(api, f"{stream}-g", lease_consumer_name(0))
     await api.unpin(f"{stream}-g", lease_consumer_name(0))
     a, b = await asyncio.gather(holder, standby)
     assert a.status == "handed_over" and b.status == "drained", (a, b)
@@ -272,7 +279,7 @@ async def test_slow_batch_keeps_lease_and_pin(nc, js, unique_name, tmp_path) -> 
     def slow_transform(table, ctx):  # the first batch takes 2.5 pin timeouts
         calls["n"] += 1
         if calls["n"] == 1:
-            time.sleep(2.5 * FAST["priority_timeout_s"])
+            time.sleep(2.5 * FAST["priority_timeout_s"])  # past the pin timeout, ack wait
         return orig(table, ctx)
 
     slow.transform = slow_transform

@@ -80,7 +80,7 @@ async def test_server_restart_mid_run_is_retried(server, tmp_path, report) -> No
             commits["n"] += 1
             if commits["n"] == 2:
                 server.kill()
-                threading.Thread(target=lambda: (time.sleep(1.0), server.start(),
+                threading.Thread(target=lambda: (time.sleep(1.0), server.start(),  # down 1 s
                                                  restarted.set())).start()
 
     nc = await _connect(server)
@@ -156,7 +156,7 @@ async def test_connected_client_outlives_a_long_outage(server) -> None:
     nc = await ConnectOptions(servers=server.url).connect()
     try:
         server.kill()
-        await asyncio.sleep(4.0)
+        await asyncio.sleep(4.0)  # an outage longer than the first-connection attempts' ~2 s
         assert not nc.is_closed
         server.start()
         for _ in range(100):

@@ -31,6 +31,7 @@ from cg_pipelines.jetstream.errors import (
     WorkQueueConsumerNotUniqueError,
 )
 from cg_pipelines.local.nats_server import NatsServer
+from tests.support.wait import SentRequests, pulls_waiting
 
 PCG = "PCG"
 
@@ -157,7 +158,7 @@ async def test_pinned_group_unpin_and_423(js, api, nc2, unique_name) -> None:
 
         # B waits (no id); A steps down (unpin): B is pinned and served while still waiting.
         waiting = asyncio.create_task(b.pull(s, "m1", batch=1, expires_s=3.0))
-        await asyncio.sleep(0.2)
+        await pulls_waiting(a, s, "m1", what="B's pull waiting at the server")  # A pulls none
         t0 = time.monotonic()
         await a.unpin(s, "m1", PCG)
         rb = await waiting
@@ -244,7 +245,7 @@ async def test_pull_batches_statuses_and_concurrency(js, api, unique_name) -> No
         await api.pull(s, "c", expires_s=0)
 
 
-async def test_cancelled_pull_does_not_strand_a_message(js, api, unique_name) -> None:
+async def test_cancelled_pull_does_not_strand_a_message(nc, js, api, unique_name) -> None:
     """A pull cancelled while the server still holds it must not strand a message until
     ack_wait: its inbox is unsubscribed, so the server drops the request instead of delivering
     into the void, and the next pull gets the message at once."""
@@ -252,11 +253,14 @@ async def test_cancelled_pull_does_not_strand_a_message(js, api, unique_name) ->
     await js.add_stream(StreamConfig(name=s, subjects=[f"{s}.>"]))
     await api.create_consumer(s, pinned_config("m", [f"{s}.>"], ack_wait_s=60.0))
     task = asyncio.create_task(api.pull(s, "m", batch=1, expires_s=10.0))
-    await asyncio.sleep(0.2)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await asyncio.sleep(0.1)
+    await pulls_waiting(api, s, "m", what="the pull waiting at the server")
+    async with SentRequests(nc, f"$JS.API.CONSUMER.INFO.{s}.m") as infos:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await infos.wait(10, "the cancelled pull's sweep (a consumer info request)")
+    # the server dropped the abandoned request: no waiting pull left
+    await pulls_waiting(api, s, "m", lambda n: n == 0, what="the cancelled pull dropped")
     await js.publish(f"{s}.k", b"late")
     t0 = time.monotonic()
     r = await api.pull(s, "m", batch=1, expires_s=3.0)

@@ -166,7 +166,7 @@ class Publisher:
                 await at[i]()
             delay = start + i / rate - time.monotonic()
             if delay > 0:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # the publishing rate: event i at start + i / rate
             k, n = self.next_event()
             await self.js.publish(f"{self.stream}.{k}", _payload(k, n))
             self.sent.append((k, n))

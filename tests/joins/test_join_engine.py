@@ -86,7 +86,8 @@ async def test_three_inputs_and_new_messages_later(nc, js, unique_name, tmp_path
         s = f"{unique_name}_{name}"
         for m in msgs:
             await js.publish(f"{s}.{m['auction']}", json.dumps(m).encode())
-    await asyncio.sleep(0.3)
+    for name, msgs in more.items():  # queued in each input's (drained) work queue
+        await joined.wait_sourced(api, f"{unique_name}_{name}-g", len(msgs))
     results = await _drain(nc, unique_name, 2, sink, THREE)
     assert sum(r.processed for r in results) == 5
     total = {n: evs[n] + more[n] for n in THREE}
@@ -208,7 +209,7 @@ async def test_zombie_on_either_lease_is_fenced(nats_server, nc, js, unique_name
         await asyncio.sleep(0.05)
     assert state == "T", "worker never paused"
     try:
-        await asyncio.sleep(2 * FAST["ack_wait_s"])
+        await asyncio.sleep(2 * FAST["ack_wait_s"])  # the paused worker's ack wait expires
         r = (await _drain(nc, unique_name, 1, sink, batch=23))[0]
         assert r.status == "drained", r.detail
     finally:

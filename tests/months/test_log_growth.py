@@ -76,7 +76,7 @@ def test_commits_never_clean_up_the_log_maintain_bounds_it(
     time.sleep(RETENTION_S + 0.2)  # all of them expire
     commit_n(sink, "a/0", 10)  # 13..22: a checkpoint at 20 (delta-rs used to clean up there)
     assert log_commits(uri, options or None) == list(range(23))
-    time.sleep(RETENTION_S + 0.2)
+    time.sleep(RETENTION_S + 0.2)  # 13..22 expire too
     out = sink.maintain(0, "a/0")
     assert out.get("log_cleanup") == "done", out
     kept = log_commits(uri, options or None)
@@ -91,7 +91,7 @@ def test_maintenance_off_keeps_delta_rs_cleanup_on_commit(tmp_path: Path) -> Non
                       log_cleanup=False, log_retention_hours=RETENTION_S / 3600)
     sink = DeltaSink(uri, schema=SCHEMA, maintenance=off)
     commit_n(sink, "a/0", 12)
-    time.sleep(RETENTION_S + 0.2)
+    time.sleep(RETENTION_S + 0.2)  # all of them expire
     commit_n(sink, "a/0", 10)  # the checkpoint at 20 cleans up what it makes unnecessary
     assert min(log_commits(uri, None)) >= 9  # delta-rs keeps the one before a checkpoint
 

@@ -106,7 +106,7 @@ def test_aged_past_its_floor_the_log_stays_bounded_while_reconcile_reads(
 
     # a lagging cursor holds the log: nothing it has not read is deleted
     lag_from = log.load_cursor().version  # type: ignore[union-attr]
-    time.sleep(FLOOR_S + 0.1)
+    time.sleep(FLOOR_S + 0.1)  # the commits so far get older than the floor
     for _ in range(CAP // 2):
         n += 1
         commit(sink, n)
@@ -126,7 +126,7 @@ def test_aged_past_its_floor_the_log_stays_bounded_while_reconcile_reads(
 
     # no cursor: the log is held up to the cap, not down to the floor
     log.delete_cursor()
-    time.sleep(FLOOR_S + 0.1)
+    time.sleep(FLOOR_S + 0.1)  # the commits so far get older than the floor
     for _ in range(2 * EVERY):
         n += 1
         commit(sink, n)

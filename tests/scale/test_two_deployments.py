@@ -35,12 +35,16 @@ from tests.dagster.defs_keyed import (
     pkey,
 )
 from tests.support import keyed
+from tests.support.wait import wait_for
 
 
-def _deployment(stream: str, url: str, warehouse: str, member: str, slow: threading.Event):
+def _deployment(stream: str, url: str, warehouse: str, member: str, slow: threading.Event,
+                busy: threading.Event):
     def transform(table: pa.Table, ctx: BatchContext) -> pa.Table:
         if ctx.partition == 1 and slow.is_set():
-            time.sleep(0.5)  # A is still busy with partition 1 when the membership changes
+            busy.set()  # this run holds partition 1's lease: it read a batch
+            time.sleep(0.5)  # simulated work: A is still busy with partition 1 when the
+            # membership changes (10 batches of 10 at 0.5 s each: ~5 s in all)
         return keyed.transform(table, ctx)
 
     spec = ConsumerGroupAsset(name=ASSET, stream=stream, group=GROUP, partitions=PARTITIONS,
@@ -69,9 +73,9 @@ async def test_two_deployments_one_group(js: JetStreamContext, nats_server: Nats
     await h.create_group(js, stream, members=("m1", "m2"))  # m1: 0, 1; m2: 2, 3
     evs = h.events_on({0, 1, 2, 3}, n_keys=40, n_events=400)
     await h.publish(js, stream, evs, len(evs))
-    slow = threading.Event()
-    a = _deployment(stream, nats_server.url, warehouse, "m1", slow)
-    b = _deployment(stream, nats_server.url, warehouse, "m2", slow)
+    slow, a_busy = threading.Event(), threading.Event()
+    a = _deployment(stream, nats_server.url, warehouse, "m1", slow, a_busy)
+    b = _deployment(stream, nats_server.url, warehouse, "m2", slow, threading.Event())
     with DagsterInstance.ephemeral() as ia, DagsterInstance.ephemeral() as ib:
         # disjoint: each deployment's sensors ask only for its member's partitions
         ta = await asyncio.to_thread(h.tick, a, MEMBERSHIP_SENSOR, ia)
@@ -87,7 +91,9 @@ async def test_two_deployments_one_group(js: JetStreamContext, nats_server: Nats
         slow.set()
         run_a = asyncio.create_task(asyncio.to_thread(
             ja.execute_in_process, partition_key=pkey(1), instance=ia))
-        await asyncio.sleep(1.0)
+        # not a fixed delay: starting the run may take seconds on a loaded machine
+        await wait_for(a_busy.is_set, 120, "A's run of partition 1 to lease it and process "
+                       "its first batch", interval=0.05)
         await admin.set_member_mappings(js, stream, GROUP, (
             MemberMapping("m1", (0,)), MemberMapping("m2", (1, 2, 3))))
         tb2 = await asyncio.to_thread(h.tick, b, MEMBERSHIP_SENSOR, ib, cursor=tb.cursor)

@@ -99,4 +99,4 @@ def wait_until(what: str, cond, timeout_s: float, home: Path, poll_s: float = 1.
         if time.monotonic() > deadline:
             log = (home / "daemon.log").read_text(errors="replace")[-3000:]
             raise AssertionError(f"{what}: not after {timeout_s:g} s; daemon log tail:\n{log}")
-        time.sleep(poll_s)
+        time.sleep(poll_s)  # poll interval (deadline above)

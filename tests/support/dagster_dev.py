@@ -181,7 +181,7 @@ class DagsterWebserver:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"dagster-webserver not ready after {self.ready_timeout_s} s "
                                    f"({last}); log tail:\n{self.log_tail()}")
-            time.sleep(0.5)
+            time.sleep(0.5)  # poll interval (deadline above)
 
     def _locations_loaded(self) -> bool:
         data = self.graphql("""{ workspaceOrError { __typename ... on Workspace {

@@ -36,7 +36,7 @@ async def main() -> None:
         out.write(f"{msg.metadata.sequence.stream} {d['key']} {d['n']} {time.time():.6f}\n")
         out.flush()
         if d.get("hold"):
-            await asyncio.sleep(float(d["hold"]))
+            await asyncio.sleep(float(d["hold"]))  # a slow handler, as the message asks
         try:
             await msg.ack_sync(timeout=2.0)
         except Exception:  # redelivered later; the test counts duplicates

@@ -150,10 +150,19 @@ async def test_freshness_per_partition_in_the_ui(js, nats_server, unique_name, t
         def wait_for(url: str, what: str, ok: Callable[[str], bool]) -> str:
             try:
                 WebDriverWait(driver, 60, 0.25).until(lambda d: ok(body()))
+                # then rendered: the text unchanged across two polls half a second apart
+                last = [""]
+
+                def settled(_: object) -> bool:
+                    now = body()
+                    same = now == last[0] and ok(now)
+                    last[0] = now
+                    return same
+
+                WebDriverWait(driver, 60, 0.5).until(settled)
             except TimeoutException as e:
                 driver.save_screenshot(str(tmp_path / "failure.png"))
                 raise AssertionError(f"{url}: {what} not shown; page text:\n{body()}") from e
-            time.sleep(1.0)
             return body()
 
         # 1. The freshness check's partitions: one failed (the stuck g-2), three passed.

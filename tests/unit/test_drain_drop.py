@@ -13,7 +13,7 @@ from cg_pipelines.engine.drain import _drop
 
 async def _slow_to_stop(stopped: asyncio.Event) -> pa.Table:
     try:
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # a long read: it is cancelled, never completes
     except asyncio.CancelledError:
         await asyncio.sleep(0.3)  # e.g. a read finishing its request before it stops
         stopped.set()

@@ -172,7 +172,7 @@ def _wait_runs(home: Path, n: int, timeout_s: float) -> list[DagsterRun]:
             if time.monotonic() > deadline:
                 raise AssertionError(f"runs not finished after {timeout_s} s: "
                                      f"{[(r.run_id, r.status) for r in runs]}")
-            time.sleep(0.5)
+            time.sleep(0.5)  # poll interval (deadline above)
 
 
 def test_project_is_small_and_public() -> None:
