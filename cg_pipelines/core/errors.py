@@ -20,7 +20,8 @@ family, by layer:
   (``StreamNotFoundError``, ``ConsumerNotFoundError``, ``ConsumerAlreadyExistsError``,
   ``WorkQueueConsumerNotUniqueError``, ``NoMessageFoundError``, ``NotPinnedError``,
   ``JetStreamUnavailableError``, ``RequestTimeoutError``, ``StaleReplicaError``,
-  ``PublishError``); connections: ``NatsConnectError``, ``NatsAuthError``, ``NatsTLSError``;
+  ``PublishError``); a run heartbeat not stored: ``HeartbeatError``;
+  connections: ``NatsConnectError``, ``NatsAuthError``, ``NatsTLSError``;
 - engine and sinks: ``FenceConflictError``, ``EngineConfigError``, ``NatsUnavailableError``,
   ``RebuildError``, ``CoverageLogError``;
 - Spark and local servers: ``JavaNotFoundError``, ``NatsServerError``,

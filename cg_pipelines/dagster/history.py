@@ -47,9 +47,9 @@ from cg_pipelines.core.errors import one_line
 from cg_pipelines.core.liveness import LOST_RUN_GRACE_S, RunSighting, judge_run
 from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy
 
-__all__ = ["CHECK_MODE", "CODE_TAG", "MODE_TAG", "WORKER_TAG", "CheckState", "Probe", "Suspect",
-           "check_states", "fail_lost_runs", "finished_runs", "partition_runs", "partition_runs_of",
-           "record_first_checks", "run_worker_tags"]
+__all__ = ["CHECK_MODE", "CODE_TAG", "HEARTBEAT_TAG", "MODE_TAG", "WORKER_TAG", "CheckState",
+           "Probe", "Suspect", "check_states", "fail_lost_runs", "finished_runs",
+           "partition_runs", "partition_runs_of", "record_first_checks", "run_worker_tags"]
 
 CODE_TAG = "cg/code_version"
 """Run tag: the code version (:func:`~cg_pipelines.core.fingerprint.code_version` or the
@@ -63,6 +63,11 @@ job's default ``mode: rebuild`` alone would be lost to, say, a logger config).""
 
 WORKER_TAG = "cg/run_worker"
 """Run tag: ``<host> <pid> <process start ticks>`` of the process executing the run."""
+
+HEARTBEAT_TAG = "cg/heartbeat_ttl_s"
+"""Run tag: the run keeps a heartbeat in NATS living this many seconds
+(:class:`~cg_pipelines.jetstream.liveness.RunHeartbeat`); set once its first beat was
+stored, so a run without it is never judged lost from another host."""
 
 PARTITION_TAG = "dagster/partition"
 _QUEUED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
@@ -138,7 +143,8 @@ def fail_lost_runs(instance: DagsterInstance, partition_keys: Iterable[str],
     the engine's lease and fenced commit keep a live run from double-committing.
 
     One run-records query for all the keys (a tag filter with a list of values); runs
-    without a worker tag (check-only runs) are left alone. ``now``: Unix seconds."""
+    without a worker tag (check-only runs) are left alone, and runs without
+    :data:`HEARTBEAT_TAG` are judged only on this host. ``now``: Unix seconds."""
     keys = list(partition_keys)
     if not keys:
         return []
@@ -154,7 +160,8 @@ def fail_lost_runs(instance: DagsterInstance, partition_keys: Iterable[str],
         started = rec.start_time or rec.create_timestamp.timestamp()
         sighting = RunSighting(run.run_id, now - started, process_gone=worker_gone(tag))
         seen.append((run, sighting))
-        if sighting.process_gone is None and sighting.age_s >= grace_s:
+        if sighting.process_gone is None and sighting.age_s >= grace_s and \
+                HEARTBEAT_TAG in run.tags:
             suspects.append(Suspect(run.run_id, run.tags.get(PARTITION_TAG, "?")))
     facts = probe(suspects) if probe is not None and suspects else {}
     lost = []

@@ -37,8 +37,7 @@ from cg_pipelines.core.errors import (
     exception_chain,
     one_line,
 )
-from cg_pipelines.dagster.history import MODE_TAG, run_worker_tags
-from cg_pipelines.jetstream.liveness import HeartbeatError
+from cg_pipelines.dagster.history import HEARTBEAT_TAG, MODE_TAG, run_worker_tags
 from cg_pipelines.sinks.base import FenceConflictError
 from cg_pipelines.sinks.table import TableSink, TableStats
 
@@ -82,25 +81,25 @@ class RunsOf(Protocol):
 def run_alive(context: AssetExecutionContext, spec: RunsOf) -> Iterator[None]:
     """Keep the run's heartbeat in NATS while the block runs
     (:meth:`~cg_pipelines.dagster.resources.NatsResource.heartbeat`, TTL
-    ``heartbeat_ttl_s``), then tag the run with its worker process
-    (:data:`~cg_pipelines.dagster.history.WORKER_TAG`): a tagged run has a heartbeat, so the
-    backlog sensor can judge it lost from any host (:mod:`cg_pipelines.core.liveness`).
-
-    Raises:
-        Failure: the first heartbeat could not be written (NATS unreachable, or the
-            heartbeat stream refused it); nothing was leased.
-    """
+    ``heartbeat_ttl_s``) and tag the run with its worker process
+    (:data:`~cg_pipelines.dagster.history.WORKER_TAG`) and, once its first beat is stored,
+    :data:`~cg_pipelines.dagster.history.HEARTBEAT_TAG`: the backlog sensor judges a run lost
+    from another host only by a heartbeat it knows was kept (:mod:`cg_pipelines.core.liveness`).
+    A heartbeat NATS does not take within ``nats_retry_max_s`` is logged as a warning and the
+    run goes on (it is then never judged lost from another host)."""
     res = context.resources
     runs = getattr(res, spec.runs_resource_key)
-    heartbeat = getattr(res, spec.nats_resource_key).heartbeat(context.run.run_id,
-                                                               runs.heartbeat_ttl_s)
+    heartbeat = getattr(res, spec.nats_resource_key).heartbeat(
+        context.run.run_id, runs.heartbeat_ttl_s, first_beat_s=runs.nats_retry_max_s)
+    heartbeat.__enter__()
     try:
-        heartbeat.__enter__()
-    except HeartbeatError as e:
-        raise Failure(f"{e}; the run did not start (a run without a heartbeat would be judged "
-                      "lost)") from e
-    try:
-        context.instance.add_run_tags(context.run.run_id, run_worker_tags())
+        tags = run_worker_tags()
+        if heartbeat.started:
+            tags[HEARTBEAT_TAG] = f"{runs.heartbeat_ttl_s:g}"
+        else:
+            context.log.warning(f"run heartbeat not stored ({heartbeat.error}): this run "
+                                "cannot be judged lost from another host")
+        context.instance.add_run_tags(context.run.run_id, tags)
         yield
     finally:
         heartbeat.__exit__(None, None, None)

@@ -127,13 +127,15 @@ class NatsResource(ConfigurableResource):
 
         return asyncio.run(bounded())
 
-    def heartbeat(self, run_id: str, ttl_s: float) -> RunHeartbeat:
+    def heartbeat(self, run_id: str, ttl_s: float, first_beat_s: float = 30.0
+                  ) -> RunHeartbeat:
         """A context manager keeping run ``run_id``'s heartbeat alive in NATS (a beat lives
-        ``ttl_s`` seconds, one every ``ttl_s / 3``) on a connection of its own:
-        :class:`~cg_pipelines.jetstream.liveness.RunHeartbeat`. Entering raises
-        ``HeartbeatError`` when the first beat cannot be written."""
+        ``ttl_s`` seconds, one every ``ttl_s / 3``) on a connection of its own, the first beat
+        tried for up to ``first_beat_s`` seconds:
+        :class:`~cg_pipelines.jetstream.liveness.RunHeartbeat` (its ``started`` says whether
+        it was stored)."""
         return RunHeartbeat(self.connect_options().connect, run_id, ttl_s,
-                            timeout_s=self.call_timeout_s)
+                            timeout_s=self.call_timeout_s, first_beat_s=first_beat_s)
 
 
 class SparkResource(ConfigurableResource):

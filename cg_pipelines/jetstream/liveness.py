@@ -25,13 +25,14 @@ import contextlib
 import json
 import math
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from nats.aio.client import Client
 
 from cg_pipelines.core.config import PRIORITY_GROUP
-from cg_pipelines.core.errors import CgError, ConfigError
+from cg_pipelines.core.errors import CgError, ConfigError, one_line
 from cg_pipelines.core.liveness import HEARTBEAT_SUBJECT_PREFIX, heartbeat_subject
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.connect import close_quietly
@@ -58,7 +59,7 @@ class HeartbeatError(CgError):
     judge it lost)."""
 
 
-def liveness_stream_config(replicas: int = 1) -> dict[str, Any]:
+def liveness_stream_config(replicas: int) -> dict[str, Any]:
     """The wire config of :data:`LIVENESS_STREAM` (durations in nanoseconds): limits
     retention, one message a subject, per-message TTLs allowed, file storage, one day's
     ``max_age`` as a bound whatever the TTLs."""
@@ -68,25 +69,34 @@ def liveness_stream_config(replicas: int = 1) -> dict[str, Any]:
             "allow_msg_ttl": True, "allow_direct": True}
 
 
-async def ensure_liveness_stream(api: JetStreamAPI, replicas: int = 1) -> None:
+async def ensure_liveness_stream(api: JetStreamAPI) -> None:
     """Create :data:`LIVENESS_STREAM` unless it exists (any config: an operator may have
-    raised its replicas).
+    changed its replicas): with 3 replicas where the cluster can place them, else 1 (a single
+    server, or too few nodes up).
 
     Raises:
         HeartbeatError: it exists without per-message TTLs (``allow_msg_ttl``), or it could
             not be created.
+        JetStreamError, TimeoutError: NATS did not answer.
     """
+    info: dict[str, Any] | None
     try:
         info = await api.stream_info(LIVENESS_STREAM)
     except StreamNotFoundError:
-        try:
-            info = await api.create_stream(liveness_stream_config(replicas))
-        except JetStreamError as e:
-            # another process created it first: read what it made
+        info = None
+        errors = []
+        for replicas in (3, 1):
             try:
-                info = await api.stream_info(LIVENESS_STREAM)
-            except JetStreamError:
-                raise HeartbeatError(f"cannot create stream {LIVENESS_STREAM}: {e}") from e
+                info = await api.create_stream(liveness_stream_config(replicas))
+                break
+            except JetStreamError as e:  # not clustered, too few nodes, or created meanwhile
+                errors.append(f"R{replicas}: {e}")
+                with contextlib.suppress(StreamNotFoundError):
+                    info = await api.stream_info(LIVENESS_STREAM)
+                    break
+        if info is None:
+            raise HeartbeatError(f"cannot create stream {LIVENESS_STREAM}: "
+                                 f"{'; '.join(errors)}") from None
     if not (info.get("config") or {}).get("allow_msg_ttl"):
         raise HeartbeatError(f"stream {LIVENESS_STREAM} exists without allow_msg_ttl: run "
                              "heartbeats need per-message TTLs (nats-server >= 2.11); delete "
@@ -169,45 +179,46 @@ def any_pinned(pins: Mapping[tuple[str, str], bool | None],
 class RunHeartbeat:
     """A context manager that keeps ``run_id``'s heartbeat alive while the block runs.
 
-    ``__enter__`` publishes the first beat (creating :data:`LIVENESS_STREAM` if needed) and
-    raises :class:`HeartbeatError` when it cannot; then a daemon thread with its own asyncio
-    loop and NATS connection (``connect()``) publishes every ``ttl_s / 3`` seconds until
-    ``__exit__``. A failed later beat is retried at the next interval (NATS away: the run's
-    own NATS calls fail too). On exit nothing is deleted: the last beat expires ``ttl_s``
-    seconds later, covering the orchestrator's own bookkeeping after the block.
+    ``__enter__`` waits until the first beat is stored (creating :data:`LIVENESS_STREAM` if
+    needed), trying again for up to ``first_beat_s`` seconds while NATS does not answer; then a
+    daemon thread with its own asyncio loop and NATS connection (``connect()``) publishes every
+    ``ttl_s / 3`` seconds until ``__exit__`` (a failed beat is tried again at the next one). It
+    never raises for NATS trouble: :attr:`started` says whether the first beat was stored and
+    :attr:`error` why not — a run without a heartbeat is simply never judged lost by it. On
+    exit nothing is deleted: the last beat expires ``ttl_s`` seconds later, covering the
+    orchestrator's own bookkeeping after the block.
 
     Args:
         connect: makes a connected nats-py client (e.g. ``NatsResource.connect_options().
             connect``).
         run_id: the orchestrator's run id (one subject token).
         ttl_s: seconds a beat lives, at least 3.
-        timeout_s: seconds for connecting and for each publish.
+        timeout_s: seconds for connecting and for each request.
+        first_beat_s: seconds ``__enter__`` keeps trying the first beat.
 
     Raises:
         ConfigError: ``ttl_s < 3`` or a bad ``run_id``.
     """
 
     def __init__(self, connect: Callable[[], Awaitable[Client]], run_id: str, ttl_s: float,
-                 *, timeout_s: float = 10.0) -> None:
+                 *, timeout_s: float = 10.0, first_beat_s: float = 30.0) -> None:
         if ttl_s < _MIN_TTL_S:
             raise ConfigError("heartbeat_ttl_s", f"must be >= {_MIN_TTL_S:g} seconds, got "
                                                  f"{ttl_s!r}")
         heartbeat_subject(run_id)
-        self.connect, self.run_id, self.ttl_s, self.timeout_s = connect, run_id, ttl_s, timeout_s
+        self.connect, self.run_id, self.ttl_s = connect, run_id, ttl_s
+        self.timeout_s, self.first_beat_s = timeout_s, first_beat_s
         self.beats = 0
+        self.started = False
+        self.error = ""
         self._stop = threading.Event()
         self._ready = threading.Event()
-        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name=f"cg-heartbeat-{run_id}",
                                         daemon=True)
 
     def __enter__(self) -> RunHeartbeat:
         self._thread.start()
         self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            raise HeartbeatError(f"cannot keep run {self.run_id}'s heartbeat: "
-                                 f"{self._error}") from self._error
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -217,21 +228,42 @@ class RunHeartbeat:
     def _main(self) -> None:
         asyncio.run(self._beat())
 
-    async def _beat(self) -> None:
-        nc: Client | None = None
-        try:
+    async def _first(self) -> Client | None:
+        """Connect, make the stream, store the first beat; retried with a doubling pause
+        until ``first_beat_s``. Returns the connection, or None (``error`` says why)."""
+        deadline = time.monotonic() + self.first_beat_s
+        pause = 0.25
+        while True:
+            nc: Client | None = None
             try:
                 nc = await asyncio.wait_for(self.connect(), self.timeout_s)
                 api = JetStreamAPI(nc, timeout=self.timeout_s)
-                await ensure_liveness_stream(api)
-                await api.close()
+                try:
+                    await ensure_liveness_stream(api)
+                finally:
+                    await api.close()
                 await publish_heartbeat(nc, self.run_id, self.ttl_s, timeout_s=self.timeout_s)
-                self.beats += 1
-            except BaseException as e:  # handed to __enter__
-                self._error = e
-                return
-            finally:
-                self._ready.set()
+                return nc
+            except Exception as e:  # every failure means the same: no beat yet
+                self.error = one_line(f"{type(e).__name__}: {e}")
+                if nc is not None:
+                    await close_quietly(nc)
+                if isinstance(e, HeartbeatError) and "allow_msg_ttl" in str(e):
+                    return None  # a config problem: trying again changes nothing
+            if time.monotonic() + pause > deadline or self._stop.is_set():
+                return None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 4.0)
+
+    async def _beat(self) -> None:
+        nc = await self._first()
+        if nc is None:
+            self._ready.set()
+            return
+        self.started, self.error = True, ""
+        self.beats += 1
+        self._ready.set()
+        try:
             loop = asyncio.get_running_loop()
             while not await loop.run_in_executor(None, self._stop.wait, self.ttl_s / 3):
                 with contextlib.suppress(HeartbeatError, RequestTimeoutError):
@@ -239,5 +271,4 @@ class RunHeartbeat:
                                             timeout_s=self.timeout_s)
                     self.beats += 1
         finally:
-            if nc is not None:
-                await close_quietly(nc)
+            await close_quietly(nc)

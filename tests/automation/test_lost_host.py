@@ -180,7 +180,7 @@ async def test_run_lost_with_its_host_is_retried_and_a_live_one_is_not(
                 first = {p: partition_runs(instance, f"g-{p}")[0] for p in (0, 1)}
                 assert all(r.status == DagsterRunStatus.STARTED for r in first.values())
                 assert all(r.tags["cg/run_worker"].startswith("host-a ")
-                           for r in first.values())
+                           and r.tags["cg/heartbeat_ttl_s"] == "3" for r in first.values())
                 # 2. host-a's code server is replaced by one on host-b; the runs live on
                 kill([pid for pid, cmd in with_token("CG_TEST_HOST", "host-a")
                       if " api grpc " in f" {cmd} "], signal.SIGKILL)

@@ -276,8 +276,7 @@ async def test_fenced_and_failed_executor_batches_commit_nothing(nc, js, unique_
 
     def zombie_maker(step: str, info: dict) -> None:
         if step == "processed":  # another holder commits first (a stale watermark for us)
-            sink.commit(pa.table({"key": pa.array([], pa.string())}), app_id, version=1,
-                        expected=0)
+            sink.commit(pa.table({"key": pa.array([], pa.string())}), {app_id: (0, 1)})
 
     r = await run_partition(nc, stream, "x", P, processor(spark=spark), sink, opts,
                             hook=zombie_maker)

@@ -97,7 +97,7 @@ def run_batches(processor: Processor, batches: list[list[Record]], sink: DeltaSi
         dead += [f"{d.seq}: {d.reason}" for d in out.dead]
         assert out.table is not None and out.table.schema == LEGS_SCHEMA
         assert out.table["_seq"].to_pylist() == [r.seq for r in batch]
-        sink.commit(out.table, APP_ID, version=batch[-1].seq, expected=expected)
+        sink.commit(out.table, {APP_ID: (expected, batch[-1].seq)})
         expected = batch[-1].seq
     return dead
 
