@@ -10,8 +10,8 @@ import pytest
 
 from cg_pipelines.engine.coverage_log import DeltaLogCoverage
 from cg_pipelines.engine.join import run_copartitioned
-from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
 from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.rebuild import rebuild_copartitioned
 from cg_pipelines.jetstream.reconcile import reconcile_group
 from cg_pipelines.sinks.base import FenceConflictError, app_id_for
 from cg_pipelines.sinks.delta import DeltaSink
