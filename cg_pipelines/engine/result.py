@@ -12,9 +12,11 @@ Units: sequences are stream sequences (``int``, first is 1); durations are secon
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 __all__ = ["RunResult", "RunStatus", "SideResult"]
+
+T = TypeVar("T")
 
 
 RunStatus = Literal["drained", "limit", "held", "empty", "fenced", "halted", "handed_over",
@@ -58,6 +60,27 @@ class SideResult:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+class _FirstSide(Generic[T]):
+    """A :class:`RunResult` attribute read from its first side's :class:`SideResult`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: RunResult, owner: type | None = None) -> T:
+        value: T = getattr(next(iter(obj.inputs.values())), self.name)
+        return value
+
+
+class _AllSides:
+    """A :class:`RunResult` count summed over its sides' :class:`SideResult`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: RunResult, owner: type | None = None) -> int:
+        return sum(getattr(s, self.name) for s in obj.inputs.values())
+
+
 @dataclass(slots=True)
 class RunResult:
     """Outcome of one run over one side (a partition run) or several (a co-partitioned run).
@@ -95,86 +118,26 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
     maintenance: dict[str, int | float | str] = field(default_factory=dict)
 
-    @property
-    def first(self) -> SideResult:
-        """The first side's facts."""
-        return next(iter(self.inputs.values()))
-
-    @property
-    def stream(self) -> str:
-        """The first side's stream."""
-        return self.first.stream
-
-    @property
-    def group(self) -> str:
-        """The first side's group."""
-        return self.first.group
-
-    @property
-    def partition(self) -> int:
-        """The first side's partition (a co-partitioned run's partition)."""
-        return self.first.partition
-
-    @property
-    def first_seq(self) -> int | None:
-        """The first side's first committed work-queue sequence (None: none)."""
-        return self.first.first_seq
-
-    @property
-    def last_seq(self) -> int | None:
-        """The first side's last committed work-queue sequence (None: none)."""
-        return self.first.last_seq
-
-    @property
-    def watermark(self) -> int:
-        """The first side's committed watermark."""
-        return self.first.watermark
+    stream = _FirstSide[str]()
+    group = _FirstSide[str]()
+    partition = _FirstSide[int]()
+    first_seq = _FirstSide[int | None]()
+    last_seq = _FirstSide[int | None]()
+    watermark = _FirstSide[int]()
+    origin_first_seq = _FirstSide[int | None]()
+    origin_last_seq = _FirstSide[int | None]()
+    processed = _AllSides()
+    dead_lettered = _AllSides()
+    duplicates_skipped = _AllSides()
+    nats_retries = _AllSides()
+    repins = _AllSides()
+    messages_read = _AllSides()
 
     @property
     def halted_at(self) -> int | None:
         """The sequence a ``halt`` stopped at (the first halted side's), or None."""
         return next((s.halted_at for s in self.inputs.values() if s.halted_at is not None),
                     None)
-
-    @property
-    def origin_first_seq(self) -> int | None:
-        """A rebuild's first origin sequence (the first side's)."""
-        return self.first.origin_first_seq
-
-    @property
-    def origin_last_seq(self) -> int | None:
-        """A rebuild's last origin sequence (the first side's)."""
-        return self.first.origin_last_seq
-
-    @property
-    def processed(self) -> int:
-        """Messages of all sides committed as rows (not dead letters)."""
-        return sum(s.processed for s in self.inputs.values())
-
-    @property
-    def dead_lettered(self) -> int:
-        """Messages of all sides dead-lettered."""
-        return sum(s.dead_lettered for s in self.inputs.values())
-
-    @property
-    def duplicates_skipped(self) -> int:
-        """Leases of all sides found already committed and skipped."""
-        return sum(s.duplicates_skipped for s in self.inputs.values())
-
-    @property
-    def nats_retries(self) -> int:
-        """NATS steps retried, all sides."""
-        return sum(s.nats_retries for s in self.inputs.values())
-
-    @property
-    def repins(self) -> int:
-        """Re-pins, all sides."""
-        return sum(s.repins for s in self.inputs.values())
-
-    @property
-    def messages_read(self) -> int:
-        """Origin messages a rebuild read, all sides."""
-        return sum(s.messages_read for s in self.inputs.values())
 
     @property
     def messages_per_second(self) -> float:

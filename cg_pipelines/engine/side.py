@@ -216,15 +216,22 @@ class Side:
             return
         t = time.monotonic()
         c = self.ctx
-        if not self._dlq_ready:
-            await c.retry.call("create the DLQ stream", lambda: ensure_dlq_stream(
-                c.api, c.stream, c.group, max_age_s=c.opt.dlq_max_age_s))
-            self._dlq_ready = True
+        await self.ensure_dlq()
         c.side.dead_lettered += await c.retry.call("publish dead letters", lambda:
             publish_dead_letters(
                 c.js, origin_stream=c.stream, read_stream=c.read_stream, group=c.group,
                 partition=c.partition, batch=records, dead=dead, timeout=c.opt.timeout_s))
         c.timed("dead_letter", t)
+
+    async def ensure_dlq(self) -> None:
+        """Create the group's DLQ stream, once per run (idempotent; retried): where dead
+        letters and the halt note go."""
+        if self._dlq_ready:
+            return
+        c = self.ctx
+        await c.retry.call("create the DLQ stream", lambda: ensure_dlq_stream(
+            c.api, c.stream, c.group, max_age_s=c.opt.dlq_max_age_s))
+        self._dlq_ready = True
 
     async def purge(self, below: int) -> None:
         """Purge the partition's messages below sequence ``below`` (idempotent; retried)."""
@@ -256,6 +263,7 @@ class Side:
         c.side.halted_at = bad.seq
         c.res.status = "halted"
         c.res.detail = f"halted at sequence {bad.seq}: {bad.reason}"
+        await self.ensure_dlq()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(record_halt(
                 c.js, c.api, origin_stream=c.stream, read_stream=c.read_stream, group=c.group,
