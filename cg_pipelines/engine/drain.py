@@ -121,14 +121,14 @@ class Drain:
             live = [s for s in self.sides if s.lease is not None]
             if not live or self.res.status in _STOPS:
                 break
-            limit = self.first.limit_hit()
-            if limit or all(s.late() for s in live):
+            late = all(s.late() for s in live)
+            if late or self.first.limit_hit():
                 # Arrived after the run started, or a limit: leave it for the next run (the
                 # table's upkeep first, while the leases are still held).
                 await self._maintain()
                 for s in live:
                     await s.put_back()
-                self.res.status = "limit" if limit else "drained"
+                self.res.status = "drained" if late else "limit"
                 return
             for s in live:
                 if s.late():

@@ -156,6 +156,35 @@ def _worker(url: str, stream: str, uri: str, step: str, at: int, sig: str = "KIL
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+async def test_halt_stops_at_a_bad_message_of_one_input(nc, js, unique_name, tmp_path
+                                                         ) -> None:
+    """The ``halt`` policy on a co-partitioned run: a bad click stops the run at it, what
+    precedes it (of both inputs) committed, the bad message left first in the clicks work
+    queue; once an operator removes it, a rerun drains the rest to the pandas join."""
+    evs = joined.events(90)
+    api = await joined.setup(js, unique_name, evs, n_partitions=1)
+    s = f"{unique_name}_{joined.CLK}"
+    await js.publish(f"{s}.a5", b'{"not": "a click"}')
+    wq, bad = f"{s}-g", len(evs[joined.CLK]) + 1
+    await joined.wait_sourced(api, wq, bad)
+    sink = _delta(tmp_path)
+    opts = EngineOptions(batch_max_msgs=37, dead_letter_policy="halt", **FAST)
+    r = await run_copartitioned(nc, joined.inputs(unique_name), 0, joined.processor(), sink,
+                                opts)
+    assert r.status == "halted" and r.halted_at == bad, (r.status, r.detail)
+    assert r.inputs[joined.CLK].halted_at == bad and r.inputs[joined.IMP].halted_at is None
+    assert sink.watermark(app_id_for(s, "g", 0)) == bad - 1
+    assert r.dead_lettered == 0
+    (first,) = await api.direct_get_batch(wq, 1, ">", 1)
+    assert first.seq == bad
+    await js.delete_msg(wq, bad)  # the operator removes it (it is still in the origin)
+    r = await run_copartitioned(nc, joined.inputs(unique_name), 0, joined.processor(), sink,
+                                opts)
+    assert r.status == "drained", r.detail
+    assert joined.mismatches(sink.read(), evs) is None
+    assert await joined.left(api, unique_name) == 0
+
+
 @pytest.mark.parametrize("step", ["leased", "read", "processed", "committed", "purged",
                                   "acked"])
 async def test_kill_at_each_step(nats_server, nc, js, unique_name, tmp_path, step) -> None:
