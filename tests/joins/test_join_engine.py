@@ -180,7 +180,7 @@ async def test_halt_stops_at_a_bad_message_of_one_input(nc, js, unique_name, tmp
     await js.delete_msg(wq, bad)  # the operator removes it (it is still in the origin)
     r = await run_copartitioned(nc, joined.inputs(unique_name), 0, joined.processor(), sink,
                                 opts)
-    assert r.status == "drained", r.detail
+    assert r.status in ("drained", "empty"), r.detail  # empty: all else committed before
     assert joined.mismatches(sink.read(), evs) is None
     assert await joined.left(api, unique_name) == 0
 
