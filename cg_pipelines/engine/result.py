@@ -12,7 +12,7 @@ Units: sequences are stream sequences (``int``, first is 1); durations are secon
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar, overload
 
 __all__ = ["RunResult", "RunStatus", "SideResult"]
 
@@ -66,7 +66,16 @@ class _FirstSide(Generic[T]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, obj: RunResult, owner: type | None = None) -> T:
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _FirstSide[T]: ...
+
+    @overload
+    def __get__(self, obj: RunResult, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: RunResult | None, owner: type | None = None
+                ) -> T | _FirstSide[T]:
+        if obj is None:
+            return self
         value: T = getattr(next(iter(obj.inputs.values())), self.name)
         return value
 
@@ -77,8 +86,17 @@ class _AllSides:
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, obj: RunResult, owner: type | None = None) -> int:
-        return sum(getattr(s, self.name) for s in obj.inputs.values())
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _AllSides: ...
+
+    @overload
+    def __get__(self, obj: RunResult, owner: type | None = None) -> int: ...
+
+    def __get__(self, obj: RunResult | None, owner: type | None = None) -> int | _AllSides:
+        if obj is None:
+            return self
+        total: int = sum(getattr(s, self.name) for s in obj.inputs.values())
+        return total
 
 
 @dataclass(slots=True)
