@@ -11,7 +11,7 @@ What a user declares: :class:`CoPartitionedAsset` (defined in
   input's sequence range, messages, dead letters and watermark (``<input>/first_seq`` ...), and
   its checks say whether the run drained, was fenced, or dead-lettered;
 - ``<name>_rebuild``: each run rebuilds its partition from every input's origin history
-  (:func:`~cg_pipelines.engine.join_rebuild.rebuild_copartitioned`);
+  (:func:`~cg_pipelines.engine.rebuild.rebuild_copartitioned`);
 - ``<name>_job`` and the ``<name>_backlog`` sensor: a run for partition ``p`` is requested when
   ANY input has a backlog at ``p`` (with the group asset's retry rule, lost-run detection and
   repeat suppression, :mod:`cg_pipelines.core.triggers`), and each input's lag per partition is
@@ -70,8 +70,9 @@ from cg_pipelines.dagster.resources import (
 from cg_pipelines.dagster.retention import build_run_retention_sensor
 from cg_pipelines.dagster.spec import TICK_ERRORS, partitioned_checks_preview
 from cg_pipelines.dagster.warehouse import Warehouse
-from cg_pipelines.engine.join import JoinInput, JoinResult, run_copartitioned
-from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
+from cg_pipelines.engine.join import JoinInput, run_copartitioned
+from cg_pipelines.engine.rebuild import rebuild_copartitioned
+from cg_pipelines.engine.result import RunResult
 from cg_pipelines.sinks.base import JoinSink
 
 __all__ = [
@@ -216,7 +217,7 @@ def _materialize(context: AssetExecutionContext, spec: CoPartitionedAsset,
     ])
 
 
-def join_summary(result: JoinResult) -> str:
+def join_summary(result: RunResult) -> str:
     """The run's last log line: status, messages per input, rows, time, detail."""
     per = ", ".join(f"{n} {r.processed:,}" for n, r in result.inputs.items())
     line = (f"partition {result.partition}: {result.status}, {result.processed:,} messages "
@@ -225,7 +226,7 @@ def join_summary(result: JoinResult) -> str:
     return f"{line}; {result.detail}" if result.detail else line
 
 
-def join_metadata(result: JoinResult, inputs: Sequence[JoinInput]) -> dict[str, Any]:
+def join_metadata(result: RunResult, inputs: Sequence[JoinInput]) -> dict[str, Any]:
     """The materialization's metadata: the run's figures, and per input (``<name>/...``) its
     stream, group, sequence range, messages, dead letters and watermark; ``lineage`` lists
     the same per input as one JSON value."""

@@ -2,20 +2,22 @@
 
 Entry points: :func:`run_partition` (elastic groups), :func:`run_static_partition`,
 :func:`rebuild_partition`; co-partitioned sets (several groups, partition p of each in one
-run, one commit): :func:`run_copartitioned`, :func:`rebuild_copartitioned`. Contracts: the
+run, one commit): :func:`run_copartitioned`, :func:`rebuild_copartitioned`. One run loop serves
+them all (:mod:`cg_pipelines.engine.drain`, over a run's sides) and one rebuild
+(:mod:`cg_pipelines.engine.rebuild`); every run returns a :class:`RunResult` (each side's facts
+in a :class:`SideResult`). Contracts: the
 processing step in :mod:`cg_pipelines.engine.processor` (a co-partitioned one in
 :mod:`cg_pipelines.engine.join_processor`), what a run returns in
 :mod:`cg_pipelines.engine.result`; the sink's is :mod:`cg_pipelines.sinks.base`."""
 
 from cg_pipelines.core.errors import PartitionRunError
-from cg_pipelines.engine.join import JoinInput, JoinResult, run_copartitioned
+from cg_pipelines.engine.join import JoinInput, run_copartitioned
 from cg_pipelines.engine.join_processor import (
     ArrowJoinProcessor,
     JoinContext,
     JoinProcessed,
     JoinProcessor,
 )
-from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions
 from cg_pipelines.engine.processing import ArrowProcessor
 from cg_pipelines.engine.processor import (
@@ -26,8 +28,8 @@ from cg_pipelines.engine.processor import (
     ProcessorBase,
     Record,
 )
-from cg_pipelines.engine.rebuild import RebuildError, rebuild_partition
-from cg_pipelines.engine.result import RunResult, RunStatus
+from cg_pipelines.engine.rebuild import RebuildError, rebuild_copartitioned, rebuild_partition
+from cg_pipelines.engine.result import RunResult, RunStatus, SideResult
 from cg_pipelines.engine.retry import NatsUnavailableError
 from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.engine.static import run_static_partition
@@ -43,7 +45,6 @@ __all__ = [
     "JoinInput",
     "JoinProcessed",
     "JoinProcessor",
-    "JoinResult",
     "NatsUnavailableError",
     "PartitionRunError",
     "Processed",
@@ -53,6 +54,7 @@ __all__ = [
     "Record",
     "RunResult",
     "RunStatus",
+    "SideResult",
     "rebuild_copartitioned",
     "rebuild_partition",
     "run_copartitioned",

@@ -1,14 +1,16 @@
-"""What one partition run knows and tells: its partition, stream, processor, sink and options,
-the NATS API and retrier it calls through, its result so far and its progress (what is in
-flight, committed, acknowledged). The lease (:mod:`cg_pipelines.engine.lease`) and the drain
-pipeline (:mod:`cg_pipelines.engine.drain`) of an elastic, a static or a rebuild run share it.
+"""What one side of a run knows and tells: its partition, stream, processor, sink and options,
+the NATS API and retrier it calls through, the run's result so far (its own facts in it) and
+its progress (what is in flight, committed, acknowledged). The lease
+(:mod:`cg_pipelines.engine.lease`), the side's steps (:mod:`cg_pipelines.engine.side`) and the
+run loop (:mod:`cg_pipelines.engine.drain`) of an elastic, a static, a co-partitioned or a
+rebuild run share it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 from nats.aio.client import Client
@@ -16,20 +18,21 @@ from nats.aio.client import Client
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.core.errors import ConfigError, PartitionRunError
+from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.engine.processor import Processor, with_defaults
-from cg_pipelines.engine.result import RunResult
+from cg_pipelines.engine.result import RunResult, SideResult
 from cg_pipelines.engine.retry import Retrier
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.connect import ConnectOptions, connect_options_of
 from cg_pipelines.sinks.base import Sink, StateSink, app_id_for
 
-__all__ = ["RunContext", "open_run", "state_cache"]
+__all__ = ["RunContext", "Stateful", "open_run", "state_cache"]
 
 
 class RunContext:
-    """One partition run's identity, tools, result and progress.
+    """One side's identity, tools, result and progress (a partition run has one side).
 
     Attributes:
         read_stream: the stream the run reads and leases on (an elastic group's work queue
@@ -38,7 +41,10 @@ class RunContext:
         app_id: the partition's watermark key in the sink.
         processor: the processor, every hook declared (:func:`~cg_pipelines.engine.processor.
             with_defaults`).
-        res: the run's :class:`~cg_pipelines.engine.result.RunResult` so far.
+        res: the run's :class:`~cg_pipelines.engine.result.RunResult` so far (shared by the
+            run's sides).
+        name: the side's name in ``res.inputs``; side: its
+            :class:`~cg_pipelines.engine.result.SideResult` there.
         pending: the partition's backlog when the run started (consumer pending + ack pending).
         inflight: first and last sequence of the batch being processed, or None.
         watermark_read: ``res.watermark`` holds the sink's committed watermark.
@@ -54,7 +60,8 @@ class RunContext:
     def __init__(
         self, nc: Client, stream: str, group: str, partition: int, processor: Processor,
         sink: Sink, options: EngineOptions, hook: Hook | None, *, read_stream: str | None = None,
-        connect: ConnectOptions | None = None,
+        connect: ConnectOptions | None = None, res: RunResult | None = None,
+        name: str | None = None,
     ) -> None:
         self.nc, self.js = nc, nc.jetstream(timeout=options.timeout_s)
         self.connect = connect or connect_options_of(nc)
@@ -65,7 +72,10 @@ class RunContext:
         self.processor = with_defaults(processor)
         self.sink, self.opt, self.hook = sink, options, hook
         self.api = JetStreamAPI(nc, timeout=options.timeout_s)
-        self.res = RunResult(stream, group, partition)
+        self.name = name or self.app_id
+        self.side = SideResult(stream, group, partition)
+        self.res = res if res is not None else RunResult({})
+        self.res.inputs[self.name] = self.side
         self.t0 = time.monotonic()
         self.pending = 0
         self.inflight: tuple[int, int] | None = None
@@ -79,7 +89,7 @@ class RunContext:
                              on_retry=self._on_retry)
 
     def _on_retry(self, step: str, attempt: int, exc: BaseException) -> None:
-        self.res.nats_retries += 1
+        self.side.nats_retries += 1
         self.step("retry", step=step, attempt=attempt, error=type(exc).__name__)
 
     def step(self, name: str, **info: Any) -> None:
@@ -106,21 +116,23 @@ class RunContext:
         return PartitionRunError(
             error, stream=self.stream, group=self.group, read_stream=self.read_stream,
             partition=self.partition, inflight=self.inflight,
-            committed_through=res.watermark if self.watermark_read else None,
+            committed_through=self.side.watermark if self.watermark_read else None,
             acknowledged_through=self.settled_through, commits=res.commits)
 
 
 def open_run(
     nc: Client, stream: str, group: str, partition: int, processor: Processor, sink: Sink,
     options: EngineOptions | None, hook: Hook | None, *, read_stream: str | None = None,
-    connect: ConnectOptions | None = None,
+    connect: ConnectOptions | None = None, res: RunResult | None = None, name: str | None = None,
 ) -> RunContext:
     """The preamble every engine entry point shares
     (:func:`~cg_pipelines.engine.runner.run_partition`,
     :func:`~cg_pipelines.engine.static.run_static_partition`,
-    :func:`~cg_pipelines.engine.rebuild.rebuild_partition`): check the arguments and make the
-    run's :class:`RunContext` (``options`` default to :class:`EngineOptions` ``()``). Nothing
-    is sent to NATS or read from the sink yet.
+    :func:`~cg_pipelines.engine.rebuild.rebuild_partition`, and each side of the
+    co-partitioned ones): check the arguments and make the side's :class:`RunContext`
+    (``options`` default to :class:`EngineOptions` ``()``; ``res``: the run's result the
+    side's facts join, a new one when None; ``name``: the side's name there, default its app
+    id). Nothing is sent to NATS or read from the sink yet.
 
     Raises:
         ConfigError: ``partition`` is negative.
@@ -130,10 +142,17 @@ def open_run(
     if partition < 0:
         raise ConfigError("partition", f"must be >= 0, got {partition}")
     return RunContext(nc, stream, group, partition, processor, sink, options or EngineOptions(),
-                      hook, read_stream=read_stream, connect=connect)
+                      hook, read_stream=read_stream, connect=connect, res=res, name=name)
 
 
-def state_cache(processor: Processor, sink: Sink, partition: int, app_id: str
+class Stateful(Protocol):
+    """A processing step that may declare per-key state (a :class:`~cg_pipelines.engine.
+    processor.Processor` or a :class:`~cg_pipelines.engine.join_processor.JoinProcessor`)."""
+
+    state: KeyedState | None
+
+
+def state_cache(processor: Stateful, sink: Sink, partition: int, app_id: str
                 ) -> KeyStateCache | None:
     """The run's per-key state cache when the processor declares
     :class:`~cg_pipelines.core.state.KeyedState` (``processor.state``), else ``None``. It

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -53,6 +53,7 @@ __all__ = [
     "LeaseHolder",
     "Repin",
     "ensure_lease_consumer",
+    "guard_all",
     "lease_consumer_config",
     "lease_consumer_name",
     "pinned_id",
@@ -324,13 +325,13 @@ class LeaseHolder:
         Raises:
             NatsUnavailableError / JetStreamError: as :meth:`pull` and :meth:`info`.
         """
-        opt, res = self.ctx.opt, self._res
+        opt = self.ctx.opt
         deadline = time.monotonic() + opt.hold_wait_s
         while True:
             got = await self.pull("re-pin", batch=1,
                                   expires_s=max(0.1, min(1.0, deadline - time.monotonic())))
             if got.messages:
-                res.repins += 1
+                self.ctx.side.repins += 1
                 return Repin("pinned", got)
             info = await self.info()
             holder = pinned_id(info)
@@ -435,3 +436,19 @@ class LeaseHolder:
         # (asyncio.wait_for), as everywhere else in this library.
         await ctx.retry.call("flush acks", lambda: ctx.nc.flush(
             timeout=ctx.opt.timeout_s))  # type: ignore[arg-type]
+
+
+async def guard_all(guards: Sequence[tuple[LeaseHolder, Callable[[], Awaitable[None]]]],
+                    body: Callable[[], Awaitable[None]]) -> None:
+    """Run ``body`` inside every ``(holder, ensure)`` pair's :meth:`LeaseHolder.guard`, the
+    first outermost (a run over several sides: each side's partition is given back on any
+    failure, and each consumer ensured before ``body`` starts)."""
+
+    async def nest(k: int) -> None:
+        if k == len(guards):
+            await body()
+            return
+        holder, ensure = guards[k]
+        await holder.guard(ensure, lambda: nest(k + 1))
+
+    await nest(0)

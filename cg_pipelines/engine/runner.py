@@ -33,27 +33,53 @@ mid-run is retried with backoff (:mod:`cg_pipelines.engine.retry`), then fails t
 
 Where each part lives: the options in :mod:`~cg_pipelines.engine.options`; the lease (step 1,
 the pin, keep-alive, ack, unpin and give-back rules) in :mod:`~cg_pipelines.engine.lease`;
-steps 2-5 as the batch pipeline in :mod:`~cg_pipelines.engine.drain`; the executor-read
-protocol in :mod:`~cg_pipelines.engine.executor_read`; the contracts in
+what each step does to one side (a partition of one group) in :mod:`~cg_pipelines.engine.side`;
+steps 2-5 as the run loop over a run's sides in :mod:`~cg_pipelines.engine.drain` (one loop for
+a partition run and a co-partitioned one, :mod:`~cg_pipelines.engine.join`); the processing
+step over the sides in :mod:`~cg_pipelines.engine.step`; the commit in
+:mod:`~cg_pipelines.engine.commit`; the executor-read protocol in
+:mod:`~cg_pipelines.engine.executor_read`; the contracts in
 :mod:`~cg_pipelines.engine.processor` (the processing step), :mod:`~cg_pipelines.sinks.base`
 (the sink) and :mod:`~cg_pipelines.engine.result` (what a run returns). This module runs them
-for one partition (:func:`run_partition`).
+over one partition (:func:`run_partition`) or any set of sides (:func:`run_sides`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from nats.aio.client import Client
 
 from cg_pipelines.engine.context import open_run
 from cg_pipelines.engine.drain import Drain
-from cg_pipelines.engine.lease import LeaseHolder, lease_consumer_name
+from cg_pipelines.engine.lease import LeaseHolder, guard_all, lease_consumer_name
 from cg_pipelines.engine.options import EngineOptions, Hook
 from cg_pipelines.engine.processor import Processor
 from cg_pipelines.engine.result import RunResult
+from cg_pipelines.engine.side import Side
+from cg_pipelines.engine.step import BatchStep, SingleStep
 from cg_pipelines.jetstream.connect import ConnectOptions
 from cg_pipelines.sinks.base import Sink
 
-__all__ = ["run_partition"]
+__all__ = ["run_partition", "run_sides"]
+
+
+async def run_sides(sides: Sequence[Side], step: BatchStep, hook: Hook | None) -> RunResult:
+    """Run the loop (:class:`~cg_pipelines.engine.drain.Drain`) over ``sides`` (in the run's
+    order; their contexts share one :class:`RunResult`) with the processing step ``step``,
+    each side's lease guarded (in leasing order): on any failure every lease taken is given
+    back (nak and unpin) before the exception propagates, a
+    :class:`~cg_pipelines.core.errors.PartitionRunError` attached.
+
+    Returns:
+        The run's :class:`RunResult` (``seconds`` set).
+
+    Raises:
+        Whatever the run raises (see :func:`run_partition`).
+    """
+    loop = Drain(sides, step, hook)
+    await guard_all([(s.holder, s.holder.ensure) for s in loop.leasing], loop.run)
+    return loop.res
 
 
 async def run_partition(
@@ -104,5 +130,5 @@ async def run_partition(
     """
     ctx = open_run(nc, stream, group, partition, processor, sink, options, hook,
                    connect=connect)
-    lease = LeaseHolder(ctx, lease_consumer_name(partition))
-    return await lease.guard(lease.ensure, Drain(ctx, lease).run)
+    side = Side(ctx, LeaseHolder(ctx, lease_consumer_name(partition)))
+    return await run_sides([side], SingleStep(ctx), hook)

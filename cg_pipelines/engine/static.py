@@ -1,8 +1,8 @@
 """Draining one partition of a **static** consumer group (the origin stream holds
 ``<p>.<...>`` subjects, partitioned by the publishers, and is never purged).
 
-Same lease rules (:class:`~cg_pipelines.engine.lease.LeaseHolder`), batch pipeline and fence
-(:class:`~cg_pipelines.engine.drain.Drain`) and results as
+Same lease rules (:class:`~cg_pipelines.engine.lease.LeaseHolder`), batch steps and fence
+(:meth:`~cg_pipelines.engine.drain.Drain.process_and_commit`) and results as
 :func:`~cg_pipelines.engine.runner.run_partition`; only the consumer and step 6 differ: the
 partition's pinned consumer on the origin stream advances by acknowledging each delivered
 message after its commit (:meth:`~cg_pipelines.engine.lease.LeaseHolder.ack_each`).
@@ -25,6 +25,8 @@ from cg_pipelines.engine.lease import LeaseHolder
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.engine.processor import Processor, Record, records_to_arrow
 from cg_pipelines.engine.result import RunResult
+from cg_pipelines.engine.side import Side
+from cg_pipelines.engine.step import SingleStep
 from cg_pipelines.jetstream.api import consumer_config
 from cg_pipelines.jetstream.errors import ConsumerAlreadyExistsError
 from cg_pipelines.sinks.base import Sink
@@ -58,7 +60,8 @@ class _StaticDrain:
     def __init__(self, ctx: RunContext, filters: Sequence[str]) -> None:
         self.ctx = ctx
         self.lease = LeaseHolder(ctx, static_partition_consumer_name(ctx.group, ctx.partition))
-        self.drain = Drain(ctx, self.lease, settle=self.lease.ack_each)
+        self.drain = Drain([Side(ctx, self.lease, settle=self.lease.ack_each)],
+                           SingleStep(ctx), ctx.hook)
         self.filters = [f"{ctx.partition}.{f}" for f in filters] or [ctx.flt]
 
     async def ensure(self) -> None:
@@ -103,7 +106,7 @@ class _StaticDrain:
                 return
             first, pin = False, got.pin_id
             watermark = await asyncio.to_thread(ctx.sink.watermark, ctx.app_id)
-            res.watermark = watermark
+            ctx.side.watermark = watermark
             msgs = got.messages
             seqs = [m.metadata.sequence.stream for m in msgs]
             done = [m for m, q in zip(msgs, seqs, strict=True) if q <= watermark]
@@ -111,7 +114,7 @@ class _StaticDrain:
             fresh = [m for m, q in zip(msgs, seqs, strict=True) if watermark < q <= start_last]
             for m in done:
                 await m.ack()
-            res.duplicates_skipped += len(done)
+            ctx.side.duplicates_skipped += len(done)
             for m in later:
                 await m.nak()
             if fresh:

@@ -10,8 +10,8 @@ import pytest
 
 from cg_pipelines.engine.coverage_log import DeltaLogCoverage
 from cg_pipelines.engine.join import run_copartitioned
-from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
 from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.rebuild import rebuild_copartitioned
 from cg_pipelines.jetstream.reconcile import reconcile_group
 from cg_pipelines.sinks.base import FenceConflictError, app_id_for
 from cg_pipelines.sinks.delta import DeltaSink
@@ -42,11 +42,17 @@ async def test_rebuild_replays_every_input(nc, js, unique_name, tmp_path) -> Non
         await js.publish(f"{unique_name}_{joined.CLK}.{m['auction']}", json.dumps(m).encode())
     await joined.wait_sourced(api, f"{unique_name}_{joined.CLK}-g", 2)
     for p in range(N):
+        steps: list[tuple[str, object]] = []
         r = await rebuild_copartitioned(nc, joined.inputs(unique_name), p, joined.processor(),
                                         DeltaSink(sink.uri, write=joined.WRITE),
-                                        EngineOptions(batch_max_msgs=37, **FAST))
+                                        EngineOptions(batch_max_msgs=37, **FAST),
+                                        hook=lambda s, i, steps=steps: steps.append(
+                                            (s, i.get("input"))))
         assert r.status == "rebuilt", r.detail
         assert all(x.origin_last_seq for x in r.inputs.values())
+        # the hook reports the rebuild's steps: each batch, and each input rebuilt
+        assert ("processed", None) in steps
+        assert {i for s, i in steps if s == "rebuilt"} == {joined.IMP, joined.CLK}
     assert joined.mismatches(sink.read(), evs) is None  # the queued two are not in yet
     assert {k: sink.watermark(app_id_for(f"{unique_name}_{k[0]}", "g", k[1]))
             for k in wms} == wms  # watermarks kept

@@ -1,4 +1,4 @@
-"""``drain._drop``: a prefetch nobody uses is cancelled and waited for, its own failure is
+"""``side.drop_prefetch``: a prefetch nobody uses is cancelled and waited for, its own failure is
 dropped, and a cancellation of the run while it waits still propagates."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import pyarrow as pa
 import pytest
 
-from cg_pipelines.engine.drain import _drop
+from cg_pipelines.engine.side import drop_prefetch as _drop
 
 
 async def _slow_to_stop(stopped: asyncio.Event) -> pa.Table:

@@ -86,3 +86,40 @@ def test_the_run_identity_reaches_every_state_sink() -> None:
     assert cache is not None
     cache.lookup(["a"])
     assert sink.calls == [(2, "s/g/2")]
+
+
+def test_a_join_reads_state_from_the_runs_own_snapshot() -> None:
+    """A co-partitioned run's state reads name its first input's app id (the snapshot its
+    watermark read loaded and its commits advance), as a partition run's do: not the latest
+    table version (issue 50)."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from cg_pipelines.core.state import KeyedState
+    from cg_pipelines.engine.context import RunContext
+    from cg_pipelines.engine.join_processor import ArrowJoinProcessor
+    from cg_pipelines.engine.step import JoinStep
+
+    calls: list[tuple[int | None, str | None]] = []
+
+    class Recording:
+        def watermark(self, app_id: str) -> int:
+            return 0
+
+        def commit(self, *a: object, **kw: object) -> None: ...
+
+        def last_rows(self, key: str, keys: object, columns: object, order_by: str,
+                      partition: int | None = None, *, app_id: str | None = None) -> pa.Table:
+            calls.append((partition, app_id))
+            return pa.table({"k": pa.array([], pa.string()), "n": pa.array([], pa.int64()),
+                             "_seq": pa.array([], pa.int64())})
+
+    sink = Recording()
+    sides = [cast(RunContext, SimpleNamespace(name=n, app_id=f"{n}/g/3", partition=3,
+                                              sink=sink)) for n in ("a", "b")]
+    proc = ArrowJoinProcessor({"a": None, "b": None}, lambda t, c: t,  # type: ignore[dict-item]
+                              state=KeyedState("k", ("n",)))
+    step = JoinStep(proc, sides)
+    assert step.state is not None
+    step.state.lookup(["x"])
+    assert calls == [(3, "a/g/3")]
