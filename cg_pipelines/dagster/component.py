@@ -65,10 +65,11 @@ from cg_pipelines.dagster.resources import (
     PartitionRunsResource,
     SparkResource,
 )
-from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.spec import ConsumerGroupAsset, JoinInput, StreamAsset
 from cg_pipelines.dagster.warehouse import IcebergWarehouseResource
 
-__all__ = ["ConsumerGroupAssetComponent", "DeleteWhenModel", "WriteModel"]
+__all__ = ["ConsumerGroupAssetComponent", "DeleteWhenModel", "InputModel", "WriteModel",
+           "build_resources"]
 
 # The resources a defs.yaml can declare, by key.
 RESOURCE_CLASSES: dict[str, type[Any]] = {
@@ -150,6 +151,15 @@ class WriteModel(Model):
             raise ConfigError("write", str(e)) from e
 
 
+class InputModel(Model):
+    """One input of a co-partitioned set: the processor's ``name`` for it, its ``stream`` and
+    elastic ``group``."""
+
+    name: str
+    stream: str
+    group: str
+
+
 class ScaffoldParams(BaseModel):
     """``dg scaffold defs ... --stream orders --group totals --partitions 4 --processor m:a``."""
 
@@ -183,7 +193,7 @@ class ConsumerGroupAssetScaffolder(Scaffolder[ScaffoldParams]):
 
 def _load_processor(path: str) -> Any:
     """The object at ``module:attribute`` (or ``module.attribute``); a processor has
-    ``process``."""
+    ``process`` (a join processor ``process_inputs``)."""
     if ":" in path:
         module_name, _, attr = path.partition(":")
     else:
@@ -201,7 +211,7 @@ def _load_processor(path: str) -> Any:
             raise ConfigError("processor", f"{path!r}: module {module_name!r} has no "
                               f"attribute {attr!r}")
         obj = getattr(obj, part)
-    if not callable(getattr(obj, "process", None)):
+    if not callable(getattr(obj, "process", getattr(obj, "process_inputs", None))):
         raise ConfigError("processor", f"{path!r} is a {type(obj).__name__}, not a processor "
                           "(an ArrowProcessor, a SparkProcessor, or an object with "
                           "process(batch, ctx))")
@@ -234,7 +244,10 @@ def shared_resource_count() -> int:
 
 def build_resources(declared: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The resource objects of a ``resources:`` mapping (shared between components with the
-    same settings), plus the ``cg_io_manager`` the asset's downstream readers use.
+    same settings), plus the ``partition_runs`` resource and the ``cg_io_manager`` the
+    asset's downstream readers use. In a ``dg`` project, Python definitions beside a
+    Component pass these to ``build_definitions`` (same settings: the same objects, so the
+    project's definitions merge; docs/guides/component.md).
 
     Raises:
         ConfigError: an unknown resource key, settings that are not a mapping, or settings
@@ -276,21 +289,26 @@ def build_resources(declared: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 @scaffold_with(ConsumerGroupAssetScaffolder)
 class ConsumerGroupAssetComponent(Component, Resolvable, Model):
-    """A consumer group as a partitioned Dagster asset, declared in ``defs.yaml``.
+    """A consumer group, or a co-partitioned set of groups, as a partitioned Dagster asset,
+    declared in ``defs.yaml``.
 
     Attributes:
         name: asset name (and Delta table name under the warehouse root).
-        stream: the origin stream.
+        stream: the origin stream (one group; not with ``inputs``).
         group: the elastic consumer group on it (create it first: ``cg elastic create``).
-        partitions: the group's partition count (its ``max_members``).
+        inputs: instead of ``stream``/``group``, a co-partitioned set: a list of
+            ``{name, stream, group}`` (:class:`InputModel`), two or more.
+        partitions: the partition count (every group's ``max_members``).
         processor: import path ``package.module:attribute`` of the processing step (an
-            :class:`~cg_pipelines.ArrowProcessor`, a :class:`~cg_pipelines.spark.SparkProcessor`).
+            :class:`~cg_pipelines.ArrowProcessor`, a :class:`~cg_pipelines.spark.SparkProcessor`;
+            for a set a :class:`~cg_pipelines.engine.join_processor.JoinProcessor`).
         write: the write mode (:class:`WriteModel`; default append).
         resources: resource settings by key (``nats``, ``warehouse``, ``spark``,
             ``partition_runs``); a value ``{env: NAME}`` is ``dagster.EnvVar(NAME)``.
         description: shown in the Dagster UI.
         group_name: the Dagster asset group.
-        partition_key_prefix: partition keys are ``<prefix><p>`` (default ``<group>-``).
+        partition_key_prefix: partition keys are ``<prefix><p>`` (default ``<group>-``; a
+            set's groups joined by ``+``).
         sensor_interval_s: seconds between the sensors' ticks (at least).
         lag_objective_s: seconds; the ``lag_within_objective`` check's bound (``null``: none).
         schedule_cron: cron of the drain-all schedule (``null``: none).
@@ -307,10 +325,11 @@ class ConsumerGroupAssetComponent(Component, Resolvable, Model):
     """
 
     name: str
-    stream: str
-    group: str
     partitions: int
     processor: str
+    stream: str | None = None
+    group: str | None = None
+    inputs: list[InputModel] | None = None
     write: WriteModel = WriteModel()
     resources: dict[str, dict[str, Any]] = {}
     description: str = ""
@@ -320,20 +339,30 @@ class ConsumerGroupAssetComponent(Component, Resolvable, Model):
     lag_objective_s: float | None = 300.0
     schedule_cron: str | None = "*/15 * * * *"
 
-    def spec(self) -> ConsumerGroupAsset:
-        """The :class:`ConsumerGroupAsset` this declaration stands for (imports the
-        processor)."""
-        write = self.write.build()
-        return ConsumerGroupAsset(
-            name=self.name, stream=self.stream, group=self.group, partitions=self.partitions,
-            processor=_load_processor(self.processor), write=write,
-            description=self.description, group_name=self.group_name,
-            partition_key_prefix=self.partition_key_prefix,
+    def spec(self) -> StreamAsset:
+        """The spec this declaration stands for (imports the processor).
+
+        Raises:
+            ConfigError: neither or both of ``stream``/``group`` and ``inputs``.
+        """
+        options: dict[str, Any] = dict(
+            write=self.write.build(), description=self.description,
+            group_name=self.group_name, partition_key_prefix=self.partition_key_prefix,
             sensor_interval_s=self.sensor_interval_s, lag_objective_s=self.lag_objective_s,
             schedule_cron=self.schedule_cron)
+        processor = _load_processor(self.processor)
+        if self.inputs is not None and self.stream is None and self.group is None:
+            return StreamAsset(self.name, [JoinInput(i.name, i.stream, i.group)
+                                           for i in self.inputs],
+                               self.partitions, processor, **options)
+        if self.inputs is not None or self.stream is None or self.group is None:
+            raise ConfigError("inputs", "declare either stream and group (one group) or "
+                              "inputs (a co-partitioned set)")
+        return ConsumerGroupAsset(name=self.name, stream=self.stream, group=self.group,
+                                  partitions=self.partitions, processor=processor, **options)
 
     def build_defs(self, context: ComponentLoadContext) -> Definitions:
-        """The group's definitions (:func:`~cg_pipelines.dagster.build_definitions`)."""
+        """The asset's definitions (:func:`~cg_pipelines.dagster.build_definitions`)."""
         resources = build_resources(self.resources)
         return build_definitions([self.spec()], resources=resources)
 

@@ -1,32 +1,22 @@
-"""Origin <-> work-queue reconciliation in Dagster: an asset check, and the same evaluation for a
-sensor to emit (or to put in its skip reason).
+"""Origin <-> work-queue reconciliation of each input of an asset, as the asset check
+``origin_reconciled`` (one per input: :meth:`~cg_pipelines.dagster.spec.StreamAsset.per_input`)
+and as the evaluation a sensor emits.
 
-``origin_reconciled``: every origin message the group's partitioning filters match reached the
+Each input's check: every origin message its group's partitioning filters match reached the
 work queue and was accounted for by a commit (processed, dead-lettered, filtered out: the
-coverage each commit records, :mod:`cg_pipelines.core.coverage`), or is still queued. It checks
-the whole history incrementally: a cursor stored beside the table
-(``_cg_reconcile/<stream>.<group>.json``, :mod:`cg_pipelines.engine.coverage_log`) makes each
-evaluation read only what came since the last one, in bounded chunks (``max_messages`` origin
-messages, ``max_versions`` Delta versions per chunk, as many chunks as fit in half of
-``timeout_s``); the first evaluation over a long history goes on where it stopped next time
-(metadata ``partial``).
+coverage each commit records, a set's joint commit one entry per input,
+:mod:`cg_pipelines.engine.coverage_log`), or is still queued. Incremental: a cursor beside the
+table (``_cg_reconcile/<stream>.<group>.json``) makes each evaluation read only what came since
+the last one, in bounded chunks, for at most half of ``timeout_s`` (metadata ``partial``).
 
-- A **gap** (matching messages the source passed that nobody accounted for) fails the check
-  with severity ERROR, naming the origin sequence ranges, the partitions and the repair: run the
-  ``<asset>_rebuild`` job for those partitions (:func:`cg_pipelines.engine.rebuild.
-  rebuild_partition` replays the origin through its last sourced message). Gaps stay reported
-  until a rebuild's coverage closes them.
-- A **sourcing stall** (the work queue's source is behind: removed, inactive, or lagging) is
-  never a gap: the check fails with severity WARN, "sourcing stalled since ...", and passes again
-  by itself once sourcing resumes.
+- A **gap** fails with severity ERROR, naming the origin sequence ranges, the partitions and
+  the repair: run the ``<asset>_rebuild`` job for those partitions.
+- A **sourcing stall** (the work queue's source removed, inactive or lagging) fails with
+  severity WARN and passes again by itself once sourcing resumes.
 
-:func:`~cg_pipelines.dagster.build_definitions` (and :func:`~cg_pipelines.dagster.definitions.
-build_group_definitions`) already registers this check on every group asset; call
-:func:`build_reconcile_check` yourself only when you compose definitions without them. Execute
-it on the asset's Checks tab, on a schedule (a job selecting ``AssetSelection.checks(check)``),
-or from the backlog sensor (``reconcile_interval_s``: :func:`reconcile_evaluation`;
-:func:`reconcile_skip_reason` for a tick's reason). Each evaluation runs its NATS session in a
-worker thread when called inside a running event loop.
+:func:`~cg_pipelines.dagster.build_definitions` registers it on every asset of a Delta
+warehouse (it reads the Delta log); the backlog sensor evaluates it every
+``reconcile_interval_s``.
 """
 
 import asyncio
@@ -49,7 +39,7 @@ from cg_pipelines.core.coverage import ReconcileCursor
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.reconcile import ReconcileReport
 from cg_pipelines.dagster.resources import NatsResource
-from cg_pipelines.dagster.spec import ConsumerGroupAsset, asset_key_of
+from cg_pipelines.dagster.spec import JoinInput, StreamAsset, asset_key_of
 from cg_pipelines.dagster.warehouse import Warehouse
 from cg_pipelines.engine.coverage_log import DeltaLogCoverage
 from cg_pipelines.jetstream.api import JetStreamAPI
@@ -83,9 +73,9 @@ def _outside_loop(fn: Any, *args: Any, **kw: Any) -> Any:
         return pool.submit(fn, *args, **kw).result()
 
 
-def table_coverage(spec: ConsumerGroupAsset, warehouse: Warehouse
+def table_coverage(spec: StreamAsset, warehouse: Warehouse, inp: JoinInput
                    ) -> DeltaLogCoverage:
-    """The coverage reader (and cursor store) of ``spec``'s table in ``warehouse``.
+    """The coverage reader (and cursor store) of input ``inp`` on ``spec``'s table.
 
     Raises:
         UsageError: the warehouse's table URI has no filesystem this library reads.
@@ -95,17 +85,17 @@ def table_coverage(spec: ConsumerGroupAsset, warehouse: Warehouse
     if fs is None:
         raise UsageError(f"cannot read the Delta log of {uri.split('?')[0]!r}: only local "
                          "paths and s3:// tables are supported")
-    return DeltaLogCoverage(fs, spec.stream, spec.group)
+    return DeltaLogCoverage(fs, inp.stream, inp.group)
 
 
 def reconcile_group_report(
-    spec: ConsumerGroupAsset, nats: NatsResource, warehouse: Warehouse, *,
+    spec: StreamAsset, nats: NatsResource, warehouse: Warehouse, *, inp: JoinInput | None = None,
     max_messages: int = DEFAULT_CHECK_MESSAGES, max_versions: int = DEFAULT_MAX_VERSIONS,
     seq_column: str | None = None, from_seq: int | None = None, timeout_s: float = 50.0,
     restart: bool = False,
 ) -> ReconcileReport:
-    """Go on checking ``spec``'s group from the stored cursor (see the module docstring), chunk
-    after chunk while half of ``timeout_s`` lasts, all within ``timeout_s`` seconds (under
+    """Go on checking input ``inp`` (default the first) from the stored cursor, chunk after
+    chunk while half of ``timeout_s`` lasts, all within ``timeout_s`` seconds (under
     Dagster's 60 s tick limit), and store the cursor.
 
     Args:
@@ -120,7 +110,8 @@ def reconcile_group_report(
         CoverageLogError, UsageError: see :func:`cg_pipelines.jetstream.reconcile.
         reconcile_group`.
     """
-    log = table_coverage(spec, warehouse)
+    inp = inp or spec.inputs[0]
+    log = table_coverage(spec, warehouse, inp)
     seqs = (sink_table_seqs(warehouse.sink(spec.table_name), seq_column)
             if seq_column is not None else None)
     cursor = None if restart or from_seq is not None else log.load_cursor()
@@ -133,7 +124,7 @@ def reconcile_group_report(
         t0 = time.monotonic()
         try:
             while True:
-                rep = await reconcile_group(js, api, spec.stream, spec.group, coverage=log,
+                rep = await reconcile_group(js, api, inp.stream, inp.group, coverage=log,
                                             cursor=cursor, table_seqs=seqs,
                                             max_messages=max_messages,
                                             max_versions=max_versions)
@@ -148,7 +139,7 @@ def reconcile_group_report(
     return rep
 
 
-def _metadata(spec: ConsumerGroupAsset, rep: ReconcileReport) -> dict[str, Any]:
+def _metadata(spec: StreamAsset, rep: ReconcileReport) -> dict[str, Any]:
     d = rep.as_dict()
     md: dict[str, Any] = {k: d[k] for k in ("from_seq", "to_seq", "origin_messages",
                                              "expected", "in_queue", "in_table", "in_dlq",
@@ -170,7 +161,7 @@ def _passed(rep: ReconcileReport) -> bool:
     return rep.ok and rep.stall is None
 
 
-def _description(spec: ConsumerGroupAsset, rep: ReconcileReport) -> str:
+def _description(spec: StreamAsset, rep: ReconcileReport) -> str:
     if rep.ok:
         return rep.text()
     return (f"{rep.text()}: run the {spec.name}_rebuild job for partition(s) "
@@ -178,24 +169,26 @@ def _description(spec: ConsumerGroupAsset, rep: ReconcileReport) -> str:
 
 
 def reconcile_evaluation(
-    spec: ConsumerGroupAsset, nats: NatsResource, warehouse: Warehouse,
-    **kw: Any,
+    spec: StreamAsset, nats: NatsResource, warehouse: Warehouse, *,
+    inp: JoinInput | None = None, **kw: Any,
 ) -> AssetCheckEvaluation:
-    """The ``origin_reconciled`` evaluation for a sensor to emit
-    (``SensorResult(asset_events=[...])``); ``kw`` as :func:`reconcile_group_report`.
+    """Input ``inp``'s (default the first) ``origin_reconciled`` evaluation for a sensor to
+    emit (``SensorResult(asset_events=[...])``); ``kw`` as :func:`reconcile_group_report`.
 
     Raises:
         The errors of :func:`reconcile_group_report` (a tick reports them as its reason).
     """
-    rep = reconcile_group_report(spec, nats, warehouse, **kw)
+    inp = inp or spec.inputs[0]
+    rep = reconcile_group_report(spec, nats, warehouse, inp=inp, **kw)
     return AssetCheckEvaluation(
-        asset_key=asset_key_of(spec), check_name=RECONCILE_CHECK, passed=_passed(rep),
+        asset_key=asset_key_of(spec), check_name=spec.per_input(RECONCILE_CHECK, inp),
+        passed=_passed(rep),
         severity=_severity(rep), description=_description(spec, rep),
         metadata=_metadata(spec, rep))
 
 
 def reconcile_skip_reason(
-    spec: ConsumerGroupAsset, nats: NatsResource, warehouse: Warehouse,
+    spec: StreamAsset, nats: NatsResource, warehouse: Warehouse,
     **kw: Any,
 ) -> str | None:
     """``None`` when the group reconciles, else one line for a sensor's skip reason (the gaps,
@@ -205,15 +198,18 @@ def reconcile_skip_reason(
 
 
 def build_reconcile_check(
-    spec: ConsumerGroupAsset, *, max_messages: int = DEFAULT_CHECK_MESSAGES,
-    seq_column: str | None = None, timeout_s: float = 50.0,
+    spec: StreamAsset, *, inp: JoinInput | None = None,
+    max_messages: int = DEFAULT_CHECK_MESSAGES, seq_column: str | None = None,
+    timeout_s: float = 50.0,
 ) -> AssetChecksDefinition:
-    """The ``origin_reconciled`` asset check of ``spec``'s asset (see the module docstring).
-    Needs the group's NATS and warehouse resources."""
+    """Input ``inp``'s (default the first) ``origin_reconciled`` check of ``spec``'s asset
+    (see the module docstring). Needs the NATS and warehouse resources."""
     keys = {spec.nats_resource_key, spec.warehouse_resource_key}
+    inp = inp or spec.inputs[0]
 
-    @asset_check(asset=asset_key_of(spec), name=RECONCILE_CHECK, required_resource_keys=keys,
-                 description=f"Every origin message of {spec.stream}.{spec.group} (the whole "
+    @asset_check(asset=asset_key_of(spec), name=spec.per_input(RECONCILE_CHECK, inp),
+                 required_resource_keys=keys,
+                 description=f"Every origin message of {inp.stream}.{inp.group} (the whole "
                  "history, incrementally) reached the work queue and was accounted for by a "
                  "commit (processed, dead-lettered or filtered out), or is still queued; a "
                  "sourcing stall is a warning, never a gap.")
@@ -221,7 +217,7 @@ def build_reconcile_check(
         res = context.resources
         rep = reconcile_group_report(
             spec, getattr(res, spec.nats_resource_key),
-            getattr(res, spec.warehouse_resource_key), max_messages=max_messages,
+            getattr(res, spec.warehouse_resource_key), inp=inp, max_messages=max_messages,
             seq_column=seq_column, timeout_s=timeout_s)
         return AssetCheckResult(passed=_passed(rep), severity=_severity(rep),
                                 description=_description(spec, rep),

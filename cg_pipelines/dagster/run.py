@@ -1,0 +1,468 @@
+"""A partition run of a spec's asset, one input or a set alike: resolve it (tags, wait for
+earlier runs of the partition, configs, owner, sink, processor), run it through the engine
+(:func:`engine_run`, the ONE place that calls the engine), report it (metadata, check results).
+
+**One run per partition at a time, however it was launched** (asset job, ``dg launch
+--assets ... --partition``, UI, backfill, sensor, schedule). Every such run carries Dagster's
+``dagster/partition`` tag with the asset's key, so:
+
+1. before touching NATS, a run waits until the in-progress runs of its partition that started
+   before it have finished (:func:`wait_for_earlier_runs`: covers in-process runs, which never
+   pass a run queue);
+2. with this instance setting (``dagster.yaml``) launched runs wait in the run queue instead::
+
+       concurrency:
+         runs:
+           tag_concurrency_limits:
+             - key: "dagster/partition"
+               value: {applyLimitPerUniqueValue: true}
+               limit: 1
+
+The engine's leases and fenced commit stay the last line: a second holder commits nothing.
+A run keeps a heartbeat in NATS and tags its worker (:func:`run_alive`) so the backlog sensor
+can judge it lost from any host (:mod:`cg_pipelines.core.liveness`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import threading
+import time
+import types
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dagster import (
+    AssetCheckResult,
+    AssetExecutionContext,
+    AssetKey,
+    Config,
+    DagsterRun,
+    DagsterRunStatus,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    RunsFilter,
+    TableColumn,
+    TableColumnConstraints,
+    TableSchema,
+)
+from pydantic import Field as PydanticField
+
+from cg_pipelines.core.assignment import assignment, owners
+from cg_pipelines.core.errors import PartitionRunError, cause_text
+from cg_pipelines.dagster.checks import failed_run_checks, run_check_results
+from cg_pipelines.dagster.history import CODE_TAG, MODE_TAG, run_worker_tags
+from cg_pipelines.dagster.resources import (
+    NatsResource,
+    PartitionRunsResource,
+    run_spark_session,
+    stopping_foreign_spark,
+)
+from cg_pipelines.dagster.spec import TICK_ERRORS, StreamAsset, load_configs
+from cg_pipelines.dagster.warehouse import Warehouse
+from cg_pipelines.engine.join import run_copartitioned
+from cg_pipelines.engine.join_rebuild import rebuild_copartitioned
+from cg_pipelines.engine.rebuild import rebuild_partition
+from cg_pipelines.engine.result import RunResult
+from cg_pipelines.engine.runner import run_partition
+from cg_pipelines.jetstream.liveness import HeartbeatError
+from cg_pipelines.sinks.table import TableSink, TableStats
+
+__all__ = ["PROGRESS_EVERY_S", "Outcome", "PartitionRunConfig", "Resolved", "RunProgress",
+           "engine_run", "materialize", "run_alive", "run_failure", "run_mode",
+           "table_metadata", "trim_traceback", "wait_for_earlier_runs"]
+
+PROGRESS_EVERY_S = 10.0
+"""A run logs its progress at most once per this many seconds (and once at the end)."""
+
+
+class PartitionRunConfig(Config):
+    """Run config of a partition run (Launchpad: ``ops.<asset>.config``)."""
+
+    mode: Literal["drain", "rebuild"] = PydanticField(
+        "drain", description="drain: process the partition's backlog (the default). rebuild: "
+        "recompute the partition from the origin streams' history with today's code and "
+        "replace its rows atomically.")
+    allow_partial: bool = PydanticField(
+        False, description="rebuild only: go on when retention trimmed an origin stream's "
+        "first messages (their effects are then missing).")
+
+
+def run_mode(tags: Mapping[str, str], config: PartitionRunConfig) -> str:
+    """The run's mode: the ``cg/mode`` tag when set (``drain`` or ``rebuild``), else the run
+    config's ``mode``. Raises ``Failure`` for another tag value."""
+    tag = tags.get(MODE_TAG)
+    if tag is None:
+        return config.mode
+    if tag not in ("drain", "rebuild"):
+        raise Failure(f"run tag {MODE_TAG}={tag!r}: expected 'drain' or 'rebuild'")
+    return tag
+
+
+@contextlib.contextmanager
+def run_alive(context: AssetExecutionContext, spec: StreamAsset) -> Iterator[None]:
+    """Keep the run's heartbeat in NATS while the block runs (TTL ``heartbeat_ttl_s``), then
+    tag the run with its worker process (:data:`~cg_pipelines.dagster.history.WORKER_TAG`).
+
+    Raises:
+        Failure: the first heartbeat could not be written; nothing was leased.
+    """
+    res = context.resources
+    runs = getattr(res, spec.runs_resource_key)
+    heartbeat = getattr(res, spec.nats_resource_key).heartbeat(context.run.run_id,
+                                                               runs.heartbeat_ttl_s)
+    try:
+        heartbeat.__enter__()
+    except HeartbeatError as e:
+        raise Failure(f"{e}; the run did not start (a run without a heartbeat would be judged "
+                      "lost)") from e
+    try:
+        context.instance.add_run_tags(context.run.run_id, run_worker_tags())
+        yield
+    finally:
+        heartbeat.__exit__(None, None, None)
+
+
+_ACTIVE = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+
+
+def _targets(run: DagsterRun, key: AssetKey) -> bool:
+    """Whether ``run`` materializes asset ``key`` (a run without an asset selection is taken
+    to: its partition key already names the partition)."""
+    return not run.asset_selection or key in run.asset_selection
+
+
+def wait_for_earlier_runs(context: AssetExecutionContext, timeout_s: float,
+                          poll_s: float = 1.0) -> list[str]:
+    """Wait until no other run of this asset partition that started before this one is in
+    progress. Returns the ids of the runs waited for.
+
+    Raises:
+        Failure: still waiting after ``timeout_s`` seconds (nothing was consumed).
+    """
+    instance, me = context.instance, context.run.run_id
+    key = context.partition_key
+    mine = instance.get_run_record_by_id(me)
+    my_order = ((mine.start_time or time.time()) if mine else time.time(), me)
+    waited: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = instance.get_run_records(RunsFilter(
+            tags={"dagster/partition": key}, statuses=_ACTIVE))
+        earlier = [r.dagster_run.run_id for r in records
+                   if r.dagster_run.run_id != me and r.start_time is not None
+                   and (r.start_time, r.dagster_run.run_id) < my_order
+                   and _targets(r.dagster_run, context.asset_key)]
+        if not earlier:
+            return waited
+        for run_id in earlier:
+            if run_id not in waited:
+                waited.append(run_id)
+                context.log.info(f"partition {key}: waiting for run {run_id}, which started "
+                                 "first, to finish")
+        if time.monotonic() > deadline:
+            raise Failure(f"partition {key} is still being processed by run(s) "
+                          f"{', '.join(earlier)} after {timeout_s:g} s; nothing was consumed")
+        time.sleep(poll_s)
+
+
+class RunProgress:
+    """The engine hook of a run: after a commit, at most every :data:`PROGRESS_EVERY_S`
+    seconds, one line (messages committed, sequence, backlog left, dead letters, rate; a set's
+    joint commits and time)."""
+
+    def __init__(self, log: Any, partition: int, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.log, self.partition, self.every_s = log, partition, every_s
+        self._last = time.monotonic()
+
+    def __call__(self, step: str, info: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if step != "committed" or now - self._last < self.every_s:
+            return
+        self._last = now
+        seconds = float(info.get("seconds") or 0.0)
+        if "processed" not in info:
+            self.log.info(f"partition {self.partition}: {info.get('commits', 0):,} joint "
+                          f"commit(s) in {seconds:.1f} s")
+            return
+        rate = info["processed"] / seconds if seconds > 0 else 0.0
+        self.log.info(
+            f"partition {self.partition}: {info['processed']:,} messages committed through "
+            f"sequence {info['last_seq']}, {info.get('left', 0):,} left, "
+            f"{info.get('dead_lettered', 0):,} dead-lettered, {rate:,.0f} msg/s")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a run works with, resolved before it touches the partition: the ``partition``,
+    its ``owner`` member and the configs' ``revision``, the ``mode`` (``drain``/``rebuild``),
+    the runs it ``waited`` for, the table ``sink``, the ``processor`` (bound to the run's
+    Spark session if it uses Spark) and the ``nats`` and ``runs`` resources."""
+
+    partition: int
+    owner: str
+    revision: int
+    mode: str
+    waited: list[str]
+    sink: TableSink
+    processor: Any
+    nats: NatsResource
+    runs: PartitionRunsResource
+
+
+@dataclass
+class Outcome:
+    """A run that ended, as this layer reports it: ``status``, ``detail``, ``commits``,
+    ``fence_conflicts``, ``seconds``, ``rows_written``, ``timings``, ``maintenance`` and each
+    input's :class:`~cg_pipelines.engine.result.RunResult` by input name (``sides``)."""
+
+    status: str
+    detail: str
+    commits: int
+    fence_conflicts: int
+    seconds: float
+    rows_written: int
+    sides: dict[str, RunResult]
+    timings: dict[str, float] = field(default_factory=dict)
+    maintenance: dict[str, int | float | str] = field(default_factory=dict)
+
+    def total(self, name: str) -> int:
+        """The sum of the inputs' ``name`` figure (e.g. ``processed``)."""
+        return sum(int(getattr(r, name)) for r in self.sides.values())
+
+
+def engine_run(spec: StreamAsset, run: Resolved, allow_partial: bool, hook: RunProgress
+               ) -> Outcome:
+    """Drain (or rebuild) the partition: the only call into the engine of the Dagster layer.
+
+    Raises:
+        What the engine raises (:class:`~cg_pipelines.core.errors.PartitionRunError` ...).
+    """
+    p, opts, sink, proc = run.partition, run.runs.engine_options(), run.sink, run.processor
+    rebuild, timeout = run.mode == "rebuild", run.runs.run_timeout_s
+    if spec.is_set:
+        j = run.nats.run(
+            (lambda nc: rebuild_copartitioned(nc, spec.inputs, p, proc, sink, opts,  # type: ignore[arg-type]
+                                              allow_partial=allow_partial, hook=hook))
+            if rebuild else (lambda nc: run_copartitioned(nc, spec.inputs, p, proc, sink,  # type: ignore[arg-type]
+                                                          opts, hook=hook)), timeout_s=timeout)
+        fenced = max(int(j.status == "fenced"), sum(r.fence_conflicts for r in j.inputs.values()))
+        return Outcome(j.status, j.detail, j.commits, fenced, j.seconds, j.rows_written,
+                       dict(j.inputs), j.timings, j.maintenance)
+    inp = spec.inputs[0]
+    r = run.nats.run(
+        (lambda nc: rebuild_partition(nc, inp.stream, inp.group, p, proc, sink, opts,
+                                      allow_partial=allow_partial, hook=hook))
+        if rebuild else (lambda nc: run_partition(nc, inp.stream, inp.group, p, proc, sink,
+                                                  opts, hook=hook)), timeout_s=timeout)
+    return Outcome(r.status, r.detail, r.commits, r.fence_conflicts, r.seconds, r.rows_written,
+                   {inp.name: r}, r.timings, r.maintenance)
+
+
+def materialize(context: AssetExecutionContext, spec: StreamAsset, config: PartitionRunConfig
+                ) -> Iterator[MaterializeResult | AssetCheckResult]:
+    """The asset op's body: resolve, run, report; a failed run reports its check results
+    (:func:`~cg_pipelines.dagster.checks.failed_run_checks`) and raises."""
+    try:
+        with run_alive(context, spec), (
+                stopping_foreign_spark(context, spec.spark_resource_key) if spec.uses_spark
+                else contextlib.nullcontext()):
+            run = _resolve(context, spec, config)
+            progress = RunProgress(context.log, run.partition)
+            try:
+                outcome = engine_run(spec, run, config.allow_partial, progress)
+            except Exception as e:
+                raise run_failure(e, spec, run.partition) from trim_traceback(e)
+            context.log.info(_summary(run.partition, outcome))
+            result = _report(spec, run, outcome)
+    except Exception as e:
+        yield from failed_run_checks(spec, e)
+        raise
+    yield result
+
+
+def _resolve(context: AssetExecutionContext, spec: StreamAsset, config: PartitionRunConfig
+             ) -> Resolved:
+    """Tag the run, wait for earlier runs of its partition, read the configs (a set checked),
+    check this deployment serves the partition's owner, make the sink and the processor.
+
+    Raises:
+        Failure: an earlier run still in progress after ``run_timeout_s``, the configs cannot
+            be read or the set is not co-partitioned, or another deployment serves the owner.
+    """
+    res = context.resources
+    nats_res: NatsResource = getattr(res, spec.nats_resource_key)
+    warehouse: Warehouse = getattr(res, spec.warehouse_resource_key)
+    runs: PartitionRunsResource = getattr(res, spec.runs_resource_key)
+    p = spec.partition_of(context.partition_key)
+    context.instance.add_run_tags(context.run.run_id, {CODE_TAG: spec.current_code_version()})
+    waited = wait_for_earlier_runs(context, runs.run_timeout_s)
+    try:
+        configs = load_configs(nats_res, spec)
+    except TICK_ERRORS as e:
+        raise Failure(f"cannot read {spec.title}: {e}") from e
+    owner = owners(assignment(configs[0].config)).get(p)
+    served = runs.served()
+    if owner is None or (served is not None and owner not in served):
+        raise Failure(
+            f"partition {p} of {spec.title} is owned by {owner or 'no member'}; this "
+            f"deployment serves {', '.join(served) if served else 'every member'}")
+    sink = warehouse.sink(spec.table_name, write=spec.write,
+                          commit_metadata={"dagster_run_id": context.run.run_id},
+                          maintenance=spec.maintenance)
+    processor = spec.processor
+    if spec.uses_spark:
+        processor = processor.bind(run_spark_session(getattr(res, spec.spark_resource_key)))
+    return Resolved(p, owner, max(c.revision for c in configs),
+                    run_mode(context.run.tags, config), waited, sink, processor, nats_res, runs)
+
+
+def _summary(p: int, o: Outcome) -> str:
+    """The run's last log line: status, messages per input, every message counted, time."""
+    handled = o.total("processed") + o.total("dead_lettered") + o.total("duplicates_skipped")
+    per = f" ({', '.join(f'{n} {r.processed:,}' for n, r in o.sides.items())})" \
+        if len(o.sides) > 1 else ""
+    rate = o.total("processed") / o.seconds if o.seconds > 0 else 0.0
+    line = (f"partition {p}: {o.status}, {o.total('processed'):,} messages committed{per} of "
+            f"{handled:,} handled ({o.total('dead_lettered'):,} dead-lettered, "
+            f"{o.total('duplicates_skipped'):,} already committed and skipped) in "
+            f"{o.commits} commit(s), {o.seconds:.1f} s ({rate:,.0f}/s)")
+    return f"{line}; {o.detail}" if o.detail else line
+
+
+def _report(spec: StreamAsset, run: Resolved, o: Outcome) -> MaterializeResult:
+    """The materialization of a run that ended: the run's figures, each input's (flat for
+    one input, ``<input>/...`` for a set, and ``lineage``: all inputs as one JSON value), the
+    table's (:func:`table_metadata`) and the run's check results.
+
+    Raises:
+        Failure: the run halted at a message (``dead_letter_policy='halt'``) or processed
+            nothing because another holder has the partition (``held``); with the metadata.
+    """
+    p, processed = run.partition, o.total("processed")
+    md: dict[str, Any] = {
+        "status": o.status, "mode": run.mode, "write_mode": spec.write.name,
+        "messages": processed, "dead_lettered": o.total("dead_lettered"),
+        "duplicates_skipped": o.total("duplicates_skipped"), "commits": o.commits,
+        "fence_conflicts": o.fence_conflicts, "rows_written": o.rows_written,
+        "seconds": MetadataValue.float(round(o.seconds, 3)),
+        "messages_per_second": MetadataValue.float(
+            round(processed / o.seconds, 1) if o.seconds > 0 else 0.0),
+        "owner_member": run.owner, "config_revision": run.revision, "detail": o.detail or "",
+        "timings": MetadataValue.json({k: round(v, 3) for k, v in o.timings.items()}),
+        "table_versions": MetadataValue.json(getattr(run.sink, "versions_written", [])),
+        "waited_for_runs": ", ".join(run.waited)}
+    lineage = []
+    for inp in spec.inputs:
+        r = o.sides[inp.name]
+        row: dict[str, Any] = {"stream": inp.stream, "group": inp.group,
+                               "first_seq": r.first_seq or 0, "last_seq": r.last_seq or 0,
+                               "messages": r.processed, "dead_lettered": r.dead_lettered,
+                               "watermark": r.watermark}
+        if run.mode == "rebuild":
+            row.update({"origin_first_seq": r.origin_first_seq or 0,
+                        "origin_last_seq": r.origin_last_seq or 0,
+                        "messages_read": r.messages_read, "rows_replaced": r.rows_replaced})
+        lineage.append({"input": inp.name, **row})
+        md.update({f"{spec.md_prefix(inp)}{k}": v for k, v in row.items()})
+    md["lineage"] = MetadataValue.json(lineage)
+    if run.mode == "rebuild":
+        md["rebuilt"] = o.status == "rebuilt"
+    if o.maintenance:
+        md["maintenance"] = MetadataValue.json(o.maintenance)
+    if o.status == "halted":
+        inp = spec.inputs[0]
+        where = f"{inp.stream} {inp.group} {p}"
+        raise Failure(f"{o.detail}\npartition {p} of {inp.stream}.{inp.group} halted there "
+                      f"(dead_letter_policy='halt'): see it with `cg halt show {where}`, move "
+                      f"it to the dead letters with `cg halt skip {where} --reason TEXT`",
+                      metadata=md)
+    if o.status == "held":
+        # Not a materialization: nothing was processed. Failing makes the sensor retry it
+        # after its backoff (the holder's lease returns within the ack wait).
+        raise Failure(f"partition {p} was not processed: {o.detail}; it is retried when the "
+                      "holder lets go", metadata=md)
+    md.update(table_metadata(run.sink, p, spec.table_name))
+    return MaterializeResult(metadata=md, check_results=run_check_results(
+        spec, o.status, o.detail, o.fence_conflicts,
+        {n: r.dead_lettered for n, r in o.sides.items()}))
+
+
+def table_metadata(sink: TableSink, partition: int, table: str) -> dict[str, Any]:
+    """The table's metadata after a run: Dagster's standard keys (``dagster/table_name``,
+    ``dagster/uri``, ``dagster/storage_kind`` = the sink's ``table_format``; once the table
+    exists ``dagster/row_count``, ``dagster/partition_row_count`` of ``partition``,
+    ``dagster/column_schema``) plus ``table_version`` (a Delta version, an Iceberg table's last
+    sequence number).
+
+    Raises:
+        Storage errors of the sink's reads.
+    """
+    md: dict[str, Any] = {"dagster/table_name": table, "dagster/uri": sink.uri,
+                          "dagster/storage_kind": sink.table_format}
+    stats: TableStats | None = sink.stats(partition) if sink.exists() else None
+    if stats is None:
+        return md
+    md["dagster/row_count"] = MetadataValue.int(stats.rows)
+    if stats.partition_rows is not None:
+        md["dagster/partition_row_count"] = MetadataValue.int(stats.partition_rows)
+    md["dagster/column_schema"] = MetadataValue.table_schema(TableSchema(columns=[
+        TableColumn(f.name, str(f.type), constraints=TableColumnConstraints(nullable=f.nullable))
+        for f in stats.schema]))
+    md["table_version"] = stats.version
+    return md
+
+
+def run_failure(error: Exception, spec: StreamAsset, partition: int) -> Failure:
+    """The ``Failure`` a failed partition run raises: its description starts with the cause
+    (``<type>: <message>``, at most :data:`~cg_pipelines.core.errors.CAUSE_CHARS`
+    characters), then the partition facts of the engine's
+    :class:`~cg_pipelines.core.errors.PartitionRunError` (or, when the engine never started,
+    that nothing was leased). Its metadata is those facts, once, as fields."""
+    pre = PartitionRunError.of(error)
+    md: dict[str, Any] = {"partition": partition, "cause_type": type(error).__name__,
+                          "cause": cause_text(error)}
+    if pre is None:
+        groups = ", ".join(f"{i.stream}.{i.group}" for i in spec.inputs)
+        return Failure(f"{cause_text(error)}\npartition {partition} of {groups}: the run "
+                       "failed before it leased anything; nothing was committed or "
+                       "acknowledged", metadata=md)
+    if pre.inflight is not None:
+        md["inflight_first_seq"], md["inflight_last_seq"] = pre.inflight
+    if pre.committed_through is not None:
+        md["committed_through"] = pre.committed_through
+    md["acknowledged_through"] = pre.acknowledged_through
+    return Failure(pre.description(), metadata=md)
+
+
+_PLUMBING = tuple(str(Path(str(m.__file__)).parent) + os.sep
+                  for m in (asyncio, concurrent.futures)) + (
+    threading.__file__, str(Path(__file__).parents[1]) + os.sep)
+
+
+def trim_traceback(error: BaseException) -> BaseException:
+    """``error`` with its traceback cut to the frames outside ``asyncio``,
+    ``concurrent.futures``, ``threading`` and this library (the transform's own frames), so a
+    run log shows the user's code; when every frame is such plumbing, the frames outside
+    ``asyncio``/``concurrent``/``threading`` are kept. Returns ``error``."""
+    frames: list[types.TracebackType] = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    keep = [f for f in frames if not f.tb_frame.f_code.co_filename.startswith(_PLUMBING)]
+    if not keep:
+        keep = [f for f in frames
+                if not f.tb_frame.f_code.co_filename.startswith(_PLUMBING[:-1])] or frames
+    if len(keep) == len(frames):
+        return error
+    trimmed: types.TracebackType | None = None
+    for f in reversed(keep):
+        trimmed = types.TracebackType(trimmed, f.tb_frame, f.tb_lasti, f.tb_lineno)
+    return error.with_traceback(trimmed)
