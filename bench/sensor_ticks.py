@@ -79,11 +79,11 @@ from cg_pipelines.dagster import (  # noqa: E402
     tick,
     triggers,
 )
-from cg_pipelines.dagster.history import CODE_TAG  # noqa: E402
 from cg_pipelines.dagster.checks import (  # noqa: E402
     CHECK_RUNS_PER_TICK,
     CHECKS_PER_TICK,
 )
+from cg_pipelines.dagster.history import CODE_TAG  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.local.nats_server import NatsServer  # noqa: E402

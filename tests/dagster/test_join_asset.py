@@ -27,6 +27,10 @@ N = 3
 NAME = "auctions"
 
 
+def _key(p: int) -> str:
+    return _spec("s").partition_key(p)
+
+
 def _spec(stream: str, partitions: int = N) -> CoPartitionedAsset:
     return CoPartitionedAsset(name=NAME, inputs=joined.inputs(stream), partitions=partitions,
                               processor=joined.processor(), write=joined.WRITE)
@@ -40,12 +44,12 @@ async def test_sensor_runs_and_metadata(js: JetStreamContext, nats_server: NatsS
     defs = build_definitions([], joins=[_spec(unique_name)],
                              resources=make_resources(nats_server.url, warehouse))
     tick = await asyncio.to_thread(h.tick, defs, f"{NAME}_backlog", instance)
-    assert sorted(h.partitions_of(tick.run_requests or [])) == [_spec("s").partition_key(p) for p in range(N)]
-    lag = [e for e in tick.asset_events if e.partition == _spec("s").partition_key(0)]
+    assert sorted(h.partitions_of(tick.run_requests or [])) == [_key(p) for p in range(N)]
+    lag = [e for e in tick.asset_events if e.partition == _key(0)]
     assert lag and lag[0].metadata["impressions/pending"].value > 0
     job = defs.resolve_job_def(f"{NAME}_job")
     for p in range(N):
-        res = await asyncio.to_thread(job.execute_in_process, partition_key=_spec("s").partition_key(p),
+        res = await asyncio.to_thread(job.execute_in_process, partition_key=_key(p),
                                       instance=instance)
         assert res.success
         (mat,) = res.asset_materializations_for_node(NAME)
@@ -68,7 +72,7 @@ async def test_sensor_runs_and_metadata(js: JetStreamContext, nats_server: NatsS
     assert await joined.left(api, unique_name) == 0
     # the rebuild job replays every input's origin history of a partition; same table
     rebuild = defs.resolve_job_def(f"{NAME}_rebuild")
-    res = await asyncio.to_thread(rebuild.execute_in_process, partition_key=_spec("s").partition_key(1),
+    res = await asyncio.to_thread(rebuild.execute_in_process, partition_key=_key(1),
                                   instance=instance)
     assert res.success
     (mat,) = res.asset_materializations_for_node(NAME)
@@ -103,7 +107,7 @@ async def test_mismatched_set_is_refused(js: JetStreamContext, nats_server: Nats
     assert "4 partitions" in tick.skip_message and "3" in tick.skip_message, tick.skip_message
     assert f"{unique_name}_{joined.CLK}/g" in tick.skip_message
     job = defs.resolve_job_def(f"{NAME}_job")
-    res = await asyncio.to_thread(job.execute_in_process, partition_key=_spec("s").partition_key(0),
+    res = await asyncio.to_thread(job.execute_in_process, partition_key=_key(0),
                                   instance=instance, raise_on_error=False)
     assert not res.success
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from dagster import Definitions
 
 from cg_pipelines.dagster import (
-    CoPartitionedAsset,
     ConsumerGroupAsset,
+    CoPartitionedAsset,
     StreamAsset,
     build_asset_definitions,
     build_definitions,

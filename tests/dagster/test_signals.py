@@ -35,13 +35,6 @@ from sqlalchemy.exc import IntegrityError
 from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.core.triggers import RetryPolicy
 from cg_pipelines.dagster import build_definitions
-from cg_pipelines.dagster.history import (
-    CODE_TAG,
-    CheckState,
-    check_states,
-    partition_runs,
-    record_first_checks,
-)
 from cg_pipelines.dagster.checks import (
     CHECK_RETRY_S,
     CHECK_RUNS_PER_TICK,
@@ -49,6 +42,13 @@ from cg_pipelines.dagster.checks import (
     PartitionChecks,
     failed_run_checks,
     plan_partition_checks,
+)
+from cg_pipelines.dagster.history import (
+    CODE_TAG,
+    CheckState,
+    check_states,
+    partition_runs,
+    record_first_checks,
 )
 from cg_pipelines.dagster.reading import read_inputs
 from cg_pipelines.engine.deadletter import dead_letter_headers, ensure_dlq_stream
