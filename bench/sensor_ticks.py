@@ -76,7 +76,6 @@ from cg_pipelines.dagster import (  # noqa: E402
     PartitionRunsResource,
     build_definitions,
     checks,
-    tick,
     triggers,
 )
 from cg_pipelines.dagster.checks import (  # noqa: E402
@@ -252,10 +251,10 @@ class StorageCalls:
 
 class Phases:
     """Wall-clock seconds a tick spends in each part: ``read`` (the NATS session:
-    ``tick.read_inputs``), ``history`` (run history: ``tick.partition_runs``), ``check
+    ``triggers.read_inputs``), ``history`` (run history: ``triggers.partition_runs``), ``check
     states`` (``checks.check_states``), ``check writes``
     (``checks.record_first_checks``),
-    ``other`` (the rest of ``tick.backlog_tick``: planning, run requests, observations,
+    ``other`` (the rest of ``triggers.backlog_tick``: planning, run requests, observations,
     cursor) and ``dagster`` (the rest of the tick: Dagster resolving the run requests and the
     result)."""
 
@@ -263,8 +262,7 @@ class Phases:
                "check_states": "check states", "record_first_checks": "check writes",
                "backlog_tick": "tick"}
     #: Where each wrapped name is looked up when called (the tick's module otherwise).
-    MODULES = {"check_states": checks, "record_first_checks": checks,
-               "backlog_tick": triggers}
+    MODULES = {"check_states": checks, "record_first_checks": checks}
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -272,7 +270,7 @@ class Phases:
             self._wrap(name, label)
 
     def _wrap(self, name: str, label: str) -> None:
-        module = self.MODULES.get(name, tick)
+        module = self.MODULES.get(name, triggers)
         real = getattr(module, name)
 
         def timed(*a: Any, **k: Any) -> Any:

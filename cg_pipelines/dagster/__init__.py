@@ -1,11 +1,5 @@
-"""Dagster integration: one partitioned asset per spec, one partition per run.
-
-Requires the ``dagster`` extra (``pip install cg-pipelines[dagster]``; add ``spark`` for Spark
-processors). A user project needs a few lines::
-
-    from dagster import EnvVar
-    from cg_pipelines.dagster import (ConsumerGroupAsset, DeltaWarehouseResource,
-                                      NatsResource, build_definitions)
+"""Dagster integration: one partitioned asset per spec, one partition per run (the
+``dagster`` extra; ``spark`` for Spark processors)::
 
     totals = ConsumerGroupAsset(name="customer_totals", stream="orders", group="totals",
                                 partitions=4, processor=running_totals)
@@ -13,21 +7,17 @@ processors). A user project needs a few lines::
         "nats": NatsResource(servers=EnvVar("NATS_URL")),
         "warehouse": DeltaWarehouseResource(root="s3://lake/tables", ...)})
 
-One spec, :class:`StreamAsset`: its inputs are one consumer group
-(:class:`ConsumerGroupAsset`) or a co-partitioned set (:class:`CoPartitionedAsset`, a
-``JoinProcessor``; docs/joins.md). Either gets the same parts
-(:func:`~cg_pipelines.dagster.asset.build_asset_definitions`): the partitioned asset (keys
-``<group>-<p>``) and its checks (per input where they are about an input), the drain, rebuild
-and checks jobs, the membership and backlog sensors and the drain schedule (stopped), a run
-retention sensor (running) and an IO manager that hands the table to downstream assets. In a
-``dg`` project, ``defs.yaml`` declares either: :class:`ConsumerGroupAssetComponent`.
+One spec, :class:`StreamAsset`, whose inputs are one consumer group (:class:`ConsumerGroupAsset`)
+or a co-partitioned set (:class:`CoPartitionedAsset`, docs/joins.md), gets the same parts
+(:mod:`~cg_pipelines.dagster.asset`): the asset (keys ``<group>-<p>``) and its checks, the
+drain, rebuild and checks jobs, the membership and backlog sensors, the drain schedule, the run
+retention sensor and an IO manager; in a ``dg`` project :class:`ConsumerGroupAssetComponent`.
 
-Where each concept lives: ``spec`` (what a user declares), ``asset`` (the builder), ``run``
-(a partition run; the one call into the engine), ``triggers`` (sensors, schedule), ``tick``
-(the backlog tick, its cursor and observers), ``reading`` (the NATS read they start from),
-``checks`` and ``reconcile`` (asset checks), ``history`` and ``retention`` (what the Dagster
-instance knows, and run deletion), ``resources``, ``warehouse``, ``io_manager``, ``iceberg``,
-``component``, ``definitions`` (all specs to ``Definitions``).
+Modules: ``spec`` (what a user declares), ``asset`` (the builder), ``run`` (a partition run;
+the one call into the engine), ``triggers`` (sensors, schedule), ``tick`` (the backlog tick,
+its cursor, observers), ``reading`` (its NATS read), ``checks``, ``reconcile``, ``history`` and
+``retention`` (the Dagster instance), ``resources``, ``warehouse``, ``io_manager``,
+``iceberg``, ``component``, ``definitions`` (all specs to ``Definitions``).
 """
 
 from cg_pipelines.dagster.asset import AssetDefinitions, build_asset_definitions

@@ -3,7 +3,7 @@
 
 - the partitioned asset (its op: :func:`~cg_pipelines.dagster.run.materialize`) with the run
   checks, and the sensor checks (:mod:`cg_pipelines.dagster.checks`; ``origin_reconciled``
-  per input on a Delta warehouse, :mod:`cg_pipelines.dagster.reconcile`);
+  per input on a Delta warehouse);
 - jobs: ``<name>_job`` drains one partition per run, ``<name>_rebuild`` rebuilds one from the
   origin streams (backfill it to recompute), ``<name>_checks`` records a partition's sensor
   checks (the backlog sensor's check-only runs; launched whole it fails at once);
@@ -33,9 +33,13 @@ from dagster import (
 )
 
 from cg_pipelines.core.write import Merge
-from cg_pipelines.dagster.checks import LAG_CHECK, build_checks, run_check_specs
+from cg_pipelines.dagster.checks import (
+    LAG_CHECK,
+    build_checks,
+    build_reconcile_check,
+    run_check_specs,
+)
 from cg_pipelines.dagster.history import CHECK_MODE, MODE_TAG
-from cg_pipelines.dagster.reconcile import build_reconcile_check
 from cg_pipelines.dagster.retention import build_run_retention_sensor
 from cg_pipelines.dagster.run import PartitionRunConfig, materialize
 from cg_pipelines.dagster.spec import StreamAsset, partitioned_checks_preview
@@ -67,15 +71,15 @@ class AssetDefinitions:
         return [self.schedule] if self.schedule is not None else []
 
 
-def build_asset(spec: StreamAsset) -> AssetsDefinition:
+def build_asset(spec: StreamAsset, table_format: str = "delta") -> AssetsDefinition:
     """The partitioned asset of ``spec`` with its run checks (results of each run, also when
-    it fails) and ``spec.freshness_policy``."""
+    it fails); default kinds ``nats``, ``table_format`` and ``spark`` if used."""
     partitions = StaticPartitionsDefinition(spec.partition_keys())
     keys = {spec.nats_resource_key, spec.warehouse_resource_key, spec.runs_resource_key}
     if spec.uses_spark:
         keys.add(spec.spark_resource_key)
     kinds = set(spec.kinds) if spec.kinds is not None else (
-        {"nats", "delta", "spark"} if spec.uses_spark else {"nats", "delta"})
+        {"nats", table_format, "spark"} if spec.uses_spark else {"nats", table_format})
     groups = {"cg/stream": spec.inputs[0].stream, "cg/group": spec.inputs[0].group} \
         if len(spec.inputs) == 1 else {"cg/inputs": MetadataValue.json(
             [{"name": i.name, "stream": i.stream, "group": i.group} for i in spec.inputs])}
@@ -100,20 +104,15 @@ def build_asset(spec: StreamAsset) -> AssetsDefinition:
     return _asset
 
 
-def build_asset_definitions(spec: StreamAsset, *, origin_reconcile: bool = True
+def build_asset_definitions(spec: StreamAsset, *, table_format: str = "delta"
                             ) -> AssetDefinitions:
-    """Every part of one spec (see the module docstring); compose your own ``Definitions``
-    from them, or use :func:`~cg_pipelines.dagster.build_definitions` for all of it.
-
-    Args:
-        origin_reconcile: also the ``origin_reconciled`` checks, which read the coverage each
-            commit records in the Delta log (``build_definitions`` leaves them out for
-            another table format, where they could only fail).
-    """
+    """Every part of one spec (see the module docstring) for a warehouse of ``table_format``
+    (``origin_reconciled`` reads the Delta log: Delta only); compose your own
+    ``Definitions`` from them, or :func:`~cg_pipelines.dagster.build_definitions` does."""
     with partitioned_checks_preview():
-        asset_def = build_asset(spec)
+        asset_def = build_asset(spec, table_format)
     reconcile = [build_reconcile_check(spec, inp=i) for i in spec.inputs] \
-        if origin_reconcile else []
+        if table_format == "delta" else []
     checks = [*build_checks(spec), *reconcile]
     # The sensor checks run outside partition runs, except lag_within_objective: each drain or
     # rebuild run evaluates it after its materialization (docs/signals.md, "Freshness").

@@ -1,36 +1,29 @@
-"""Every asset check of a spec's asset, partitioned like it (``AssetCheckSpec(partitions_def=
-...)``, Dagster 1.13: one result per partition). A check about an input is declared once per
-input (:meth:`~cg_pipelines.dagster.spec.StreamAsset.per_input`: ``<check>__<input>`` on a
-set, the plain name on a group asset).
+"""Every asset check of an asset, partitioned like it (one result per partition); a check about
+an input once per input (:meth:`~cg_pipelines.dagster.spec.StreamAsset.per_input`).
 
-Evaluated by each partition run (:func:`run_check_specs`, results :func:`run_check_results`,
-:func:`failed_run_checks`):
-
-- ``backlog_drained``: the run drained the backlog seen at its start (a failed run did not;
-  its description starts with the cause);
-- ``no_unexplained_fence_conflicts``: no commit refused by the watermark fence;
-- ``no_new_dead_letters`` (per input): the run dead-lettered nothing (WARN).
-
-Evaluated by the backlog sensor, and by hand (:func:`build_checks`):
-
-- ``lag_within_objective`` (per input, with ``lag_objective_s``): the partition's oldest pending
-  message is at most that old; each drain or rebuild run evaluates it too after its
-  materialization (it is in those jobs' selection);
-- ``partition_runs_succeeding`` (ERROR): the partition has not failed
-  ``retry_max_failures`` runs in a row (then it is no longer retried until a run succeeds or
-  new code is loaded).
-
-A tick records only what changed (:func:`plan_partition_checks`): a first result run-less
-(Dagster allows one per check and partition), a later change by a check-only run of the
-partition (the ``<asset>_checks`` job). ``origin_reconciled`` (per input) is
-:mod:`cg_pipelines.dagster.reconcile`'s.
+- Each partition run's (:func:`run_check_specs`): ``backlog_drained``,
+  ``no_unexplained_fence_conflicts``, ``no_new_dead_letters`` (per input).
+- The backlog sensor's, executable by hand too (:func:`build_checks`):
+  ``lag_within_objective`` (per input, with ``lag_objective_s``; each drain run evaluates it
+  too) and ``partition_runs_succeeding`` (ERROR: the partition's runs used up their retries).
+  A tick records only what changed (:func:`plan_partition_checks`): a first result run-less,
+  a later change by a check-only run (the ``<asset>_checks`` job).
+- ``origin_reconciled`` (per input, :func:`build_reconcile_check`; on a Delta warehouse: it
+  reads the Delta log): every origin message the input group's filters match reached the work
+  queue and was accounted for by a commit (processed, dead-lettered, filtered out: the
+  coverage each commit records, a set's joint commit one entry per input), or is still
+  queued. Incremental (a cursor beside the table, ``_cg_reconcile/<stream>.<group>.json``),
+  in bounded chunks within half of ``timeout_s`` (metadata ``partial``). A gap fails (ERROR)
+  naming the origin ranges, partitions and repair (the ``<asset>_rebuild`` job); a sourcing
+  stall fails as a WARN and passes again once sourcing resumes.
 """
 
-
+import asyncio
+import concurrent.futures
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from dagster import (
     AssetCheckEvaluation,
@@ -44,12 +37,16 @@ from dagster import (
     AssetRecordsFilter,
     DagsterInstance,
     Failure,
+    MetadataValue,
     RunRequest,
     StaticPartitionsDefinition,
     asset_check,
 )
+from nats.aio.client import Client
 
-from cg_pipelines.core.errors import ConfigError, exception_chain, one_line
+from cg_pipelines.core.coverage import ReconcileCursor
+from cg_pipelines.core.errors import ConfigError, UsageError, exception_chain, one_line
+from cg_pipelines.core.reconcile import ReconcileReport
 from cg_pipelines.core.triggers import (
     PartitionBacklog,
     RetryPolicy,
@@ -76,13 +73,24 @@ from cg_pipelines.dagster.spec import (
     asset_key_of,
     partitioned_checks_preview,
 )
+from cg_pipelines.dagster.warehouse import Warehouse
+from cg_pipelines.engine.coverage_log import DeltaLogCoverage
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.reconcile import (
+    DEFAULT_MAX_VERSIONS,
+    reconcile_group,
+    sink_table_seqs,
+)
 from cg_pipelines.sinks.base import FenceConflictError
+from cg_pipelines.sinks.storage import table_filesystem
 
 __all__ = ["CHECKS_PER_TICK", "CHECK_RETRY_S", "CHECK_RUNS_PER_TICK", "DEAD_LETTER_CHECK",
            "DRAINED_CHECK", "EXCLUDED_RUNS", "FENCE_CHECK", "LAG_CHECK", "LOG_LINES",
            "RUNS_CHECK", "PartitionChecks", "build_checks", "evaluate_check",
            "failed_run_checks", "lag_evaluations", "partition_checks", "plan_partition_checks",
-           "run_check_results", "run_check_specs", "runs_evaluations"]
+           "run_check_results", "run_check_specs", "runs_evaluations",
+           "RECONCILE_CHECK", "build_reconcile_check", "reconcile_evaluation",
+           "reconcile_group_report", "reconcile_skip_reason"]
 
 DRAINED_CHECK = "backlog_drained"
 FENCE_CHECK = "no_unexplained_fence_conflicts"
@@ -130,7 +138,7 @@ def run_check_results(spec: StreamAsset, status: str, detail: str, fence_conflic
                       dead: Mapping[str, int]) -> list[AssetCheckResult]:
     """A finished run's results: ``status`` (``drained``/``empty``/``rebuilt`` pass),
     ``fence_conflicts``, ``dead`` = dead letters by input name."""
-    out = [
+    return [
         AssetCheckResult(check_name=DRAINED_CHECK, passed=status in ("drained", "empty",
                                                                        "rebuilt"),
                          severity=AssetCheckSeverity.WARN,
@@ -140,15 +148,18 @@ def run_check_results(spec: StreamAsset, status: str, detail: str, fence_conflic
                          severity=AssetCheckSeverity.WARN,
                          description=f"{fence_conflicts} commit(s) refused by the fence: "
                          f"{detail}" if fence_conflicts else "no commit refused",
-                         metadata={"fence_conflicts": fence_conflicts, "detail": detail})]
-    for i in spec.inputs:
-        n = dead.get(i.name, 0)
-        out.append(AssetCheckResult(
-            check_name=spec.per_input(DEAD_LETTER_CHECK, i), passed=n == 0,
-            severity=AssetCheckSeverity.WARN,
-            description=f"{n:,} message(s) dead-lettered (cg dlq ls)" if n else
-            "none dead-lettered", metadata={"dead_lettered": n}))
-    return out
+                         metadata={"fence_conflicts": fence_conflicts, "detail": detail}),
+        *_dead_letter_results(spec, dead)]
+
+
+def _dead_letter_results(spec: StreamAsset, dead: Mapping[str, int | None]
+                         ) -> list[AssetCheckResult]:
+    """``no_new_dead_letters`` of each input whose count ``dead`` knows (by input name)."""
+    return [AssetCheckResult(check_name=spec.per_input(DEAD_LETTER_CHECK, i), passed=n == 0,
+                             severity=AssetCheckSeverity.WARN, metadata={"dead_lettered": n},
+                             description=f"{n:,} message(s) dead-lettered (cg dlq ls)" if n
+                             else "none dead-lettered")
+            for i in spec.inputs if (n := dead.get(i.name)) is not None]
 
 
 def failed_run_checks(spec: StreamAsset, e: BaseException) -> list[AssetCheckResult]:
@@ -175,14 +186,8 @@ def failed_run_checks(spec: StreamAsset, e: BaseException) -> list[AssetCheckRes
                          description=f"fence conflict: {cause}" if fenced else
                          "the run failed, not for a fence conflict",
                          metadata={"fence_conflicts": fences, "run_failed": True})]
-    for i in spec.inputs:
-        dead = count(f"{spec.md_prefix(i)}dead_lettered")
-        if dead is not None:
-            out.append(AssetCheckResult(
-                check_name=spec.per_input(DEAD_LETTER_CHECK, i), passed=dead == 0,
-                severity=AssetCheckSeverity.WARN, metadata={"dead_lettered": dead},
-                description=f"{dead} message(s) dead-lettered" if dead else "none dead-lettered"))
-    return out
+    return out + _dead_letter_results(
+        spec, {i.name: count(f"{spec.md_prefix(i)}dead_lettered") for i in spec.inputs})
 
 
 # ------------------------------------------------------------- the sensor's checks
@@ -252,22 +257,14 @@ def plan_partition_checks(group: str, want: dict[tuple[str, str], bool],
                           now: float, partition_runs: set[str] | None = None
                           ) -> PartitionChecks:
     """Which results to write, from the wanted outcomes ``{(check, partition key): passed}``
-    and what Dagster shows (``states``, :func:`~cg_pipelines.dagster.history.check_states`).
-    ``ended``: the run ids of those PLANNED states whose run has ended; ``partition_runs``:
-    those of them that were partition runs (not check-only runs); ``now``: Unix seconds (the
-    retry's time bucket). Pure; raises nothing.
-
-    - nothing recorded for (check, partition): a first result, recorded run-less;
-    - the recorded outcome differs from the wanted one, or it fails and a newer
-      materialization made it stale: a check-only run records the partition's checks again
-      (run key: the partition and the newest storage id of its checks: one run per state);
-    - planned only: nothing until its run ends; a check-only run that ended without a result
-      is retried at most every :data:`CHECK_RETRY_S` seconds, a failed partition run's only
-      while the wanted outcome is a failure;
-    - anything else: nothing.
-
-    At most :data:`CHECKS_PER_TICK` first results and :data:`CHECK_RUNS_PER_TICK` partitions,
-    failing ones first.
+    and what Dagster shows (``states``); ``ended``: the run ids of PLANNED states whose run
+    ended, ``partition_runs`` those that were partition runs; ``now``: Unix seconds. Pure.
+    Nothing recorded: a first result, run-less. A different outcome, or a failure a newer
+    materialization made stale: a check-only run (run key: the partition and its checks'
+    newest storage id). Planned only: nothing until its run ends, then a check-only run that
+    left no result is retried every :data:`CHECK_RETRY_S` s, a failed partition run's only
+    while the wanted outcome fails. At most :data:`CHECKS_PER_TICK` first results and
+    :data:`CHECK_RUNS_PER_TICK` partitions, failing first.
     """
     first: list[tuple[str, str]] = []
     rerun: dict[str, list[str]] = {}
@@ -357,14 +354,14 @@ def evaluate_check(spec: StreamAsset, name: str, partition_key: str, nats_res: N
                    runs: PartitionRunsResource, instance: DagsterInstance,
                    now: float | None = None, *, any_owner: bool = False
                    ) -> AssetCheckEvaluation | None:
-    """Sensor check ``name`` of one partition, computed as the backlog sensor does and nothing
-    else (a check executed by hand, or by the partition's own drain run): one NATS session
-    reading that partition; for ``partition_runs_succeeding`` also its run history. Nothing
-    is written. ``now``: Unix seconds. ``any_owner``: whoever owns the partition now.
+    """Sensor check ``name`` of one partition as the backlog sensor computes it (executed by
+    hand, or by the partition's drain run): one NATS session, and for
+    ``partition_runs_succeeding`` its run history; nothing written. ``now``: Unix seconds.
+    ``any_owner``: whoever owns the partition now.
 
     Returns:
-        The evaluation, or ``None`` when this deployment does not serve the partition (and
-        not ``any_owner``), or a lag check without a lag objective.
+        The evaluation, or ``None`` when the partition is not served here (and not
+        ``any_owner``).
 
     Raises:
         ConfigError: ``partition_key`` or ``name`` is not the asset's.
@@ -406,9 +403,8 @@ def _this_runs_materialization(context: AssetCheckExecutionContext, spec: Stream
 
 def _evaluate(context: AssetCheckExecutionContext, spec: StreamAsset, name: str
               ) -> AssetCheckResult:
-    """Check ``name`` on the run's partition (:func:`evaluate_check`). In the partition's own
-    drain or rebuild run a lag check never fails the run: it is evaluated whoever owns the
-    partition now, and when the inputs cannot be read it is judged from the run's outcome.
+    """Check ``name`` on the run's partition (:func:`evaluate_check`); in the partition's own
+    drain run a lag check never fails the run (unreadable inputs: judged from the run).
 
     Raises:
         Failure: alone (by hand, a check-only run): the inputs cannot be read, or the
@@ -460,3 +456,170 @@ def build_checks(spec: StreamAsset) -> list[AssetChecksDefinition]:
         return [*lag, make(RUNS_CHECK, "The partition has not failed its runs so often in a "
                            "row that the backlog sensor stopped retrying it (evaluated by the "
                            "backlog sensor).")]
+
+
+RECONCILE_CHECK = "origin_reconciled"
+"""The check's name."""
+
+DEFAULT_CHECK_MESSAGES = 200_000
+"""Origin messages one chunk of an evaluation reads at most."""
+
+T = TypeVar("T")
+
+
+def _outside_loop(fn: Any, *args: Any, **kw: Any) -> Any:
+    """``fn(*args, **kw)``, in a worker thread when this thread runs an event loop (the NATS
+    session uses ``asyncio.run``, which refuses to run inside one)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return fn(*args, **kw)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args, **kw).result()
+
+
+def table_coverage(spec: StreamAsset, warehouse: Warehouse, inp: JoinInput
+                   ) -> DeltaLogCoverage:
+    """The coverage reader (and cursor store) of input ``inp`` on ``spec``'s table.
+
+    Raises:
+        UsageError: the warehouse's table URI has no filesystem this library reads.
+    """
+    uri = warehouse.table_uri(spec.table_name)
+    fs = table_filesystem(uri, warehouse.storage_options() or {})
+    if fs is None:
+        raise UsageError(f"cannot read the Delta log of {uri.split('?')[0]!r}: only local "
+                         "paths and s3:// tables are supported")
+    return DeltaLogCoverage(fs, inp.stream, inp.group)
+
+
+def reconcile_group_report(
+    spec: StreamAsset, nats: NatsResource, warehouse: Warehouse, *, inp: JoinInput | None = None,
+    max_messages: int = DEFAULT_CHECK_MESSAGES, max_versions: int = DEFAULT_MAX_VERSIONS,
+    seq_column: str | None = None, from_seq: int | None = None, timeout_s: float = 50.0,
+    restart: bool = False,
+) -> ReconcileReport:
+    """Go on checking input ``inp`` (default the first) from the stored cursor, chunk after
+    chunk while half of ``timeout_s`` lasts, all within ``timeout_s`` seconds (under
+    Dagster's 60 s tick limit), and store the cursor.
+
+    Args:
+        seq_column: also count the table's rows' origin sequences in this column as covered
+            (an append table written before coverage was recorded); ``None``: not read.
+        from_seq: start a new cursor at this origin sequence (default: the stored cursor, or
+            the origin's first message).
+        restart: forget the stored cursor first.
+
+    Raises:
+        TimeoutError, NatsConnectError, JetStreamError, GroupNotFoundError, ConfigError,
+        CoverageLogError, UsageError: see :func:`cg_pipelines.jetstream.reconcile.
+        reconcile_group`.
+    """
+    inp = inp or spec.inputs[0]
+    log = table_coverage(spec, warehouse, inp)
+    seqs = (sink_table_seqs(warehouse.sink(spec.table_name), seq_column)
+            if seq_column is not None else None)
+    cursor = None if restart or from_seq is not None else log.load_cursor()
+    if cursor is None:
+        cursor = ReconcileCursor(origin_through=max(0, (from_seq or 1) - 1))
+
+    async def go(nc: Client) -> ReconcileReport:
+        js = nc.jetstream(timeout=nats.call_timeout_s)
+        api = JetStreamAPI(nc, timeout=nats.call_timeout_s)
+        t0 = time.monotonic()
+        try:
+            while True:
+                rep = await reconcile_group(js, api, inp.stream, inp.group, coverage=log,
+                                            cursor=cursor, table_seqs=seqs,
+                                            max_messages=max_messages,
+                                            max_versions=max_versions)
+                if (not rep.partial or rep.stall is not None
+                        or time.monotonic() - t0 > timeout_s / 2):
+                    return rep
+        finally:
+            await api.close()
+
+    rep: ReconcileReport = _outside_loop(nats.run, go, timeout_s=timeout_s)
+    log.save_cursor(cursor)
+    return rep
+
+
+def _passed(rep: ReconcileReport) -> bool:
+    """No gap and no stall (a stall fails with severity WARN)."""
+    return rep.ok and rep.stall is None
+
+
+def _description(spec: StreamAsset, rep: ReconcileReport) -> str:
+    if rep.ok:
+        return rep.text()
+    return (f"{rep.text()}: run the {spec.name}_rebuild job for partition(s) "
+            f"{', '.join(spec.partition_key(p) for p in rep.partitions)}")
+
+
+def _result(spec: StreamAsset, rep: ReconcileReport) -> dict[str, Any]:
+    """A check result's fields: ``passed``, ``severity``, ``description``, ``metadata``."""
+    d = rep.as_dict()
+    md: dict[str, Any] = {k: d[k] for k in ("from_seq", "to_seq", "origin_messages",
+                                             "expected", "in_queue", "in_table", "in_dlq",
+                                             "replayed", "missing", "not_yet_sourced",
+                                             "source_lag", "partial", "versions_read")}
+    md["sourcing"] = MetadataValue.text(rep.stall.text() if rep.stall is not None else "ok")
+    md["partitions_to_rebuild"] = MetadataValue.text(
+        ", ".join(spec.partition_key(p) for p in rep.partitions) or "none")
+    md["gaps"] = MetadataValue.json(d["gaps"])
+    return {"passed": _passed(rep), "description": _description(spec, rep), "metadata": md,
+            "severity": AssetCheckSeverity.ERROR if not rep.ok else AssetCheckSeverity.WARN}
+
+
+def reconcile_evaluation(
+    spec: StreamAsset, nats: NatsResource, warehouse: Warehouse, *,
+    inp: JoinInput | None = None, **kw: Any,
+) -> AssetCheckEvaluation:
+    """Input ``inp``'s (default the first) ``origin_reconciled`` evaluation for a sensor to
+    emit (``SensorResult(asset_events=[...])``); ``kw`` as :func:`reconcile_group_report`.
+
+    Raises:
+        The errors of :func:`reconcile_group_report` (a tick reports them as its reason).
+    """
+    inp = inp or spec.inputs[0]
+    rep = reconcile_group_report(spec, nats, warehouse, inp=inp, **kw)
+    return AssetCheckEvaluation(asset_key=asset_key_of(spec),
+                                check_name=spec.per_input(RECONCILE_CHECK, inp),
+                                **_result(spec, rep))
+
+
+def reconcile_skip_reason(
+    spec: StreamAsset, nats: NatsResource, warehouse: Warehouse,
+    **kw: Any,
+) -> str | None:
+    """``None`` when the group reconciles, else one line for a sensor's skip reason (the gaps,
+    the partitions and the repair, or the sourcing stall)."""
+    rep = reconcile_group_report(spec, nats, warehouse, **kw)
+    return None if _passed(rep) else _description(spec, rep)
+
+
+def build_reconcile_check(
+    spec: StreamAsset, *, inp: JoinInput | None = None,
+    max_messages: int = DEFAULT_CHECK_MESSAGES, seq_column: str | None = None,
+    timeout_s: float = 50.0,
+) -> AssetChecksDefinition:
+    """Input ``inp``'s (default the first) ``origin_reconciled`` check of ``spec``'s asset
+    (see the module docstring). Needs the NATS and warehouse resources."""
+    keys = {spec.nats_resource_key, spec.warehouse_resource_key}
+    inp = inp or spec.inputs[0]
+
+    @asset_check(asset=asset_key_of(spec), name=spec.per_input(RECONCILE_CHECK, inp),
+                 required_resource_keys=keys,
+                 description=f"Every origin message of {inp.stream}.{inp.group} (the whole "
+                 "history, incrementally) reached the work queue and was accounted for by a "
+                 "commit (processed, dead-lettered or filtered out), or is still queued; a "
+                 "sourcing stall is a warning, never a gap.")
+    def origin_reconciled(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        res = context.resources
+        rep = reconcile_group_report(
+            spec, getattr(res, spec.nats_resource_key),
+            getattr(res, spec.warehouse_resource_key), inp=inp, max_messages=max_messages,
+            seq_column=seq_column, timeout_s=timeout_s)
+        return AssetCheckResult(**_result(spec, rep))
+
+    return origin_reconciled

@@ -1,37 +1,14 @@
-"""A Dagster Component for consumer-group assets: a group declared in ``defs.yaml``.
+"""A ``dg`` Component: a consumer group, or a co-partitioned set (``inputs:``), declared in
+``defs.yaml`` (:class:`ConsumerGroupAssetComponent`), giving the same definitions as
+:func:`~cg_pipelines.dagster.build_definitions` with one spec. Scaffold one with ``dg scaffold
+defs cg_pipelines.dagster.ConsumerGroupAssetComponent <name>`` (:data:`SCAFFOLD_YAML`);
+docs/guides/component.md shows the YAML, docs/joins.md a set beside it.
 
-``ConsumerGroupAssetComponent`` turns a YAML declaration into the same definitions as
-:func:`~cg_pipelines.dagster.build_definitions` with one
-:class:`~cg_pipelines.dagster.ConsumerGroupAsset` (the partitioned asset, its job, sensors,
-schedule, checks and IO manager). Scaffold one in a ``dg`` project with::
-
-    dg scaffold defs cg_pipelines.dagster.ConsumerGroupAssetComponent orders_totals
-
-which writes ``defs/orders_totals/defs.yaml``::
-
-    type: cg_pipelines.dagster.ConsumerGroupAssetComponent
-    attributes:
-      name: customer_totals
-      stream: orders
-      group: totals
-      partitions: 4
-      processor: my_project.transforms:totals      # module:attribute, a processor object
-      write: {mode: merge, key: customer, delete_when: {column: op, value: delete}}
-      resources:
-        nats: {servers: {env: NATS_URL}}           # {env: NAME}: dagster.EnvVar, read at run time
-        warehouse: {root: {env: WAREHOUSE}}
-        partition_runs: {batch_max_msgs: 20000}
-
-The processor is imported from its path when the definitions load (an
-:class:`~cg_pipelines.ArrowProcessor` or :class:`~cg_pipelines.spark.SparkProcessor`: Python
-code, not YAML). ``resources`` keys are ``nats`` (:class:`NatsResource`), ``warehouse``
-(:class:`DeltaWarehouseResource`; with ``format: iceberg``
-:class:`~cg_pipelines.dagster.IcebergWarehouseResource`), ``spark`` (:class:`SparkResource`)
-and ``partition_runs`` (:class:`PartitionRunsResource`); their attributes are those classes'
-fields. Several
-components with the same resource settings share one resource object, so their definitions
-merge. Errors name the field: ``processor: 'my_project.transforms:totals': module
-'my_project.transforms' has no attribute 'totals'``.
+The processor is imported from its ``module:attribute`` path when the definitions load.
+``resources`` keys are ``nats``, ``warehouse`` (``format: iceberg`` for Iceberg), ``spark`` and
+``partition_runs``, their attributes those classes' fields; components with the same resource
+settings share one resource object (:func:`build_resources`), so their definitions merge.
+Errors name the field (``processor: 'm:x': module 'm' has no attribute 'x'``).
 """
 
 from __future__ import annotations
@@ -71,22 +48,18 @@ from cg_pipelines.dagster.warehouse import IcebergWarehouseResource
 __all__ = ["ConsumerGroupAssetComponent", "DeleteWhenModel", "InputModel", "WriteModel",
            "build_resources"]
 
-# The resources a defs.yaml can declare, by key.
 RESOURCE_CLASSES: dict[str, type[Any]] = {
     "nats": NatsResource,
     "warehouse": DeltaWarehouseResource,
     "spark": SparkResource,
     "partition_runs": PartitionRunsResource,
 }
-# ``warehouse: {format: ...}``: the table format's warehouse class (default delta).
 WAREHOUSE_FORMATS: dict[str, type[Any]] = {
     "delta": DeltaWarehouseResource,
     "iceberg": IcebergWarehouseResource,
 }
 # One object per (key, settings): Definitions.merge accepts a resource key twice only when it
-# is the same object, so components declaring the same settings must share it. A long-lived
-# code server reloading edited defs.yaml files adds entries: the oldest are dropped past
-# SHARED_MAX (far more distinct settings than one load of a project declares).
+# is the same object. Past SHARED_MAX (a code server reloading edited files) the oldest go.
 SHARED_MAX = 256
 _SHARED: OrderedDict[str, Any] = OrderedDict()
 
@@ -243,11 +216,9 @@ def shared_resource_count() -> int:
 
 
 def build_resources(declared: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The resource objects of a ``resources:`` mapping (shared between components with the
-    same settings), plus the ``partition_runs`` resource and the ``cg_io_manager`` the
-    asset's downstream readers use. In a ``dg`` project, Python definitions beside a
-    Component pass these to ``build_definitions`` (same settings: the same objects, so the
-    project's definitions merge; docs/guides/component.md).
+    """The resource objects of a ``resources:`` mapping, plus ``partition_runs`` and
+    ``cg_io_manager``: for the same settings the same objects, so the definitions of a ``dg``
+    project (Components, and Python modules that take these) merge (docs/joins.md).
 
     Raises:
         ConfigError: an unknown resource key, settings that are not a mapping, or settings
@@ -293,35 +264,22 @@ class ConsumerGroupAssetComponent(Component, Resolvable, Model):
     declared in ``defs.yaml``.
 
     Attributes:
-        name: asset name (and Delta table name under the warehouse root).
-        stream: the origin stream (one group; not with ``inputs``).
-        group: the elastic consumer group on it (create it first: ``cg elastic create``).
-        inputs: instead of ``stream``/``group``, a co-partitioned set: a list of
-            ``{name, stream, group}`` (:class:`InputModel`), two or more.
-        partitions: the partition count (every group's ``max_members``).
-        processor: import path ``package.module:attribute`` of the processing step (an
-            :class:`~cg_pipelines.ArrowProcessor`, a :class:`~cg_pipelines.spark.SparkProcessor`;
-            for a set a :class:`~cg_pipelines.engine.join_processor.JoinProcessor`).
+        name, partitions: as :class:`~cg_pipelines.dagster.StreamAsset`'s.
+        stream, group: the one group (create it first: ``cg elastic create``); or
+        inputs: a co-partitioned set, ``[{name, stream, group}, ...]`` (:class:`InputModel`).
+        processor: import path ``package.module:attribute`` of the processor (a
+            ``JoinProcessor`` for a set).
         write: the write mode (:class:`WriteModel`; default append).
-        resources: resource settings by key (``nats``, ``warehouse``, ``spark``,
-            ``partition_runs``); a value ``{env: NAME}`` is ``dagster.EnvVar(NAME)``.
-        description: shown in the Dagster UI.
-        group_name: the Dagster asset group.
-        partition_key_prefix: partition keys are ``<prefix><p>`` (default ``<group>-``; a
-            set's groups joined by ``+``).
-        sensor_interval_s: seconds between the sensors' ticks (at least).
-        lag_objective_s: seconds; the ``lag_within_objective`` check's bound (``null``: none).
-        schedule_cron: cron of the drain-all schedule (``null``: none).
-
-    The other settings of :class:`~cg_pipelines.dagster.ConsumerGroupAsset` keep their
-    defaults; declare the asset in Python for them.
+        resources: settings by key (``nats``, ``warehouse``, ``spark``, ``partition_runs``);
+            a value ``{env: NAME}`` is ``dagster.EnvVar(NAME)``.
+        description, group_name, partition_key_prefix, sensor_interval_s, lag_objective_s,
+        schedule_cron: as :class:`~cg_pipelines.dagster.StreamAsset`'s (``null``: none);
+            the other settings keep their defaults (declare the asset in Python for them).
 
     Raises:
-        ConfigError: when the definitions load: a processor path that does not import or
-            is not a processor, an unknown resource key or bad resource settings, a bad
-            write mode, or what
-            :class:`~cg_pipelines.dagster.ConsumerGroupAsset` and
-            :func:`~cg_pipelines.dagster.build_definitions` refuse (e.g. a missing resource).
+        ConfigError: when the definitions load: a processor path that does not import or is
+            not a processor, bad resources or write mode, or what ``StreamAsset`` and
+            ``build_definitions`` refuse.
     """
 
     name: str

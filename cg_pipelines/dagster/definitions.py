@@ -4,9 +4,8 @@ need and the definition-time checks)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from dagster import (
     Definitions,
@@ -24,9 +23,6 @@ from cg_pipelines.dagster.spec import StreamAsset
 from cg_pipelines.dagster.warehouse import Warehouse
 
 __all__ = ["build_definitions"]
-
-_SpecT = TypeVar("_SpecT", bound=StreamAsset)
-
 
 def _check_resources(groups: Sequence[StreamAsset], resources: Mapping[str, Any]) -> None:
     """Definition-time checks: the resources each group needs are given, a Spark resource where
@@ -79,19 +75,6 @@ def _check_partition_keys(groups: Sequence[StreamAsset]) -> None:
             seen[key] = g.name
 
 
-def _format_kinds(spec: _SpecT, resources: Mapping[str, Any]) -> _SpecT:
-    """``spec`` with default kinds (``kinds=None``) that name its warehouse's table format
-    (``nats``, ``iceberg``, and ``spark`` when the processor uses Spark) instead of the
-    asset's own default ``delta``; ``spec`` itself when it declares kinds or its warehouse
-    holds Delta tables."""
-    warehouse: Warehouse = resources[spec.warehouse_resource_key]
-    fmt = warehouse.table_format
-    if spec.kinds is not None or fmt == "delta":
-        return spec
-    kinds = {"nats", fmt, "spark"} if spec.uses_spark else {"nats", fmt}
-    return dataclasses.replace(spec, kinds=frozenset(kinds))
-
-
 def build_definitions(
     groups: Sequence[StreamAsset],
     *,
@@ -109,27 +92,18 @@ def build_definitions(
     ``assets``/``jobs``/``sensors``/``schedules``.
 
     Args:
-        groups: the specs (:class:`~cg_pipelines.dagster.ConsumerGroupAsset`,
-            :class:`~cg_pipelines.dagster.CoPartitionedAsset`, any
-            :class:`~cg_pipelines.dagster.StreamAsset`).
-        joins: more specs (the co-partitioned ones, by habit); the same as in ``groups``.
-        resources: your resources under the keys the groups name (defaults ``nats``,
-            ``warehouse``, and ``spark`` for Spark processors). A
-            :class:`~cg_pipelines.dagster.PartitionRunsResource` (serve every member, default
-            engine options) and the warehouse's IO manager
-            (:func:`~cg_pipelines.dagster.io_manager.table_io_manager`: a
-            :class:`~cg_pipelines.dagster.DeltaTableIOManager` or an
-            :class:`~cg_pipelines.dagster.iceberg.IcebergTableIOManager`, so downstream
-            assets can take a group asset as input) are added under their keys unless given.
-        executor: default executor; in-process by default (one asset per run, so a run needs
-            no extra step process).
+        groups: the specs (``ConsumerGroupAsset``, ``CoPartitionedAsset``, ``StreamAsset``).
+        joins: more specs, the same as in ``groups``.
+        resources: yours, under the keys the specs name (``nats``, ``warehouse``, ``spark``
+            for Spark); a ``PartitionRunsResource`` and the warehouse's IO manager
+            (:func:`~cg_pipelines.dagster.io_manager.table_io_manager`) are added unless given.
+        executor: default executor; in-process by default (one asset per run).
         kwargs: passed to ``Definitions`` (e.g. ``asset_checks``, ``loggers``).
 
     Raises:
-        ConfigError: a missing resource, a warehouse resource that is not a
-            :class:`~cg_pipelines.dagster.Warehouse`, a state-declaring processor without a
-            state-capable warehouse, ``reconcile_interval_s`` on a warehouse that is not
-            Delta's, or two groups whose partition keys collide.
+        ConfigError: a missing resource, a warehouse that is not a ``Warehouse``, declared
+            state without a state-capable warehouse, ``reconcile_interval_s`` on a warehouse
+            that is not Delta's, or two specs whose partition keys collide.
     """
     res = dict(resources)
     specs: list[StreamAsset] = [*groups, *joins]
@@ -145,8 +119,7 @@ def build_definitions(
             sp = spark if isinstance(spark, SparkResource) else None
             res[g.io_manager_key] = table_io_manager(warehouse, sp)
     parts = [build_asset_definitions(
-        _format_kinds(g, res),
-        origin_reconcile=res[g.warehouse_resource_key].table_format == "delta") for g in specs]
+        g, table_format=res[g.warehouse_resource_key].table_format) for g in specs]
     kwargs["asset_checks"] = [*(c for p in parts for c in p.checks),
                               *kwargs.get("asset_checks", ())]
     return Definitions(

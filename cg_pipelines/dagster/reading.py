@@ -1,11 +1,7 @@
-"""The one bounded NATS read a backlog tick, a membership tick and a check executed by hand
-start from: every input's config (:func:`~cg_pipelines.dagster.spec.read_configs`), each
-input's backlog at the served partitions, the backlog merged over the inputs, and with
-``dead_letters_seen`` each input's dead-letter counts and latest dead letters
-(:func:`read_inputs`, :class:`Reading`).
-
-At scale: one NATS session; per input a constant number of stream requests plus one direct get
-per partition that may hold messages (:mod:`cg_pipelines.jetstream.backlog`)."""
+"""The one bounded NATS read a backlog tick and a check executed by hand start from
+(:func:`read_inputs`): every input's config, backlog and dead letters, and the backlog merged
+over the inputs; per input a constant number of requests plus one direct get per partition
+that may hold messages (:mod:`cg_pipelines.jetstream.backlog`)."""
 
 from __future__ import annotations
 
@@ -37,19 +33,12 @@ def dead_slot(spec: StreamAsset, index: int, partition: int) -> int:
 
 @dataclass(frozen=True)
 class Reading:
-    """One read of a spec's inputs.
-
-    Attributes:
-        revision: the newest KV revision of the inputs' configs.
-        config: the first input's config (a set's groups share their member mappings).
-        served: the partitions this deployment serves (or those asked for).
-        by_input: ``{input name: [PartitionBacklog per served partition]}``.
-        backlog: the backlog per served partition, merged over the inputs
-            (:func:`merge_backlog`; the input's own for one input).
-        dead_counts: ``{dead_slot: count}`` of the served partitions (with dead letters read).
-        dead_changed: ``{input name: [latest dead letter of each partition whose count
-            changed]}``.
-    """
+    """One read of a spec's inputs: the configs' newest KV ``revision``, the first input's
+    ``config`` (a set's groups share their member mappings), the ``served`` partitions,
+    ``by_input`` (``{input name: [PartitionBacklog per served partition]}``), the merged
+    ``backlog`` (:func:`merge_backlog`), and when dead letters were read ``dead_counts``
+    (``{dead_slot: count}``) and ``dead_changed`` (``{input name: [latest dead letter of each
+    partition whose count changed]}``)."""
 
     revision: int
     config: ElasticConfig
@@ -63,11 +52,10 @@ class Reading:
 def read_inputs(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsResource, *,
                 dead_letters_seen: Mapping[int, int] | None = None,
                 only: Iterable[int] | None = None, any_owner: bool = False) -> Reading:
-    """One bounded NATS session: every input's config, then each input's backlog at the
-    partitions this deployment serves (with ``only``, those of ``only`` it serves; with
-    ``any_owner`` too, all of ``only``); with ``dead_letters_seen`` (``{dead_slot: count}``
-    last observed), each input's dead-letter counts and the latest dead letter of each served
-    partition whose count changed.
+    """One bounded NATS session: every input's config, then its backlog at the served
+    partitions (with ``only``: of those; with ``any_owner`` too: all of ``only``); with
+    ``dead_letters_seen`` (``{dead_slot: count}``), its dead-letter counts and the latest dead
+    letter of each partition whose count changed.
 
     Raises:
         GroupNotFoundError, CoPartitionError, ConfigError, JetStreamError, TimeoutError,

@@ -1,26 +1,13 @@
-"""A partition run of a spec's asset, one input or a set alike: resolve it (tags, wait for
-earlier runs of the partition, configs, owner, sink, processor), run it through the engine
-(:func:`engine_run`, the ONE place that calls the engine), report it (metadata, check results).
+"""A partition run, one input or a set alike: resolve it (tags, earlier runs of the partition,
+configs, owner, sink, processor), run it (:func:`engine_run`, the ONE call into the engine),
+report it (metadata, check results).
 
-**One run per partition at a time, however it was launched** (asset job, ``dg launch
---assets ... --partition``, UI, backfill, sensor, schedule). Every such run carries Dagster's
-``dagster/partition`` tag with the asset's key, so:
-
-1. before touching NATS, a run waits until the in-progress runs of its partition that started
-   before it have finished (:func:`wait_for_earlier_runs`: covers in-process runs, which never
-   pass a run queue);
-2. with this instance setting (``dagster.yaml``) launched runs wait in the run queue instead::
-
-       concurrency:
-         runs:
-           tag_concurrency_limits:
-             - key: "dagster/partition"
-               value: {applyLimitPerUniqueValue: true}
-               limit: 1
-
-The engine's leases and fenced commit stay the last line: a second holder commits nothing.
-A run keeps a heartbeat in NATS and tags its worker (:func:`run_alive`) so the backlog sensor
-can judge it lost from any host (:mod:`cg_pipelines.core.liveness`).
+One run per partition at a time however it was launched: a run first waits for the earlier
+in-progress runs of its ``dagster/partition`` key (:func:`wait_for_earlier_runs`), and with
+the instance setting ``concurrency: runs: tag_concurrency_limits: [{key: "dagster/partition",
+value: {applyLimitPerUniqueValue: true}, limit: 1}]`` launched runs wait in the queue instead.
+The leases and the fenced commit stay the last line. A run keeps a heartbeat in NATS and tags
+its worker (:func:`run_alive`) so the backlog sensor can judge it lost from any host.
 """
 
 from __future__ import annotations
@@ -200,10 +187,8 @@ class RunProgress:
 
 @dataclass(frozen=True)
 class Resolved:
-    """What a run works with, resolved before it touches the partition: the ``partition``,
-    its ``owner`` member and the configs' ``revision``, the ``mode`` (``drain``/``rebuild``),
-    the runs it ``waited`` for, the table ``sink``, the ``processor`` (bound to the run's
-    Spark session if it uses Spark) and the ``nats`` and ``runs`` resources."""
+    """What a run works with, resolved before it touches the partition (the processor bound
+    to the run's Spark session if it uses Spark)."""
 
     partition: int
     owner: str
@@ -218,9 +203,8 @@ class Resolved:
 
 @dataclass
 class Outcome:
-    """A run that ended, as this layer reports it: ``status``, ``detail``, ``commits``,
-    ``fence_conflicts``, ``seconds``, ``rows_written``, ``timings``, ``maintenance`` and each
-    input's :class:`~cg_pipelines.engine.result.RunResult` by input name (``sides``)."""
+    """A run that ended, as this layer reports it; ``sides``: each input's
+    :class:`~cg_pipelines.engine.result.RunResult` by input name."""
 
     status: str
     detail: str
@@ -395,11 +379,9 @@ def _report(spec: StreamAsset, run: Resolved, o: Outcome) -> MaterializeResult:
 
 
 def table_metadata(sink: TableSink, partition: int, table: str) -> dict[str, Any]:
-    """The table's metadata after a run: Dagster's standard keys (``dagster/table_name``,
-    ``dagster/uri``, ``dagster/storage_kind`` = the sink's ``table_format``; once the table
-    exists ``dagster/row_count``, ``dagster/partition_row_count`` of ``partition``,
-    ``dagster/column_schema``) plus ``table_version`` (a Delta version, an Iceberg table's last
-    sequence number).
+    """The table's metadata after a run: ``dagster/table_name``, ``dagster/uri``,
+    ``dagster/storage_kind``, once it exists ``dagster/row_count``,
+    ``dagster/partition_row_count``, ``dagster/column_schema`` and ``table_version``.
 
     Raises:
         Storage errors of the sink's reads.
@@ -420,11 +402,9 @@ def table_metadata(sink: TableSink, partition: int, table: str) -> dict[str, Any
 
 
 def run_failure(error: Exception, spec: StreamAsset, partition: int) -> Failure:
-    """The ``Failure`` a failed partition run raises: its description starts with the cause
-    (``<type>: <message>``, at most :data:`~cg_pipelines.core.errors.CAUSE_CHARS`
-    characters), then the partition facts of the engine's
-    :class:`~cg_pipelines.core.errors.PartitionRunError` (or, when the engine never started,
-    that nothing was leased). Its metadata is those facts, once, as fields."""
+    """The ``Failure`` of a failed run: the cause first (``<type>: <message>``), then the
+    partition facts of the engine's :class:`~cg_pipelines.core.errors.PartitionRunError` (or
+    that nothing was leased), also as metadata fields."""
     pre = PartitionRunError.of(error)
     md: dict[str, Any] = {"partition": partition, "cause_type": type(error).__name__,
                           "cause": cause_text(error)}
@@ -447,10 +427,9 @@ _PLUMBING = tuple(str(Path(str(m.__file__)).parent) + os.sep
 
 
 def trim_traceback(error: BaseException) -> BaseException:
-    """``error`` with its traceback cut to the frames outside ``asyncio``,
-    ``concurrent.futures``, ``threading`` and this library (the transform's own frames), so a
-    run log shows the user's code; when every frame is such plumbing, the frames outside
-    ``asyncio``/``concurrent``/``threading`` are kept. Returns ``error``."""
+    """``error`` with its traceback cut to the user's frames (outside ``asyncio``,
+    ``concurrent.futures``, ``threading`` and this library; if none, outside the first
+    three). Returns ``error``."""
     frames: list[types.TracebackType] = []
     tb = error.__traceback__
     while tb is not None:

@@ -53,57 +53,44 @@ class StreamAsset:
 
     Attributes:
         name: asset name; also the table's name in the warehouse (``table`` overrides).
-        inputs: the :class:`~cg_pipelines.engine.join.JoinInput` s (processor's name for the
-            input, stream, elastic group). One input: a group asset. Several: a co-partitioned
-            set (partitioned on the same key into ``partitions``, checked against the KV
-            configs at run and tick time: :func:`~cg_pipelines.core.copartition.
-            check_copartitioned`); the processor is then a
-            :class:`~cg_pipelines.engine.join_processor.JoinProcessor` over these names.
+        inputs: ``JoinInput(name, stream, group)`` s. One: a group asset. Several: a
+            co-partitioned set (checked against the KV configs at each run and tick,
+            :func:`~cg_pipelines.core.copartition.check_copartitioned`), whose processor is a
+            ``JoinProcessor`` over these names.
         partitions: the partition count (every group's ``max_members``, fixed for its life).
         processor: an ``ArrowProcessor``/``SparkProcessor`` (one input) or a
-            ``JoinProcessor``; a processor declaring per-key state needs a warehouse whose
-            sink serves it (Delta and Iceberg do).
+            ``JoinProcessor``; declared per-key state needs a state-capable warehouse.
         description: shown in the Dagster UI.
         table: the table's name in the warehouse (default ``name``).
-        partition_key_prefix: partition keys are ``<prefix><p>``. Default: the input groups
-            (distinct, in input order, joined by ``+``) and ``-``, e.g. ``totals-3``: a key
-            names the group partition its runs drain, and Dagster's ``dagster/partition`` run
-            tag (the run-concurrency limit that makes partition runs exclusive keys on it) is
-            unique per group partition. ``""``: plain ``"0".."N-1"``.
+        partition_key_prefix: keys are ``<prefix><p>``; default the input groups (distinct,
+            joined by ``+``) and ``-``, e.g. ``totals-3``: the ``dagster/partition`` run tag,
+            which makes partition runs exclusive, names the group partition. ``""``: ``"0"``...
         key_prefix: asset key prefix (a string or path components).
         group_name: Dagster asset group.
         kinds: Dagster kinds (default ``nats``, the table format, ``spark`` if used).
         pool: Dagster concurrency pool (``None``: none).
         sensor_interval_s: minimum seconds between the sensors' ticks.
-        lag_objective_s: seconds; the ``lag_within_objective`` check (one per input of a set)
-            fails while a served partition's oldest pending message is older (``None``: no
-            lag check); each drain run evaluates it for its partition (docs/signals.md).
-        lag_refresh_s: seconds; the backlog sensor observes a partition's lag when its state
-            changes and otherwise, while it has a backlog, this often.
-        lag_observations_per_day: the most lag observations one partition writes a day
-            (plus :data:`~cg_pipelines.core.lag.LAG_BURST`).
-        freshness_policy: a Dagster ``FreshnessPolicy`` (``None``: none; per asset, on the
-            last materialization of any partition: the per-partition freshness is
-            ``lag_within_objective``).
-        code_version: the version of the asset's code, for the retry rule (``None``: a
-            digest of the processor, the inputs and the partition count).
+        lag_objective_s: seconds; ``lag_within_objective`` (per input) fails while a served
+            partition's oldest pending message is older (``None``: no lag check).
+        lag_refresh_s: seconds; a partition's lag is observed when its state changes, else
+            this often while it has a backlog.
+        lag_observations_per_day: the most lag observations a partition writes a day.
+        freshness_policy: a Dagster ``FreshnessPolicy`` (per asset; ``None``: none).
+        code_version: the code's version for the retry rule (``None``: a digest).
         origin_seq_column: the output column holding each row's origin sequence.
         reconcile_interval_s: seconds; the backlog sensor evaluates ``origin_reconciled``
-            (one per input of a set) at most this often (``None``: only when executed).
+            this often (``None``: only when executed).
         schedule_cron: cron of the drain-all schedule (``None``: no schedule).
         nats_resource_key, spark_resource_key, warehouse_resource_key, runs_resource_key,
         io_manager_key: the resource keys the asset, its sensors and schedule use.
         metadata: extra definition metadata.
-        write: :class:`~cg_pipelines.core.write.Append` (default: the table is the history)
-            or :class:`~cg_pipelines.core.write.Merge` (one current row per key).
-        maintenance: the table upkeep after each run's commits
-            (:class:`~cg_pipelines.sinks.maintenance.Maintenance`; ``None``: the warehouse's).
+        write: ``Append()`` (default: the history) or ``Merge(key=...)`` (current rows).
+        maintenance: the table upkeep after each run (``None``: the warehouse's).
 
     Raises:
         ConfigError: no input, duplicate input names or groups, several inputs without a
-            ``JoinProcessor`` or names that are not its inputs, ``partitions < 1``, empty
-            names, a setting out of range, ``write`` not Append/Merge, or a processor whose
-            declared state key is not the merge key.
+            ``JoinProcessor`` over their names, a setting out of range, ``write`` not
+            Append/Merge, or a declared state key that is not the merge key.
     """
 
     name: str

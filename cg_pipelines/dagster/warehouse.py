@@ -1,22 +1,10 @@
-"""The warehouse resources of a consumer-group deployment, and the contract the Dagster layer
-speaks to them: :class:`Warehouse`.
-
-- :class:`DeltaWarehouseResource`: Delta tables under a root (local directory or ``s3://``):
-  ``<root>/<table>``.
-- :class:`IcebergWarehouseResource`: Iceberg tables ``<namespace>.<table>`` of a catalog
-  (embedded SQLite, Postgres or REST) over a warehouse (local directory or ``s3://``); needs
-  the ``iceberg`` extra (``pip install cg-pipelines[dagster,iceberg]``), imported when first
-  used, so this module imports without it.
-
-Either is the ``warehouse`` resource of a group's assets, chosen by configuration. The asset
-op, the co-partitioned asset, the sensors and the reconcile check use a warehouse only through
-:class:`Warehouse`, and its tables only through
-:class:`~cg_pipelines.sinks.table.TableSink`; the IO manager that hands a table to downstream
-assets is :func:`cg_pipelines.dagster.io_manager.table_io_manager`'s.
-
-Secrets (S3 keys, a REST token) go to delta-rs' storage options or pyiceberg's catalog and
-FileIO properties and are never logged or shown in ``repr`` (the sinks mask them); give them
-as ``EnvVar``.
+"""The warehouse resources, and the contract the Dagster layer speaks to them
+(:class:`Warehouse`): :class:`DeltaWarehouseResource` (``<root>/<table>``, local or
+``s3://``) and :class:`IcebergWarehouseResource` (``<namespace>.<table>`` of an SQLite,
+Postgres or REST catalog; the ``iceberg`` extra, imported when first used). The asset, the
+sensors and the reconcile check use a warehouse only through :class:`Warehouse`, its tables
+only through :class:`~cg_pipelines.sinks.table.TableSink`. Secrets go to the sinks' storage
+options or catalog properties, masked in ``repr``; give them as ``EnvVar``.
 """
 
 from __future__ import annotations
@@ -47,15 +35,9 @@ __all__ = ["DeltaWarehouseResource", "IcebergWarehouseResource", "Warehouse"]
 
 @runtime_checkable
 class Warehouse(Protocol):
-    """Where a deployment's group tables live, as the Dagster layer uses it (structural: the
-    two resources here implement it; a resource of your own may too).
-
-    Attributes:
-        table_format: the format of its tables (``"delta"``, ``"iceberg"``).
-        supports_state: its sinks serve per-key state
-            (:class:`~cg_pipelines.sinks.base.StateSink` ``last_rows``), which a processor
-            that declares :class:`~cg_pipelines.core.state.KeyedState` needs.
-    """
+    """Where a deployment's tables live, as the Dagster layer uses it (structural: a resource
+    of your own may implement it): ``table_format`` (``"delta"``, ``"iceberg"``) and
+    ``supports_state`` (its sinks serve the per-key state a ``KeyedState`` needs)."""
 
     table_format: ClassVar[str]
     supports_state: ClassVar[bool]
@@ -71,10 +53,9 @@ class Warehouse(Protocol):
     def sink(self, table: str, write: Append | Merge | None = None,
              commit_metadata: Mapping[str, str] | None = None,
              maintenance: Maintenance | None = None) -> TableSink:
-        """A fenced sink for ``table`` (partitioned by the consumer-group partition), in write
-        mode ``write`` (``None``: append), recording ``commit_metadata`` (string keys and
-        values, e.g. the Dagster run id) in every commit, maintained after each run by
-        ``maintenance`` (``None``: the warehouse's own upkeep).
+        """A fenced sink for ``table`` in write mode ``write`` (``None``: append), recording
+        ``commit_metadata`` (e.g. the Dagster run id) in every commit, maintained by
+        ``maintenance`` (``None``: the warehouse's upkeep).
 
         Raises:
             ConfigError: ``maintenance`` does not apply to the format.
@@ -84,14 +65,9 @@ class Warehouse(Protocol):
 
 
 class DeltaWarehouseResource(ConfigurableResource):
-    """Where a deployment's Delta tables live: ``<root>/<table>``.
-
-    ``root`` is a local directory (made absolute) or ``s3://bucket/prefix``; for S3 give the
-    endpoint (MinIO, moto ...) and credentials as ``EnvVar`` — they are handed to delta-rs as
-    storage options and never logged (:class:`~cg_pipelines.sinks.delta.DeltaSink` masks them).
-    Tables are partitioned by the consumer-group partition column
-    :data:`~cg_pipelines.sinks.delta.PARTITION_COLUMN` (``_partition``).
-    """
+    """Where a deployment's Delta tables live: ``<root>/<table>``, ``root`` a local directory
+    or ``s3://bucket/prefix`` (endpoint and credentials as ``EnvVar``: delta-rs storage options,
+    masked); partitioned by ``_partition``."""
 
     table_format: ClassVar[str] = "delta"
     supports_state: ClassVar[bool] = True  # its sinks serve per-key state (last_rows)
@@ -161,9 +137,7 @@ class IcebergWarehouseResource(ConfigurableResource):
         IcebergWarehouseResource(catalog_type="rest", catalog_uri="https://catalog:8181",
                                  warehouse="...")
 
-    Secrets (S3 keys, a REST token) are handed to pyiceberg's catalog and FileIO properties
-    and never logged (:class:`~cg_pipelines.sinks.iceberg.IcebergSink` masks them in
-    ``repr``); give them as ``EnvVar``.
+    Secrets (S3 keys, a REST token): ``EnvVar``; pyiceberg gets them, ``repr`` masks them.
     """
 
     table_format: ClassVar[str] = "iceberg"

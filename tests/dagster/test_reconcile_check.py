@@ -1,4 +1,4 @@
-"""The ``origin_reconciled`` asset check (cg_pipelines.dagster.reconcile) against a real group:
+"""The ``origin_reconciled`` asset check (cg_pipelines.dagster.checks) against a real group:
 passes when every origin message reached the work queue, fails naming the origin range, the
 partitions and the rebuild job when messages were removed from the work queue unprocessed."""
 
@@ -19,7 +19,7 @@ from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.dagster import DeltaWarehouseResource, NatsResource
-from cg_pipelines.dagster.reconcile import (
+from cg_pipelines.dagster.checks import (
     RECONCILE_CHECK,
     build_reconcile_check,
     reconcile_evaluation,

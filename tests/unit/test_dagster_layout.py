@@ -1,7 +1,7 @@
 """The Dagster integration's modules import one way: a partition run (``dagster/run.py``, the
 asset op's body and the one call into the engine) is built on by the asset builder
-(``asset.py``) alone; triggers, the tick, checks and the reconcile check take what they share
-with it (the spec, tick errors, asset keys, run tags) from ``spec.py`` and ``history.py``
+(``asset.py``) alone; the triggers (sensors, schedule, backlog tick) and the checks take what
+they share with it (the spec, tick errors, asset keys, run tags) from ``spec.py`` and ``history.py``
 (issue 33), and nothing below the builder imports it (issue 50)."""
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ def imported_modules(path: Path) -> set[str]:
             if isinstance(node, ast.ImportFrom) and node.module}
 
 
-@pytest.mark.parametrize("name", ["triggers.py", "tick.py", "reading.py", "checks.py",
-                                  "reconcile.py", "history.py", "spec.py", "resources.py",
-                                  "io_manager.py"])
+@pytest.mark.parametrize("name", ["triggers.py", "reading.py", "checks.py", "history.py",
+                                  "spec.py", "resources.py", "io_manager.py"])
 def test_shared_dagster_modules_do_not_import_the_run_or_the_builder(name: str) -> None:
     imported = imported_modules(DAGSTER_DIR / name)
     assert not imported & {"cg_pipelines.dagster.run", "cg_pipelines.dagster.asset"}
