@@ -1,16 +1,7 @@
-"""The ONE builder: every Dagster part of one spec, whatever its inputs
-(:func:`build_asset_definitions` -> :class:`AssetDefinitions`).
-
-- the partitioned asset (its op: :func:`~cg_pipelines.dagster.run.materialize`) with the run
-  checks, and the sensor checks (:mod:`cg_pipelines.dagster.checks`; ``origin_reconciled``
-  per input on a Delta warehouse);
-- jobs: ``<name>_job`` drains one partition per run, ``<name>_rebuild`` rebuilds one from the
-  origin streams (backfill it to recompute), ``<name>_checks`` records a partition's sensor
-  checks (the backlog sensor's check-only runs; launched whole it fails at once);
-- triggers: ``<name>_membership`` and ``<name>_backlog`` sensors, the ``<name>_drain``
-  schedule (stopped by default), and ``<name>_run_retention`` (running: it deletes the runs
-  nothing reads any more, :mod:`cg_pipelines.dagster.retention`).
-"""
+"""The ONE builder (:func:`build_asset_definitions`): every Dagster part of one spec whatever
+its inputs: the asset and its checks, the ``<name>_job`` (drain), ``<name>_rebuild`` and
+``<name>_checks`` (the sensor's check-only runs) jobs, the membership and backlog sensors, the
+drain schedule and the run retention sensor."""
 
 
 from collections.abc import Iterator

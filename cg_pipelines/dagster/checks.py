@@ -1,22 +1,14 @@
-"""Every asset check of an asset, partitioned like it (one result per partition); a check about
-an input once per input (:meth:`~cg_pipelines.dagster.spec.StreamAsset.per_input`).
-
-- Each partition run's (:func:`run_check_specs`): ``backlog_drained``,
-  ``no_unexplained_fence_conflicts``, ``no_new_dead_letters`` (per input).
-- The backlog sensor's, executable by hand too (:func:`build_checks`):
-  ``lag_within_objective`` (per input, with ``lag_objective_s``; each drain run evaluates it
-  too) and ``partition_runs_succeeding`` (ERROR: the partition's runs used up their retries).
-  A tick records only what changed (:func:`plan_partition_checks`): a first result run-less,
-  a later change by a check-only run (the ``<asset>_checks`` job).
-- ``origin_reconciled`` (per input, :func:`build_reconcile_check`; on a Delta warehouse: it
-  reads the Delta log): every origin message the input group's filters match reached the work
-  queue and was accounted for by a commit (processed, dead-lettered, filtered out: the
-  coverage each commit records, a set's joint commit one entry per input), or is still
-  queued. Incremental (a cursor beside the table, ``_cg_reconcile/<stream>.<group>.json``),
-  in bounded chunks within half of ``timeout_s`` (metadata ``partial``). A gap fails (ERROR)
-  naming the origin ranges, partitions and repair (the ``<asset>_rebuild`` job); a sourcing
-  stall fails as a WARN and passes again once sourcing resumes.
-"""
+"""Every asset check of an asset, partitioned like it; a check about an input once per input
+(:meth:`~cg_pipelines.dagster.spec.StreamAsset.per_input`). Each run's
+(:func:`run_check_specs`): ``backlog_drained``, ``no_unexplained_fence_conflicts``,
+``no_new_dead_letters``. The backlog sensor's, executable by hand (:func:`build_checks`):
+``lag_within_objective`` (each drain run evaluates it too) and ``partition_runs_succeeding``; a
+tick records only what changed (:func:`plan_partition_checks`). ``origin_reconciled``
+(:func:`build_reconcile_check`, Delta only): every origin message the input's filters match was
+accounted for by a commit (the coverage it records; a set's commit one entry per input) or is
+still queued, checked incrementally from a cursor beside the table
+(``_cg_reconcile/<stream>.<group>.json``); a gap fails (ERROR, naming the partitions to
+rebuild), a sourcing stall warns (docs/reconcile.md)."""
 
 import asyncio
 import concurrent.futures
@@ -100,14 +92,11 @@ RUNS_CHECK = "partition_runs_succeeding"
 
 LOG_LINES = 20
 """Per-partition log lines a tick writes at most (then one "... and <k> more")."""
-
 CHECKS_PER_TICK = 400
-"""First (run-less) results a tick records at most (failing first; ~15 ms each on SQLite);
-the others are recorded by the next ticks."""
+"""First (run-less) results a tick records at most (failing first; ~15 ms each on SQLite)."""
 
 CHECK_RUNS_PER_TICK = 16
 """Check-only runs (one per partition whose results changed) a tick requests at most."""
-
 CHECK_RETRY_S = 300.0
 """Seconds before a partition whose check-only run ended without its results gets another."""
 
@@ -163,11 +152,9 @@ def _dead_letter_results(spec: StreamAsset, dead: Mapping[str, int | None]
 
 
 def failed_run_checks(spec: StreamAsset, e: BaseException) -> list[AssetCheckResult]:
-    """The results of a run that raised ``e``: ``backlog_drained`` fails (the cause);
-    ``no_unexplained_fence_conflicts`` fails only for a fence conflict (a
-    ``FenceConflictError`` in the chain, or a ``Failure`` whose metadata counts
-    ``fence_conflicts``); ``no_new_dead_letters`` when a ``Failure``'s metadata counts the
-    input's dead letters (a halted or held run), else left to Dagster (execution failed)."""
+    """The results of a run that raised ``e``: ``backlog_drained`` fails (the cause); the fence
+    check fails only for a fence conflict (in the chain, or counted in a ``Failure``'s
+    metadata); dead letters only where the metadata counts them (else Dagster's "failed")."""
     md = dict(getattr(e, "metadata", None) or {})
 
     def count(name: str) -> int | None:
@@ -316,10 +303,9 @@ def partition_checks(spec: StreamAsset, reading: Reading, exhausted: list[RetryW
                      policy: RetryPolicy, instance: DagsterInstance | None, log: Any,
                      now: float, check_job: str | None
                      ) -> tuple[list[AssetCheckEvaluation], list[RunRequest]]:
-    """The served partitions' sensor checks: without an instance, every evaluation (nothing
-    recorded); with one, :func:`plan_partition_checks` from one check-state read: the first
-    results recorded run-less (returned), one check-only run of ``check_job`` requested per
-    partition whose results changed. Returns (evaluations, check run requests)."""
+    """The served partitions' sensor checks: (first results recorded run-less, check-only runs
+    of ``check_job`` for partitions whose results changed) per :func:`plan_partition_checks`;
+    without an instance every evaluation, nothing recorded."""
     if instance is None or not reading.served:
         return _evaluations(spec, reading, exhausted, policy, None), []
     given_up = {w.partition for w in exhausted}
@@ -391,8 +377,7 @@ def evaluate_check(spec: StreamAsset, name: str, partition_key: str, nats_res: N
 
 def _this_runs_materialization(context: AssetCheckExecutionContext, spec: StreamAsset,
                                key: str) -> AssetMaterialization | None:
-    """The partition's latest materialization when this run made it (the check runs in the
-    partition's drain or rebuild run), else ``None`` (executed alone)."""
+    """The partition's latest materialization when this run made it, else ``None``."""
     records = context.instance.fetch_materializations(
         AssetRecordsFilter(asset_key=asset_key_of(spec), asset_partitions=[key]), limit=1).records
     if records and records[0].run_id == context.run.run_id:

@@ -1,15 +1,7 @@
-"""A ``dg`` Component: a consumer group, or a co-partitioned set (``inputs:``), declared in
-``defs.yaml`` (:class:`ConsumerGroupAssetComponent`), giving the same definitions as
-:func:`~cg_pipelines.dagster.build_definitions` with one spec. Scaffold one with ``dg scaffold
-defs cg_pipelines.dagster.ConsumerGroupAssetComponent <name>`` (:data:`SCAFFOLD_YAML`);
-docs/guides/component.md shows the YAML, docs/joins.md a set beside it.
-
-The processor is imported from its ``module:attribute`` path when the definitions load.
-``resources`` keys are ``nats``, ``warehouse`` (``format: iceberg`` for Iceberg), ``spark`` and
-``partition_runs``, their attributes those classes' fields; components with the same resource
-settings share one resource object (:func:`build_resources`), so their definitions merge.
-Errors name the field (``processor: 'm:x': module 'm' has no attribute 'x'``).
-"""
+"""A ``dg`` Component (:class:`ConsumerGroupAssetComponent`): a group, or a set (``inputs:``),
+declared in ``defs.yaml``, with the definitions of ``build_definitions`` (docs/guides/
+component.md; docs/joins.md for a set beside it). Resources with the same settings are one
+object (:func:`build_resources`), so a project's definitions merge; errors name the field."""
 
 from __future__ import annotations
 

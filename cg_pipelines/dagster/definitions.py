@@ -24,6 +24,7 @@ from cg_pipelines.dagster.warehouse import Warehouse
 
 __all__ = ["build_definitions"]
 
+
 def _check_resources(groups: Sequence[StreamAsset], resources: Mapping[str, Any]) -> None:
     """Definition-time checks: the resources each group needs are given, a Spark resource where
     a processor uses Spark, and a state-capable warehouse where a processor declares state."""
@@ -57,10 +58,8 @@ def _check_resources(groups: Sequence[StreamAsset], resources: Mapping[str, Any]
 
 
 def _check_partition_keys(groups: Sequence[StreamAsset]) -> None:
-    """Partition keys must tell groups apart: the ``dagster/partition`` run tag is what keeps
-    two runs of one partition from running at once. Every key of every group is compared
-    (prefixes ``"a"`` and ``"a1"`` collide in the middle: ``a10`` is both ``a``'s partition 10
-    and ``a1``'s partition 0); a set of all keys, O(total partitions).
+    """Partition keys must tell specs apart (the ``dagster/partition`` run tag keeps runs of
+    one partition exclusive); every key is compared (``a10`` is ``a``'s 10 and ``a1``'s 0).
 
     Raises:
         ConfigError: two groups share a partition key (the message names both and the key).

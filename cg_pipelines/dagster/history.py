@@ -1,19 +1,8 @@
-"""What the Dagster instance knows of an asset's partition runs, for the triggers:
-
-- :func:`partition_runs`: per partition, the consecutive failed runs under the current code
-  since the last success, the newest one's time and error, and whether a run is queued or in
-  progress (:class:`~cg_pipelines.core.triggers.PartitionRuns`);
-- lost runs: a run tags its worker process (:func:`run_worker_tags`) and keeps a heartbeat in
-  NATS; :func:`fail_lost_runs` marks failed a run still in progress whose process is gone from
-  this host, or, from any host, with no heartbeat and no pinned lease (the rule:
-  :func:`cg_pipelines.core.liveness.judge_run`), so the partition runs again at the next tick
-  instead of after ``max_runtime`` (Dagster's run monitoring cannot see a lost host);
-- the sensor's partitioned checks: :func:`check_states` (what Dagster shows per check and
-  partition) and :func:`record_first_checks` (first results, run-less).
-
-Public Dagster APIs only (``dagster`` names, ``DagsterInstance`` methods, the public
-``EventLogStorage`` interface).
-"""
+"""What the Dagster instance knows of an asset's partition runs, for the triggers: run history
+and retries (:func:`partition_runs`), lost runs (:func:`fail_lost_runs`: a run's worker gone
+from this host, or no heartbeat and no pinned lease from any host, by
+:func:`cg_pipelines.core.liveness.judge_run`), and the partitioned checks' states
+(:func:`check_states`, :func:`record_first_checks`). Public Dagster APIs only."""
 
 from __future__ import annotations
 
@@ -85,10 +74,8 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def worker_gone(tag: str) -> bool | None:
-    """Whether the run worker named by a :data:`WORKER_TAG` value is gone: ``True`` when it
-    ran on this host and its process no longer exists (or its pid is another process now),
-    ``False`` when it runs here, ``None`` when it cannot be told (another host, no ``/proc``, a
-    malformed tag)."""
+    """Whether the worker of a :data:`WORKER_TAG` value is gone from this host (its pid gone or
+    another process now); ``None`` when it cannot be told (another host, no ``/proc``)."""
     try:
         host, pid_s, ticks_s = tag.split(" ")
         pid, ticks = int(pid_s), int(ticks_s)
@@ -304,10 +291,8 @@ def check_states(instance: DagsterInstance, asset_key: AssetKey, names: Iterable
     """The latest execution of each check ``names`` of ``asset_key`` per partition:
     ``{(check name, partition key): CheckState}`` (partitions never evaluated are missing).
 
-    One storage call, ``EventLogStorage.get_asset_check_partition_info`` (public, abstract,
-    implemented by every storage since 1.13.0: what the UI reads); no ``@public`` method of
-    ``DagsterInstance`` reads check executions. The status is read by its enum value
-    (``PLANNED``, ``SUCCEEDED``, ``FAILED``), whose class ``dagster`` does not export.
+    One call of the public ``EventLogStorage.get_asset_check_partition_info`` (what the UI
+    reads; no ``DagsterInstance`` method does), the status read by its enum value.
     """
     keys = [AssetCheckKey(asset_key, n) for n in names]
     if not keys:
@@ -347,12 +332,9 @@ def partition_runs_of(instance: DagsterInstance, run_ids: Iterable[str]) -> set[
 
 def record_first_checks(instance: DagsterInstance, evaluations: Sequence[AssetCheckEvaluation],
                         log: Any) -> list[AssetCheckEvaluation]:
-    """Record each of ``evaluations`` run-less (``DagsterInstance.report_runless_asset_event``,
-    what a sensor's ``asset_events`` become); returns those recorded. Only for a check and
-    partition with no execution yet: Dagster's unique index on (asset, check, run id "",
-    partition) refuses a second run-less one (later results go through check-only runs). A
-    refused one is logged (``log``), not raised: the next tick requests a run instead.
-    """
+    """Record each of ``evaluations`` run-less (``report_runless_asset_event``); returns those
+    recorded. Only for a check and partition with no execution yet (Dagster refuses a second
+    run-less one); a refused one is logged, not raised (the next tick requests a run)."""
     done = []
     for ev in evaluations:
         try:

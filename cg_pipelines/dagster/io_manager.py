@@ -1,15 +1,8 @@
-"""Downstream assets read an asset's table as an input: :class:`DeltaTableIOManager` (a
-:class:`~cg_pipelines.dagster.warehouse.DeltaWarehouseResource`'s tables) or
-:class:`IcebergTableIOManager`; :func:`table_io_manager` picks a warehouse's
-(``build_definitions`` adds it under the asset's ``io_manager_key``).
-
-The asset commits its rows itself (the engine's fenced commit), so these only *load*, typed by
-the input's annotation: ``pyarrow.Table`` (or none), ``pandas.DataFrame``,
-``pyspark.sql.DataFrame`` (read on the executors from the version's Parquet files, on the
-Spark resource's session) or ``polars.DataFrame``. In append mode the table is the history,
-in merge mode one current row per key. A downstream asset partitioned like the asset reads
-only its partitions' rows (the ``_partition`` column).
-"""
+"""Downstream assets read an asset's table as an input (:class:`DeltaTableIOManager`,
+:class:`IcebergTableIOManager`; :func:`table_io_manager` picks a warehouse's): loaded only
+(the engine committed the rows), typed by the annotation (``pyarrow.Table`` or none,
+``pandas``, ``pyspark.sql`` or ``polars`` DataFrame): the history in append mode, current rows
+in merge mode, only its partitions' rows for a downstream asset partitioned alike."""
 
 from __future__ import annotations
 
@@ -38,10 +31,8 @@ __all__ = ["DeltaTableIOManager", "IcebergTableIOManager", "partitions_to_load",
 
 def table_io_manager(warehouse: Warehouse, spark: SparkResource | None = None
                      ) -> ConfigurableIOManager:
-    """The IO manager that loads ``warehouse``'s tables for downstream assets: an
-    :class:`IcebergTableIOManager` for an
-    :class:`~cg_pipelines.dagster.warehouse.IcebergWarehouseResource`, else a
-    :class:`DeltaTableIOManager`; ``spark`` serves the Spark DataFrame inputs.
+    """The IO manager of ``warehouse``'s tables (Iceberg's for an Iceberg warehouse, else
+    Delta's); ``spark`` serves the Spark DataFrame inputs.
 
     Raises:
         pydantic.ValidationError: a warehouse neither IO manager takes.

@@ -98,12 +98,9 @@ def read_inputs(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsRe
 def merge_backlog(by_input: Mapping[str, Sequence[PartitionBacklog]],
                   last_seqs: Mapping[str, int]) -> list[PartitionBacklog]:
     """The backlog per partition over the inputs (one input's as it is): ``pending`` summed,
-    ``age_s`` the oldest, and ``first_seq`` (None when nothing is pending) the sum over the
-    inputs of each one's *next unprocessed sequence* there: its first pending sequence, or its
-    work queue's last sequence + 1 (``last_seqs``). Each term never decreases, so the sum
-    changes exactly when some input's first pending message does: the run key
-    (``<label>:<p>:<first_seq>``) is then new, and a partition whose backlog did not move keeps
-    its key (the retry rule decides)."""
+    ``age_s`` the oldest, ``first_seq`` the sum of each input's next unprocessed sequence (its
+    first pending one, or its work queue's last + 1, ``last_seqs``): it changes exactly when
+    some input's first pending message does, so the run key does."""
     names = list(by_input)
     if len(names) == 1:
         return list(by_input[names[0]])

@@ -1,15 +1,7 @@
-"""Dagster resources of a deployment: :class:`NatsResource` (how to reach NATS; bounded calls
-for sensors and runs), :class:`SparkResource` (a run's SparkSession; a
-``dagster_pyspark.PySparkResource`` serves as well, :func:`run_spark_session`,
-:func:`stopping_foreign_spark`), :class:`PartitionRunsResource` (the members served, engine
-options, retries, lost runs, run retention) and :class:`DeltaWarehouseResource` (defined in
-:mod:`cg_pipelines.dagster.warehouse`, importable here).
-
-Secrets (password, token, S3 keys) come through Dagster ``EnvVar`` and are never logged,
-shown in ``repr`` or put in run metadata; connection failures raise the library's typed errors
-(``NatsAuthError``, ``NatsTLSError``, ``NatsConnectError``) naming the server and auth mode,
-never the secret.
-"""
+"""Dagster resources of a deployment: :class:`NatsResource`, :class:`SparkResource` (or a
+``dagster_pyspark.PySparkResource``: :func:`run_spark_session`), :class:`PartitionRunsResource`
+and :class:`DeltaWarehouseResource` (from :mod:`~cg_pipelines.dagster.warehouse`). Secrets come
+as ``EnvVar`` and are never logged, shown in ``repr`` or put in metadata."""
 
 from __future__ import annotations
 
@@ -335,8 +327,8 @@ class PartitionRunsResource(ConfigurableResource):
     (:mod:`cg_pipelines.dagster.retention`, docs/growth.md).
     """
 
-    members: list[str] = Field(default_factory=list, description="Member names served here; "
-                               "empty = every member in the group's config.")
+    members: list[str] = Field(default_factory=list,
+                               description="Members served here; empty: every member.")
     # ------------------------------------------------------------ engine options (EngineOptions)
     batch_max_msgs: int = Field(default=_ENGINE.batch_max_msgs, description="Messages of the first "
                                 "batch of a run (one commit each batch).")
@@ -345,50 +337,40 @@ class PartitionRunsResource(ConfigurableResource):
         "fixed cost per batch is over a fifth of its time (None: fixed batch_max_msgs).")
     batch_max_bytes: int = Field(default=_ENGINE.batch_max_bytes,
                                  description="Payload bytes per batch.")
-    read_chunk: int = Field(default=_ENGINE.read_chunk,
-                            description="Messages per pull when a rebuild "
-                            "replays the origin stream.")
+    read_chunk: int = Field(default=_ENGINE.read_chunk, description="Messages per pull when a "
+                            "rebuild replays the origin stream.")
     ack_wait_s: float = Field(default=_ENGINE.ack_wait_s, description="Lease ack wait, seconds.")
     priority_timeout_s: float = Field(default=_ENGINE.priority_timeout_s,
                                       description="Pin timeout, seconds.")
-    hold_wait_s: float = Field(default=_ENGINE.hold_wait_s,
-                               description="Seconds to wait when another "
-                               "instance holds the partition.")
-    max_messages: int | None = Field(default=_ENGINE.max_messages,
-                                     description="Stop a run after about "
-                                     "this many messages (None: drain the backlog).")
-    max_seconds: float | None = Field(default=_ENGINE.max_seconds,
-                                      description="Seconds after which a "
-                                      "run starts no new batch (None: no limit).")
+    hold_wait_s: float = Field(default=_ENGINE.hold_wait_s, description="Seconds to wait when "
+                               "another instance holds the partition.")
+    max_messages: int | None = Field(default=_ENGINE.max_messages, description="Stop a run "
+                                     "after about this many messages (None: drain).")
+    max_seconds: float | None = Field(default=_ENGINE.max_seconds, description="Seconds after "
+                                      "which a run starts no new batch (None: no limit).")
     dead_letter_policy: Literal["dlq", "halt"] = Field(
-        default=_ENGINE.dead_letter_policy,
-        description="dlq: a message the decoder rejects goes to "
-        "the dead-letter stream and the run goes on; halt: the run commits what precedes it "
-        "and stops there.")
+        default=_ENGINE.dead_letter_policy, description="dlq: a message the decoder rejects "
+        "goes to the dead-letter stream; halt: the run commits what precedes it and stops.")
     timeout_s: float = Field(default=_ENGINE.timeout_s, description="Seconds allowed for each NATS "
                              "request of a run.")
     nats_retry_max_s: float = Field(default=_ENGINE.nats_retry_max_s, description="Seconds a run "
                                     "retries a NATS step while NATS is unreachable, then fails.")
-    nats_retry_backoff_s: float = Field(default=_ENGINE.nats_retry_backoff_s,
-                                        description="First pause "
-                                        "between a run's NATS retries (seconds; doubling) ...")
+    nats_retry_backoff_s: float = Field(default=_ENGINE.nats_retry_backoff_s, description="First "
+                                        "pause between a run's NATS retries (doubling) ...")
     nats_retry_max_backoff_s: float = Field(default=_ENGINE.nats_retry_max_backoff_s,
                                             description="... up to this many seconds.")
     executor_read_min_msgs: int | None = Field(
-        default=_ENGINE.executor_read_min_msgs,
-        description="Messages: a partition whose backlog is at "
-        "least this many is read, decoded and transformed as one batch on the Spark executors "
-        "(the jetstream data source), then committed once on the driver; needs a Spark "
-        "processor. None: off (bench/spark_read.py measures the crossover for your cluster).")
+        default=_ENGINE.executor_read_min_msgs, description="A backlog of at least this many "
+        "messages is read, decoded and transformed as one batch on the Spark executors, then "
+        "committed once on the driver (a Spark processor; None: off; bench/spark_read.py).")
     dlq_max_age_s: float | None = Field(default=_ENGINE.dlq_max_age_s, description="Seconds the "
                                         "dead-letter stream keeps a dead letter (None: for ever).")
     # ------------------------------------------------------------ the deployment and the sensor
     run_timeout_s: float = Field(default=3600.0, description="Upper bound of one partition run.")
     min_pending: int = Field(default=1, description="Backlog sensor: run a partition at this many "
                              "pending messages ...")
-    max_age_s: float | None = Field(default=None,
-                                    description="... or when its oldest pending message "
-                                    "is this old (seconds).")
+    max_age_s: float | None = Field(default=None, description="... or when its oldest pending "
+                                    "message is this old (seconds).")
     retry_max_failures: int = Field(
         default=5,
         description="Backlog sensor and drain schedule: a partition whose runs failed this "
@@ -407,15 +389,12 @@ class PartitionRunsResource(ConfigurableResource):
         "of the run's start (time to write its first heartbeat).")
     # ------------------------------------------------------------ run retention
     run_retention_hours: float | None = Field(
-        default=24.0, gt=0,
-        description="Run retention (the <asset>_run_retention sensor, running by "
-        "default): finished runs of a group's asset created more than this many hours ago are "
-        "deleted, except the newest run_retention_keep_runs, each partition's last successful "
-        "run and the failures since, and the runs of its latest check results. None: off "
-        "(Dagster keeps every run for ever).")
-    run_retention_keep_runs: int = Field(default=100, ge=0,
-                                         description="... the newest runs of the "
-                                         "asset that stay whatever their age ...")
+        default=24.0, gt=0, description="The <asset>_run_retention sensor deletes an asset's "
+        "finished runs older than this many hours, except the newest run_retention_keep_runs, "
+        "each partition's last success and failures since, and its latest checks' runs. None: "
+        "off.")
+    run_retention_keep_runs: int = Field(default=100, ge=0, description="... the newest runs "
+                                         "of the asset that stay whatever their age ...")
     run_retention_max_deletes: int = Field(
         default=100, ge=1, description="... and the most runs one evaluation (every 60 s) deletes: "
         "keep it above the runs a group starts in a minute.")

@@ -1,16 +1,8 @@
-"""Run retention of an asset (issue 40): the ``<asset>_run_retention`` sensor (running by
-default, :func:`build_run_retention_sensor`) deletes, a bounded number per evaluation, the
-finished runs of the asset's partitions that nothing reads any more (Dagster OSS keeps every
-run for ever: ~23,000 a day at 8 partitions and 30 s ticks).
-
-A run is deleted (``DagsterInstance.delete_run``) when it is finished, older than
-``PartitionRunsResource.run_retention_hours``, belongs to the asset (one of its jobs, or an
-asset selection holding it) and is none of these (:func:`retain_runs`): the newest
-``run_retention_keep_runs`` runs; per partition its newest materializing run, its newest
-partition run (where the retry rule stops counting) and every failed run since; the runs
-holding each partition's latest check results. Queued and in-progress runs are never
-selected. Public Dagster APIs only.
-"""
+"""Run retention (issue 40): the ``<asset>_run_retention`` sensor (running by default) deletes,
+a bounded number per evaluation, the asset's finished runs older than ``run_retention_hours``
+that nothing reads any more: not the newest ``run_retention_keep_runs``, nor per partition its
+newest materializing and partition runs and the failures since, nor the runs of its latest
+check results (:func:`retain_runs`). Public Dagster APIs only."""
 
 from __future__ import annotations
 
@@ -166,13 +158,10 @@ def retain_runs(instance: DagsterInstance, asset_key: AssetKey, partition_keys: 
 
 def retention_bound(runs_per_hour: float, partitions: int, *, keep_hours: float,
                     keep_runs: int, checks: int, failures: int) -> int:
-    """The most finished runs of an asset that :func:`retain_runs` leaves, when each evaluation
-    deletes what became deletable since the previous one (``max_deletes`` at least the runs
-    created per evaluation interval): the runs of the last ``keep_hours`` hours (at
-    ``runs_per_hour``), plus ``keep_runs``, plus per partition 2 newest successes, its
-    ``checks`` latest check results' runs and ``failures`` failed runs since its last success
-    (at most ``retry_max_failures`` per code version while the sensor retries), plus one
-    evaluation interval of runs. Queued and in-progress runs come on top."""
+    """The most finished runs :func:`retain_runs` leaves when each evaluation deletes what
+    became deletable: ``keep_hours`` (plus one interval) of runs at ``runs_per_hour``,
+    ``keep_runs``, and per partition 2 successes, ``checks`` check runs and ``failures``
+    failed runs. Queued and in-progress runs come on top."""
     return int(runs_per_hour * (keep_hours + RETENTION_INTERVAL_S / 3600.0)) + keep_runs + \
         partitions * (2 + checks + failures)
 

@@ -1,14 +1,8 @@
-"""A partition run, one input or a set alike: resolve it (tags, earlier runs of the partition,
-configs, owner, sink, processor), run it (:func:`engine_run`, the ONE call into the engine),
-report it (metadata, check results).
-
-One run per partition at a time however it was launched: a run first waits for the earlier
-in-progress runs of its ``dagster/partition`` key (:func:`wait_for_earlier_runs`), and with
-the instance setting ``concurrency: runs: tag_concurrency_limits: [{key: "dagster/partition",
-value: {applyLimitPerUniqueValue: true}, limit: 1}]`` launched runs wait in the queue instead.
-The leases and the fenced commit stay the last line. A run keeps a heartbeat in NATS and tags
-its worker (:func:`run_alive`) so the backlog sensor can judge it lost from any host.
-"""
+"""A partition run, one input or a set alike: resolve it, run it (:func:`engine_run`, the ONE
+call into the engine), report it. One run per partition at a time however it was launched: it
+waits for earlier in-progress runs of its ``dagster/partition`` key (and with a tag concurrency
+limit on that key in ``dagster.yaml`` launched runs wait in the queue); leases and the fence
+stay the last line. It keeps a heartbeat in NATS and tags its worker (:func:`run_alive`)."""
 
 from __future__ import annotations
 
@@ -82,8 +76,7 @@ class PartitionRunConfig(Config):
 
 
 def run_mode(tags: Mapping[str, str], config: PartitionRunConfig) -> str:
-    """The run's mode: the ``cg/mode`` tag when set (``drain`` or ``rebuild``), else the run
-    config's ``mode``. Raises ``Failure`` for another tag value."""
+    """The ``cg/mode`` tag, else the run config's ``mode``; ``Failure`` for another tag."""
     tag = tags.get(MODE_TAG)
     if tag is None:
         return config.mode
@@ -120,15 +113,14 @@ _ACTIVE = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus
 
 
 def _targets(run: DagsterRun, key: AssetKey) -> bool:
-    """Whether ``run`` materializes asset ``key`` (a run without an asset selection is taken
-    to: its partition key already names the partition)."""
+    """Whether ``run`` materializes asset ``key`` (or selects no asset: all of its job's)."""
     return not run.asset_selection or key in run.asset_selection
 
 
 def wait_for_earlier_runs(context: AssetExecutionContext, timeout_s: float,
                           poll_s: float = 1.0) -> list[str]:
-    """Wait until no other run of this asset partition that started before this one is in
-    progress. Returns the ids of the runs waited for.
+    """Wait until no run of this asset partition that started earlier is in progress; returns
+    the ids of the runs waited for.
 
     Raises:
         Failure: still waiting after ``timeout_s`` seconds (nothing was consumed).
@@ -161,8 +153,7 @@ def wait_for_earlier_runs(context: AssetExecutionContext, timeout_s: float,
 
 class RunProgress:
     """The engine hook of a run: after a commit, at most every :data:`PROGRESS_EVERY_S`
-    seconds, one line (messages committed, sequence, backlog left, dead letters, rate; a set's
-    joint commits and time)."""
+    seconds, one progress line."""
 
     def __init__(self, log: Any, partition: int, every_s: float = PROGRESS_EVERY_S) -> None:
         self.log, self.partition, self.every_s = log, partition, every_s
@@ -251,8 +242,7 @@ def engine_run(spec: StreamAsset, run: Resolved, allow_partial: bool, hook: RunP
 
 def materialize(context: AssetExecutionContext, spec: StreamAsset, config: PartitionRunConfig
                 ) -> Iterator[MaterializeResult | AssetCheckResult]:
-    """The asset op's body: resolve, run, report; a failed run reports its check results
-    (:func:`~cg_pipelines.dagster.checks.failed_run_checks`) and raises."""
+    """The asset op's body: resolve, run, report (a failed run: its check results, raised)."""
     try:
         with run_alive(context, spec), (
                 stopping_foreign_spark(context, spec.spark_resource_key) if spec.uses_spark
@@ -273,8 +263,8 @@ def materialize(context: AssetExecutionContext, spec: StreamAsset, config: Parti
 
 def _resolve(context: AssetExecutionContext, spec: StreamAsset, config: PartitionRunConfig
              ) -> Resolved:
-    """Tag the run, wait for earlier runs of its partition, read the configs (a set checked),
-    check this deployment serves the partition's owner, make the sink and the processor.
+    """Tag the run, wait for earlier runs, read the configs, check the owner is served here,
+    make the sink and the processor.
 
     Raises:
         Failure: an earlier run still in progress after ``run_timeout_s``, the configs cannot
@@ -321,9 +311,8 @@ def _summary(p: int, o: Outcome) -> str:
 
 
 def _report(spec: StreamAsset, run: Resolved, o: Outcome) -> MaterializeResult:
-    """The materialization of a run that ended: the run's figures, each input's (flat for
-    one input, ``<input>/...`` for a set, and ``lineage``: all inputs as one JSON value), the
-    table's (:func:`table_metadata`) and the run's check results.
+    """The materialization: the run's figures, each input's (``<input>/...`` on a set; all in
+    ``lineage``), the table's (:func:`table_metadata`) and the check results.
 
     Raises:
         Failure: the run halted at a message (``dead_letter_policy='halt'``) or processed

@@ -1,12 +1,8 @@
 """What a user declares: ONE asset spec, :class:`StreamAsset`, whose inputs are one consumer
-group or a co-partitioned set of groups. :class:`ConsumerGroupAsset` (``stream=``,
-``group=``) and :class:`CoPartitionedAsset` (``inputs=``, two or more) are its two
-constructor forms; everything downstream (asset, run, tick, checks) reads the spec's
-``inputs`` and never asks which form made it.
-
-Also here: the partition keys of a spec, its per-input check names, the errors a tick or a run
-reports instead of crashing (:data:`TICK_ERRORS`) and the bounded read of every input's
-config (:func:`load_configs`)."""
+group or a co-partitioned set (constructor forms :class:`ConsumerGroupAsset` and
+:class:`CoPartitionedAsset`; nothing downstream asks which made it); its partition keys and
+per-input names, the errors a tick or run reports (:data:`TICK_ERRORS`) and the read of every
+input's config (:func:`load_configs`)."""
 
 from __future__ import annotations
 
@@ -192,7 +188,7 @@ class StreamAsset:
 
     @property
     def label(self) -> str:
-        """The input groups, distinct, joined by ``+`` (what run keys start with)."""
+        """The input groups, distinct, joined by ``+`` (run keys start with it)."""
         return "+".join(dict.fromkeys(i.group for i in self.inputs))
 
     @property
@@ -270,12 +266,8 @@ class ConsumerGroupAsset(StreamAsset):
 
 @dataclass(frozen=True)
 class CoPartitionedAsset(StreamAsset):
-    """The set form of :class:`StreamAsset`: two or more ``inputs`` and a
-    :class:`~cg_pipelines.engine.join_processor.JoinProcessor` (docs/joins.md).
-
-    Raises:
-        ConfigError: fewer than two inputs, and what :class:`StreamAsset` refuses.
-    """
+    """The set form of :class:`StreamAsset`: two or more ``inputs`` and a ``JoinProcessor``
+    (docs/joins.md). Raises ``ConfigError`` for fewer, and what ``StreamAsset`` refuses."""
 
     def __post_init__(self) -> None:
         if len(tuple(self.inputs)) < 2:
@@ -286,8 +278,8 @@ class CoPartitionedAsset(StreamAsset):
 
 async def read_configs(nc: Any, spec: StreamAsset, timeout: float
                        ) -> list[Versioned[ElasticConfig]]:
-    """Every input's elastic config (one KV read each), the partition count checked (and a
-    set's co-partitioning, :func:`~cg_pipelines.core.copartition.check_copartitioned`).
+    """Every input's elastic config, the partition count (and a set's co-partitioning)
+    checked.
 
     Raises:
         GroupNotFoundError, CoPartitionError, ConfigError, JetStreamError, TimeoutError.
@@ -321,8 +313,7 @@ def asset_key_of(spec: StreamAsset) -> AssetKey:
 @contextlib.contextmanager
 def partitioned_checks_preview() -> Iterator[None]:
     """Silence, inside the block only, Dagster 1.13's ``PreviewWarning`` for partitioned asset
-    checks ("Specifying a partitions_def on an AssetCheckSpec"): the library's checks are
-    that feature by design; other warnings, and the user's own, still show."""
+    checks (the library's checks are that feature by design)."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message=r"Specifying a partitions_def on an AssetCheckSpec",

@@ -1,19 +1,10 @@
-"""What launches an asset's runs, one input or a set alike: the ``<name>_membership`` and
-``<name>_backlog`` sensors and the ``<name>_drain`` schedule (all stopped by default), and the
-ONE backlog tick they share (:func:`backlog_tick`).
-
-- membership (cursor: the inputs' newest KV revision and the assignment; a set's groups share
-  their member mappings): on a change, one run per partition a member served here gained,
-  and an observation of each move.
-- backlog: read every input (:func:`~cg_pipelines.dagster.reading.read_inputs`), mark failed
-  the lost runs (every input's lease of the partition probed, :func:`fail_lost`), plan runs
-  with retries over the merged backlog (partition ``p`` runs when ANY input has a backlog
-  there), then the observers (:data:`OBSERVERS`), each keeping its part of the one cursor
-  (:class:`~cg_pipelines.core.triggers.BacklogCursor`). Bounded: every NATS call within
-  ``call_timeout_s``, a constant number of instance queries, at most ``LOG_LINES`` lines, only
-  changed check results written (``bench/sensor_ticks.py``, ``docs/signals.md``).
-- drain: the backlog rule on a cron (no observers).
-"""
+"""What launches an asset's runs, one input or a set alike: the ``<name>_membership`` sensor
+(runs the partitions this deployment's members gained), the ``<name>_backlog`` sensor and the
+``<name>_drain`` schedule (stopped by default), and the ONE backlog tick they share
+(:func:`backlog_tick`: read every input, fail the lost runs, plan runs over the merged backlog,
+then the :data:`OBSERVERS`, each keeping its part of the one cursor). Bounded: NATS calls within
+``call_timeout_s``, constant instance queries, only changed check results written
+(``docs/signals.md``, ``bench/sensor_ticks.py``)."""
 
 from __future__ import annotations
 
@@ -119,13 +110,13 @@ def leases_of(spec: StreamAsset, partition: int) -> list[Lease]:
             for i in spec.inputs]
 
 
-def nats_probe(nats_res: NatsResource, leases: Callable[[str], Sequence[Lease]]) -> Probe:
+def nats_probe(nats_res: NatsResource, spec: StreamAsset) -> Probe:
     """A probe reading, in one bounded NATS session, each suspect's heartbeat and whether any
-    lease of its partition key (``leases(key)``) is pinned. NATS trouble answers nothing
-    (every fact unknown: the runs stay alive)."""
+    input's lease of its partition is pinned; NATS trouble answers nothing (runs stay alive)."""
 
     def probe(suspects: Sequence[Suspect]) -> Mapping[str, tuple[bool | None, bool | None]]:
-        wanted = {s.run_id: list(leases(s.partition_key)) for s in suspects}
+        wanted = {s.run_id: leases_of(spec, spec.partition_of(s.partition_key))
+                  for s in suspects}
 
         async def read(nc: Client) -> dict[str, tuple[bool | None, bool | None]]:
             api = JetStreamAPI(nc, timeout=nats_res.call_timeout_s / 2)
@@ -147,12 +138,10 @@ def nats_probe(nats_res: NatsResource, leases: Callable[[str], Sequence[Lease]])
 def fail_lost(instance: DagsterInstance, spec: StreamAsset, keys: Sequence[str],
               nats_res: NatsResource, runs: PartitionRunsResource, log: Any, now: float
               ) -> None:
-    """Mark failed the lost runs of partition ``keys``
-    (:func:`~cg_pipelines.dagster.history.fail_lost_runs`, probing every input's lease of the
-    partition), one warning each naming why."""
-    probe = nats_probe(nats_res, lambda key: leases_of(spec, spec.partition_of(key)))
-    for run_id, reason in fail_lost_runs(instance, keys, probe, grace_s=runs.lost_run_grace_s,
-                                         now=now):
+    """Mark failed the lost runs of partition ``keys`` (:func:`fail_lost_runs` with
+    :func:`nats_probe`), one warning each naming why."""
+    for run_id, reason in fail_lost_runs(instance, keys, nats_probe(nats_res, spec),
+                                         grace_s=runs.lost_run_grace_s, now=now):
         log.warning(f"run {run_id} is lost: {reason}; marked failed")
 
 
@@ -261,8 +250,7 @@ def backlog_tick(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsR
 # ------------------------------------------------------------------------------ observers
 
 def _committed(view: TickView, due: list[PartitionBacklog]) -> dict[tuple[str, int], int]:
-    """``{(input name, partition): last committed sequence}`` of the partitions ``due``, when
-    the warehouse can tell (one watermark read)."""
+    """``{(input name, partition): last committed sequence}`` (one watermark read)."""
     spec = view.spec
     if view.warehouse is None or not due:
         return {}
@@ -277,12 +265,11 @@ def _committed(view: TickView, due: list[PartitionBacklog]) -> dict[tuple[str, i
 
 
 def observe_lag(view: TickView, cursor: BacklogCursor, out: BacklogTick) -> BacklogCursor:
-    """Lag observations of the partitions whose lag state changed, else every
-    ``lag_refresh_s`` while they have a backlog, within ``lag_observations_per_day``
-    (:func:`~cg_pipelines.core.lag.lag_observations_due`). Metadata: ``lag_state``,
-    ``pending``, ``oldest_pending_age_s`` (seconds at ``now``), ``first_pending_seq``, with a
-    backlog ``oldest_pending_timestamp``, and per input (``<input>/...`` on a set) its
-    ``pending``, ``oldest_pending_age_s`` and ``last_committed_seq``; keeps ``observed``."""
+    """Lag observations when a partition's lag state changes, else every ``lag_refresh_s``
+    while it has a backlog (:func:`~cg_pipelines.core.lag.lag_observations_due`): ``lag_state``,
+    ``pending``, ``oldest_pending_age_s`` (s), ``first_pending_seq``,
+    ``oldest_pending_timestamp``, per input (``<input>/`` on a set) ``pending``,
+    ``oldest_pending_age_s``, ``last_committed_seq``."""
     spec, now = view.spec, view.now
     due, observed = lag_observations_due(
         view.reading.backlog, view.previous.observed, now, spec.lag_refresh_s,
@@ -313,8 +300,7 @@ def observe_lag(view: TickView, cursor: BacklogCursor, out: BacklogTick) -> Back
 def observe_dead_letters(view: TickView, cursor: BacklogCursor, out: BacklogTick
                          ) -> BacklogCursor:
     """One observation per input and partition whose dead-letter count changed (``<input>/``
-    keys on a set): how many, the latest one's dead-letter and source sequences and reason
-    (cut at 400 characters), the dead-letter stream; keeps the counts."""
+    keys on a set): the count, the latest one's sequences and reason, the stream."""
     spec = view.spec
     for i in spec.inputs:
         pre = spec.md_prefix(i)
@@ -331,9 +317,7 @@ def observe_dead_letters(view: TickView, cursor: BacklogCursor, out: BacklogTick
 
 
 def observe_checks(view: TickView, cursor: BacklogCursor, out: BacklogTick) -> BacklogCursor:
-    """The served partitions' partitioned checks
-    (:func:`~cg_pipelines.dagster.checks.partition_checks`); a failure is logged and retried
-    at the next tick."""
+    """The partitioned checks (:func:`~cg_pipelines.dagster.checks.partition_checks`)."""
     try:
         out.check_evaluations, out.check_requests = partition_checks(
             view.spec, view.reading, view.exhausted, view.policy, view.instance, view.log,
@@ -345,8 +329,7 @@ def observe_checks(view: TickView, cursor: BacklogCursor, out: BacklogTick) -> B
 
 def observe_reconcile(view: TickView, cursor: BacklogCursor, out: BacklogTick
                       ) -> BacklogCursor:
-    """Each input's ``origin_reconciled`` every ``reconcile_interval_s`` seconds (with a
-    warehouse); keeps ``reconciled_at``. A failure is logged and retried at the next tick."""
+    """Each input's ``origin_reconciled`` every ``reconcile_interval_s`` seconds."""
     spec = view.spec
     if (spec.reconcile_interval_s is None or view.warehouse is None
             or view.now - view.previous.reconciled_at < spec.reconcile_interval_s):
@@ -374,8 +357,7 @@ Job = Any
 
 def _instance_of(context: SensorEvaluationContext | ScheduleEvaluationContext
                  ) -> DagsterInstance | None:
-    """The context's instance (always there under the daemon), or None in a test context
-    built without one: then no run history is read (no retries, no lost-run detection)."""
+    """The context's instance, or None in a test context built without one."""
     try:
         return context.instance
     except DagsterInvariantViolationError:

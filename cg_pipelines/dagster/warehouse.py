@@ -1,11 +1,7 @@
-"""The warehouse resources, and the contract the Dagster layer speaks to them
-(:class:`Warehouse`): :class:`DeltaWarehouseResource` (``<root>/<table>``, local or
-``s3://``) and :class:`IcebergWarehouseResource` (``<namespace>.<table>`` of an SQLite,
-Postgres or REST catalog; the ``iceberg`` extra, imported when first used). The asset, the
-sensors and the reconcile check use a warehouse only through :class:`Warehouse`, its tables
-only through :class:`~cg_pipelines.sinks.table.TableSink`. Secrets go to the sinks' storage
-options or catalog properties, masked in ``repr``; give them as ``EnvVar``.
-"""
+"""The warehouse resources (:class:`DeltaWarehouseResource`: ``<root>/<table>``;
+:class:`IcebergWarehouseResource`: ``<namespace>.<table>`` of a catalog, the ``iceberg`` extra)
+and the contract the layer uses them through (:class:`Warehouse`; their tables only through
+:class:`~cg_pipelines.sinks.table.TableSink`). Secrets: ``EnvVar``, masked in ``repr``."""
 
 from __future__ import annotations
 
@@ -128,14 +124,9 @@ _CATALOGS_LOCK = threading.Lock()
 
 class IcebergWarehouseResource(ConfigurableResource):
     """Where a deployment's Iceberg tables live: catalog + warehouse, tables
-    ``<namespace>.<table>`` (identity-partitioned by ``_partition``). Examples::
-
-        IcebergWarehouseResource(warehouse="/data/lake")  # SQLite catalog in catalog.db
-        IcebergWarehouseResource(catalog_uri=EnvVar("CG_ICEBERG_CATALOG"),  # Postgres
-                                 warehouse="s3://lake/tables", s3_endpoint=...,
-                                 aws_access_key_id=EnvVar(...), ...)
-        IcebergWarehouseResource(catalog_type="rest", catalog_uri="https://catalog:8181",
-                                 warehouse="...")
+    ``<namespace>.<table>`` (identity-partitioned by ``_partition``), e.g.
+    ``IcebergWarehouseResource(warehouse="/data/lake")`` (SQLite catalog in catalog.db), with
+    ``catalog_uri=EnvVar(...)`` a Postgres one, with ``catalog_type="rest"`` a REST catalog.
 
     Secrets (S3 keys, a REST token): ``EnvVar``; pyiceberg gets them, ``repr`` masks them.
     """
@@ -232,9 +223,8 @@ class IcebergWarehouseResource(ConfigurableResource):
         """A fenced Iceberg sink for ``table`` (identity-partitioned by ``_partition``).
 
         Raises:
-            ConfigError: ``maintenance`` given: those settings (compaction, vacuum, Delta log
-                cleanup, :class:`~cg_pipelines.sinks.maintenance.Maintenance`) are Delta's; an
-                Iceberg sink's upkeep is snapshot expiry (docs/iceberg.md).
+            ConfigError: ``maintenance`` given (Delta's settings; Iceberg's upkeep is snapshot
+                expiry, docs/iceberg.md).
         """
         if maintenance is not None:
             raise ConfigError("maintenance", "Delta table upkeep settings (Maintenance) do not "
