@@ -184,7 +184,7 @@ def dlq_ls(c: Ctx, stream: str, group: str, partition: int | None, start_seq: in
                   for d in rows], right=["seq", "partition", "source seq"])
     if more:
         where = "" if partition is None else f" -p {partition}"
-        text += (f"\nmore dead letters after sequence {rows[-1].seq} than the {limit} shown: "
+        text += (f"\nmore dead letters than the {limit} shown; the next ones: "
                  f"cg dlq ls {stream} {group}{where} --start {rows[-1].seq + 1}")
     c.out([d.as_dict() for d in rows], text if rows else f"no dead letters in {name}")
 
