@@ -329,7 +329,7 @@ def _report(spec: StreamAsset, run: Resolved, o: Outcome) -> MaterializeResult:
             round(processed / o.seconds, 1) if o.seconds > 0 else 0.0),
         "owner_member": run.owner, "config_revision": run.revision, "detail": o.detail or "",
         "timings": MetadataValue.json({k: round(v, 3) for k, v in o.timings.items()}),
-        "table_versions": MetadataValue.json(getattr(run.sink, "versions_written", [])),
+        "table_versions": MetadataValue.json(run.sink.versions_written),
         "waited_for_runs": ", ".join(run.waited)}
     lineage = []
     for inp in spec.inputs:
