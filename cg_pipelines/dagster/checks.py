@@ -15,7 +15,7 @@ import concurrent.futures
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
@@ -82,7 +82,7 @@ __all__ = ["CHECKS_PER_TICK", "CHECK_RETRY_S", "CHECK_RUNS_PER_TICK", "DEAD_LETT
            "failed_run_checks", "lag_evaluations", "partition_checks", "plan_partition_checks",
            "run_check_results", "run_check_specs", "runs_evaluations",
            "RECONCILE_CHECK", "build_reconcile_check", "reconcile_evaluation",
-           "reconcile_group_report", "reconcile_skip_reason"]
+           "reconcile_group_report"]
 
 DRAINED_CHECK = "backlog_drained"
 FENCE_CHECK = "no_unexplained_fence_conflicts"
@@ -449,9 +449,6 @@ RECONCILE_CHECK = "origin_reconciled"
 DEFAULT_CHECK_MESSAGES = 200_000
 """Origin messages one chunk of an evaluation reads at most."""
 
-T = TypeVar("T")
-
-
 def _outside_loop(fn: Any, *args: Any, **kw: Any) -> Any:
     """``fn(*args, **kw)``, in a worker thread when this thread runs an event loop (the NATS
     session uses ``asyncio.run``, which refuses to run inside one)."""
@@ -571,16 +568,6 @@ def reconcile_evaluation(
     return AssetCheckEvaluation(asset_key=asset_key_of(spec),
                                 check_name=spec.per_input(RECONCILE_CHECK, inp),
                                 **_result(spec, rep))
-
-
-def reconcile_skip_reason(
-    spec: StreamAsset, nats: NatsResource, warehouse: Warehouse,
-    **kw: Any,
-) -> str | None:
-    """``None`` when the group reconciles, else one line for a sensor's skip reason (the gaps,
-    the partitions and the repair, or the sourcing stall)."""
-    rep = reconcile_group_report(spec, nats, warehouse, **kw)
-    return None if _passed(rep) else _description(spec, rep)
 
 
 def build_reconcile_check(

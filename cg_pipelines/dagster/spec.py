@@ -247,15 +247,21 @@ def _positive_int(what: str, v: Any) -> None:
         raise ConfigError(what, f"must be an integer >= 1, got {v!r}")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, init=False)
 class ConsumerGroupAsset(StreamAsset):
-    """The one-input form of :class:`StreamAsset`: ``ConsumerGroupAsset(name=, stream=,
-    group=, partitions=, processor=, ...)`` (keywords; its one input is named after the
-    group). The other attributes are :class:`StreamAsset`'s."""
+    """The one-input form of :class:`StreamAsset`: ``ConsumerGroupAsset(name, stream, group,
+    partitions, processor, **options)``, its one input named after the group; ``options``
+    are :class:`StreamAsset`'s keyword attributes."""
 
-    stream: str
-    group: str
+    stream: str = ""
+    group: str = ""
     inputs: Sequence[JoinInput] = field(init=False, default=())
+
+    def __init__(self, name: str, stream: str, group: str, partitions: int,
+                 processor: Processor, **options: Any) -> None:
+        object.__setattr__(self, "stream", stream)
+        object.__setattr__(self, "group", group)
+        StreamAsset.__init__(self, name, (), partitions, processor, **options)
 
     def __post_init__(self) -> None:
         if not self.stream or not self.group:

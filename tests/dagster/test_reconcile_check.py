@@ -23,7 +23,6 @@ from cg_pipelines.dagster.checks import (
     RECONCILE_CHECK,
     build_reconcile_check,
     reconcile_evaluation,
-    reconcile_skip_reason,
 )
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.rebuild import rebuild_partition
@@ -101,8 +100,6 @@ async def test_reconcile_check_fails_on_a_gap_then_passes(
     ev = await asyncio.to_thread(reconcile_evaluation, group, nats, wh, seq_column="seq")
     assert not ev.passed and ev.severity == AssetCheckSeverity.ERROR
     assert "origin sequences 201..205 (5 messages, partition" in ev.description
-    reason = await asyncio.to_thread(reconcile_skip_reason, group, nats, wh, seq_column="seq")
-    assert reason == ev.description
     # inside a running event loop too (no asyncio.run there)
     again = reconcile_evaluation(group, nats, wh)
     assert again.description == ev.description
