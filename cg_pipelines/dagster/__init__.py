@@ -14,9 +14,9 @@ drain, rebuild and checks jobs, the membership and backlog sensors, the drain sc
 retention sensor and an IO manager; in a ``dg`` project :class:`ConsumerGroupAssetComponent`.
 
 Modules: ``spec`` (what a user declares), ``asset`` (the builder), ``run`` (a partition run;
-the one call into the engine), ``triggers`` (sensors, schedule), ``tick`` (the backlog tick,
-its cursor, observers), ``reading`` (its NATS read), ``checks``, ``reconcile``, ``history`` and
-``retention`` (the Dagster instance), ``resources``, ``warehouse``, ``io_manager``,
+the one call into the engine), ``triggers`` (sensors, schedule, the backlog tick, its cursor and
+observers), ``reading`` (their NATS read), ``checks`` (every check, reconcile too), ``history``
+and ``retention`` (the Dagster instance), ``resources``, ``warehouse``, ``io_manager``,
 ``iceberg``, ``component``, ``definitions`` (all specs to ``Definitions``).
 """
 
