@@ -75,14 +75,14 @@ from cg_pipelines.dagster import (  # noqa: E402
     NatsResource,
     PartitionRunsResource,
     build_definitions,
-    partition_checks,
-    sensors,
+    checks,
+    triggers,
 )
-from cg_pipelines.dagster.history import CODE_TAG  # noqa: E402
-from cg_pipelines.dagster.partition_checks import (  # noqa: E402
+from cg_pipelines.dagster.checks import (  # noqa: E402
     CHECK_RUNS_PER_TICK,
     CHECKS_PER_TICK,
 )
+from cg_pipelines.dagster.history import CODE_TAG  # noqa: E402
 from cg_pipelines.jetstream import admin  # noqa: E402
 from cg_pipelines.jetstream.api import JetStreamAPI  # noqa: E402
 from cg_pipelines.local.nats_server import NatsServer  # noqa: E402
@@ -204,7 +204,7 @@ def quiet_stderr() -> Iterator[None]:
 
 class StorageCalls:
     """Counts a Dagster instance's storage calls made by a tick, and the first check results
-    it records (``partition_checks.record_first_checks``: results, and the seconds it took)."""
+    it records (``checks.record_first_checks``: results, and the seconds it took)."""
 
     NAMES = ("get_run_records", "get_records_for_run", "report_runless_asset_event")
     STORED = "check results recorded"
@@ -216,7 +216,7 @@ class StorageCalls:
         for name in self.NAMES:
             self._wrap(instance, name)
         self._wrap(instance.event_log_storage, "get_asset_check_partition_info")
-        real = partition_checks.record_first_checks
+        real = checks.record_first_checks
 
         def stored(inst: DagsterInstance, evaluations: Any, log: Any) -> list[Any]:
             t0 = time.perf_counter()
@@ -227,7 +227,7 @@ class StorageCalls:
             finally:
                 self.write_s += time.perf_counter() - t0
 
-        partition_checks.record_first_checks = stored  # type: ignore[assignment]
+        checks.record_first_checks = stored  # type: ignore[assignment]
 
     def _wrap(self, obj: Any, name: str) -> None:
         real = getattr(obj, name)
@@ -251,18 +251,18 @@ class StorageCalls:
 
 class Phases:
     """Wall-clock seconds a tick spends in each part: ``read`` (the NATS session:
-    ``sensors.read_group``), ``history`` (run history: ``sensors.partition_runs``), ``check
-    states`` (``partition_checks.check_states``), ``check writes``
-    (``partition_checks.record_first_checks``),
-    ``other`` (the rest of ``sensors.backlog_tick``: planning, run requests, observations,
+    ``triggers.read_inputs``), ``history`` (run history: ``triggers.partition_runs``), ``check
+    states`` (``checks.check_states``), ``check writes``
+    (``checks.record_first_checks``),
+    ``other`` (the rest of ``triggers.backlog_tick``: planning, run requests, observations,
     cursor) and ``dagster`` (the rest of the tick: Dagster resolving the run requests and the
     result)."""
 
-    WRAPPED = {"read_group": "read", "partition_runs": "history",
+    WRAPPED = {"read_inputs": "read", "partition_runs": "history",
                "check_states": "check states", "record_first_checks": "check writes",
                "backlog_tick": "tick"}
     #: Where each wrapped name is looked up when called (the tick's module otherwise).
-    MODULES = {"check_states": partition_checks, "record_first_checks": partition_checks}
+    MODULES = {"check_states": checks, "record_first_checks": checks}
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -270,7 +270,7 @@ class Phases:
             self._wrap(name, label)
 
     def _wrap(self, name: str, label: str) -> None:
-        module = self.MODULES.get(name, sensors)
+        module = self.MODULES.get(name, triggers)
         real = getattr(module, name)
 
         def timed(*a: Any, **k: Any) -> Any:

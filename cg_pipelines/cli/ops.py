@@ -4,7 +4,8 @@
 - ``cg backlog S G``: per partition, pending messages, first pending sequence, age of the
   oldest, and the consumer holding it (pinned client id, messages awaiting ack).
 - ``cg dlq ls S G [-p P]``: the dead letters (sequence, partition, source sequence, subject,
-  reason); ``cg dlq show S G SEQ``: one of them with every header and a payload preview;
+  reason; at most ``--limit``, saying when there are more); ``cg dlq show S G SEQ``: one of
+  them with every header and a payload preview;
   ``cg dlq replay S G SEQ... | --all --reorder-ok``: publish them again on their subject into
   the origin stream (they are processed after everything already in their partition: later
   than newer events of the same key), then remove them from the dead-letter stream;
@@ -168,17 +169,23 @@ def dlq_ls(c: Ctx, stream: str, group: str, partition: int | None, start_seq: in
     async def go(js: JetStreamContext, api: JetStreamAPI) -> list[dl.StoredDeadLetter]:
         await _partitions(c, js, stream, group, [] if partition is None else [partition])
         try:
+            # one more than shown: whether there are more than --limit
             return await dl.list_dead_letters(api, stream, group, partition=partition,
-                                              start_seq=start_seq, limit=limit)
+                                              start_seq=start_seq, limit=limit + 1)
         except StreamNotFoundError:
             return []  # nothing was ever dead-lettered: no dead-letter stream yet
 
-    rows = _run(c, go)
+    got = _run(c, go)
+    rows, more = got[:limit], len(got) > limit
     name = dlq_stream_name(stream, group)
     text = table(["seq", "partition", "source seq", "subject", "reason"],
                  [[d.seq, d.partition, d.source_seq, d.origin_subject or d.subject,
                    (d.reason or "") + (f" [skipped: {d.skip_reason}]" if d.skip_reason else "")]
                   for d in rows], right=["seq", "partition", "source seq"])
+    if more:
+        where = "" if partition is None else f" -p {partition}"
+        text += (f"\nmore dead letters than the {limit} shown; the next ones: "
+                 f"cg dlq ls {stream} {group}{where} --start {rows[-1].seq + 1}")
     c.out([d.as_dict() for d in rows], text if rows else f"no dead letters in {name}")
 
 

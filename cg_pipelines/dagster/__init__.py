@@ -1,68 +1,62 @@
-"""Dagster integration: consumer groups as partitioned assets, one group partition per run.
+"""Dagster integration: one partitioned asset per spec, one partition per run (the
+``dagster`` extra; ``spark`` for Spark processors)::
 
-Requires the ``dagster`` extra (``pip install cg-pipelines[dagster]``; add ``spark`` for Spark
-processors). A user project needs a few lines::
-
-    from dagster import EnvVar
-    from cg_pipelines import JsonDecoder, JsonField, KeyedState
-    from cg_pipelines.dagster import (ConsumerGroupAsset, DeltaWarehouseResource,
-                                      NatsResource, SparkResource, build_definitions)
-    from cg_pipelines.spark import SparkProcessor
-
-    totals = ConsumerGroupAsset(
-        name="customer_totals", stream="orders", group="totals", partitions=4,
-        processor=SparkProcessor(JsonDecoder([JsonField("customer", "string"),
-                                              JsonField("amount", "float")]),
-                                 running_totals,  # (spark, df, ctx) -> DataFrame
-                                 state=KeyedState("customer", ("total", "orders"))))
+    totals = ConsumerGroupAsset(name="customer_totals", stream="orders", group="totals",
+                                partitions=4, processor=running_totals)
     defs = build_definitions([totals], resources={
         "nats": NatsResource(servers=EnvVar("NATS_URL")),
-        "spark": SparkResource(master="spark://spark-master:7077"),
         "warehouse": DeltaWarehouseResource(root="s3://lake/tables", ...)})
 
-What you get per group: the partitioned asset (partition keys ``<group>-<p>``) with its asset
-checks, its job, a membership sensor, a backlog sensor and a drain schedule (these start
-stopped), a run retention sensor (running: it deletes the asset's runs nothing reads any more,
-:mod:`cg_pipelines.dagster.retention`), and an IO manager that hands the table to downstream
-assets. Make runs
-of one partition exclusive however they are launched with the instance setting in
-:mod:`cg_pipelines.dagster.assets` (a ``dagster/partition`` tag limit). In a ``dg`` project, a
-group can be declared in ``defs.yaml`` instead: :class:`ConsumerGroupAssetComponent`
-(:mod:`cg_pipelines.dagster.component`).
+One spec, :class:`StreamAsset`, whose inputs are one consumer group (:class:`ConsumerGroupAsset`)
+or a co-partitioned set (:class:`CoPartitionedAsset`, docs/joins.md), gets the same parts
+(:mod:`~cg_pipelines.dagster.asset`): the asset (keys ``<group>-<p>``) and its checks, the
+drain, rebuild and checks jobs, the membership and backlog sensors, the drain schedule, the run
+retention sensor and an IO manager; in a ``dg`` project :class:`ConsumerGroupAssetComponent`.
+
+Modules: ``spec`` (what a user declares), ``asset`` (the builder), ``run`` (a partition run;
+the one call into the engine), ``triggers`` (sensors, schedule, the backlog tick, its cursor and
+observers), ``reading`` (their NATS read), ``checks`` (every check, reconcile too), ``history``
+and ``retention`` (the Dagster instance), ``resources``, ``warehouse``, ``io_manager``,
+``iceberg``, ``component``, ``definitions`` (all specs to ``Definitions``).
 """
 
+from cg_pipelines.dagster.asset import AssetDefinitions, build_asset_definitions
 from cg_pipelines.dagster.component import ConsumerGroupAssetComponent
-from cg_pipelines.dagster.definitions import (
-    GroupDefinitions,
-    build_definitions,
-    build_group_definitions,
-)
+from cg_pipelines.dagster.definitions import build_definitions
 from cg_pipelines.dagster.io_manager import DeltaTableIOManager
-from cg_pipelines.dagster.joins import CoPartitionedAsset, build_copartitioned_definitions
 from cg_pipelines.dagster.resources import (
     DeltaWarehouseResource,
     NatsResource,
     PartitionRunsResource,
     SparkResource,
 )
-from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.spec import (
+    ConsumerGroupAsset,
+    CoPartitionedAsset,
+    JoinInput,
+    StreamAsset,
+)
 from cg_pipelines.dagster.warehouse import Warehouse
 
-# What a user project needs. The building blocks (the asset, sensors, schedule and checks
-# factories, the backlog tick, run config) stay importable from their submodules:
-# cg_pipelines.dagster.{assets,sensors,checks,history,spec,resources,warehouse,io_manager,
-# definitions}; the Iceberg warehouse and IO manager from cg_pipelines.dagster.iceberg.
+GroupDefinitions = AssetDefinitions
+"""The former name of :class:`~cg_pipelines.dagster.asset.AssetDefinitions`."""
+build_group_definitions = build_copartitioned_definitions = build_asset_definitions
+
 __all__ = [
+    "AssetDefinitions",
     "CoPartitionedAsset",
     "ConsumerGroupAsset",
     "ConsumerGroupAssetComponent",
     "DeltaTableIOManager",
     "DeltaWarehouseResource",
     "GroupDefinitions",
+    "JoinInput",
     "NatsResource",
     "PartitionRunsResource",
     "SparkResource",
+    "StreamAsset",
     "Warehouse",
+    "build_asset_definitions",
     "build_copartitioned_definitions",
     "build_definitions",
     "build_group_definitions",

@@ -1,38 +1,7 @@
-"""A Dagster Component for consumer-group assets: a group declared in ``defs.yaml``.
-
-``ConsumerGroupAssetComponent`` turns a YAML declaration into the same definitions as
-:func:`~cg_pipelines.dagster.build_definitions` with one
-:class:`~cg_pipelines.dagster.ConsumerGroupAsset` (the partitioned asset, its job, sensors,
-schedule, checks and IO manager). Scaffold one in a ``dg`` project with::
-
-    dg scaffold defs cg_pipelines.dagster.ConsumerGroupAssetComponent orders_totals
-
-which writes ``defs/orders_totals/defs.yaml``::
-
-    type: cg_pipelines.dagster.ConsumerGroupAssetComponent
-    attributes:
-      name: customer_totals
-      stream: orders
-      group: totals
-      partitions: 4
-      processor: my_project.transforms:totals      # module:attribute, a processor object
-      write: {mode: merge, key: customer, delete_when: {column: op, value: delete}}
-      resources:
-        nats: {servers: {env: NATS_URL}}           # {env: NAME}: dagster.EnvVar, read at run time
-        warehouse: {root: {env: WAREHOUSE}}
-        partition_runs: {batch_max_msgs: 20000}
-
-The processor is imported from its path when the definitions load (an
-:class:`~cg_pipelines.ArrowProcessor` or :class:`~cg_pipelines.spark.SparkProcessor`: Python
-code, not YAML). ``resources`` keys are ``nats`` (:class:`NatsResource`), ``warehouse``
-(:class:`DeltaWarehouseResource`; with ``format: iceberg``
-:class:`~cg_pipelines.dagster.IcebergWarehouseResource`), ``spark`` (:class:`SparkResource`)
-and ``partition_runs`` (:class:`PartitionRunsResource`); their attributes are those classes'
-fields. Several
-components with the same resource settings share one resource object, so their definitions
-merge. Errors name the field: ``processor: 'my_project.transforms:totals': module
-'my_project.transforms' has no attribute 'totals'``.
-"""
+"""A ``dg`` Component (:class:`ConsumerGroupAssetComponent`): a group, or a set (``inputs:``),
+declared in ``defs.yaml``, with the definitions of ``build_definitions`` (docs/guides/
+component.md; docs/joins.md for a set beside it). Resources with the same settings are one
+object (:func:`build_resources`), so a project's definitions merge; errors name the field."""
 
 from __future__ import annotations
 
@@ -65,27 +34,24 @@ from cg_pipelines.dagster.resources import (
     PartitionRunsResource,
     SparkResource,
 )
-from cg_pipelines.dagster.spec import ConsumerGroupAsset
+from cg_pipelines.dagster.spec import ConsumerGroupAsset, JoinInput, StreamAsset
 from cg_pipelines.dagster.warehouse import IcebergWarehouseResource
 
-__all__ = ["ConsumerGroupAssetComponent", "DeleteWhenModel", "WriteModel"]
+__all__ = ["ConsumerGroupAssetComponent", "DeleteWhenModel", "InputModel", "WriteModel",
+           "build_resources"]
 
-# The resources a defs.yaml can declare, by key.
 RESOURCE_CLASSES: dict[str, type[Any]] = {
     "nats": NatsResource,
     "warehouse": DeltaWarehouseResource,
     "spark": SparkResource,
     "partition_runs": PartitionRunsResource,
 }
-# ``warehouse: {format: ...}``: the table format's warehouse class (default delta).
 WAREHOUSE_FORMATS: dict[str, type[Any]] = {
     "delta": DeltaWarehouseResource,
     "iceberg": IcebergWarehouseResource,
 }
 # One object per (key, settings): Definitions.merge accepts a resource key twice only when it
-# is the same object, so components declaring the same settings must share it. A long-lived
-# code server reloading edited defs.yaml files adds entries: the oldest are dropped past
-# SHARED_MAX (far more distinct settings than one load of a project declares).
+# is the same object. Past SHARED_MAX (a code server reloading edited files) the oldest go.
 SHARED_MAX = 256
 _SHARED: OrderedDict[str, Any] = OrderedDict()
 
@@ -150,6 +116,15 @@ class WriteModel(Model):
             raise ConfigError("write", str(e)) from e
 
 
+class InputModel(Model):
+    """One input of a co-partitioned set: the processor's ``name`` for it, its ``stream`` and
+    elastic ``group``."""
+
+    name: str
+    stream: str
+    group: str
+
+
 class ScaffoldParams(BaseModel):
     """``dg scaffold defs ... --stream orders --group totals --partitions 4 --processor m:a``."""
 
@@ -183,7 +158,7 @@ class ConsumerGroupAssetScaffolder(Scaffolder[ScaffoldParams]):
 
 def _load_processor(path: str) -> Any:
     """The object at ``module:attribute`` (or ``module.attribute``); a processor has
-    ``process``."""
+    ``process`` (a join processor ``process_inputs``)."""
     if ":" in path:
         module_name, _, attr = path.partition(":")
     else:
@@ -201,7 +176,7 @@ def _load_processor(path: str) -> Any:
             raise ConfigError("processor", f"{path!r}: module {module_name!r} has no "
                               f"attribute {attr!r}")
         obj = getattr(obj, part)
-    if not callable(getattr(obj, "process", None)):
+    if not callable(getattr(obj, "process", getattr(obj, "process_inputs", None))):
         raise ConfigError("processor", f"{path!r} is a {type(obj).__name__}, not a processor "
                           "(an ArrowProcessor, a SparkProcessor, or an object with "
                           "process(batch, ctx))")
@@ -233,8 +208,9 @@ def shared_resource_count() -> int:
 
 
 def build_resources(declared: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The resource objects of a ``resources:`` mapping (shared between components with the
-    same settings), plus the ``cg_io_manager`` the asset's downstream readers use.
+    """The resource objects of a ``resources:`` mapping, plus ``partition_runs`` and
+    ``cg_io_manager``: for the same settings the same objects, so the definitions of a ``dg``
+    project (Components, and Python modules that take these) merge (docs/joins.md).
 
     Raises:
         ConfigError: an unknown resource key, settings that are not a mapping, or settings
@@ -276,41 +252,34 @@ def build_resources(declared: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 @scaffold_with(ConsumerGroupAssetScaffolder)
 class ConsumerGroupAssetComponent(Component, Resolvable, Model):
-    """A consumer group as a partitioned Dagster asset, declared in ``defs.yaml``.
+    """A consumer group, or a co-partitioned set of groups, as a partitioned Dagster asset,
+    declared in ``defs.yaml``.
 
     Attributes:
-        name: asset name (and Delta table name under the warehouse root).
-        stream: the origin stream.
-        group: the elastic consumer group on it (create it first: ``cg elastic create``).
-        partitions: the group's partition count (its ``max_members``).
-        processor: import path ``package.module:attribute`` of the processing step (an
-            :class:`~cg_pipelines.ArrowProcessor`, a :class:`~cg_pipelines.spark.SparkProcessor`).
+        name, partitions: as :class:`~cg_pipelines.dagster.StreamAsset`'s.
+        stream, group: the one group (create it first: ``cg elastic create``); or
+        inputs: a co-partitioned set, ``[{name, stream, group}, ...]`` (:class:`InputModel`).
+        processor: import path ``package.module:attribute`` of the processor (a
+            ``JoinProcessor`` for a set).
         write: the write mode (:class:`WriteModel`; default append).
-        resources: resource settings by key (``nats``, ``warehouse``, ``spark``,
-            ``partition_runs``); a value ``{env: NAME}`` is ``dagster.EnvVar(NAME)``.
-        description: shown in the Dagster UI.
-        group_name: the Dagster asset group.
-        partition_key_prefix: partition keys are ``<prefix><p>`` (default ``<group>-``).
-        sensor_interval_s: seconds between the sensors' ticks (at least).
-        lag_objective_s: seconds; the ``lag_within_objective`` check's bound (``null``: none).
-        schedule_cron: cron of the drain-all schedule (``null``: none).
-
-    The other settings of :class:`~cg_pipelines.dagster.ConsumerGroupAsset` keep their
-    defaults; declare the asset in Python for them.
+        resources: settings by key (``nats``, ``warehouse``, ``spark``, ``partition_runs``);
+            a value ``{env: NAME}`` is ``dagster.EnvVar(NAME)``.
+        description, group_name, partition_key_prefix, sensor_interval_s, lag_objective_s,
+        schedule_cron: as :class:`~cg_pipelines.dagster.StreamAsset`'s (``null``: none);
+            the other settings keep their defaults (declare the asset in Python for them).
 
     Raises:
-        ConfigError: when the definitions load: a processor path that does not import or
-            is not a processor, an unknown resource key or bad resource settings, a bad
-            write mode, or what
-            :class:`~cg_pipelines.dagster.ConsumerGroupAsset` and
-            :func:`~cg_pipelines.dagster.build_definitions` refuse (e.g. a missing resource).
+        ConfigError: when the definitions load: a processor path that does not import or is
+            not a processor, bad resources or write mode, or what ``StreamAsset`` and
+            ``build_definitions`` refuse.
     """
 
     name: str
-    stream: str
-    group: str
     partitions: int
     processor: str
+    stream: str | None = None
+    group: str | None = None
+    inputs: list[InputModel] | None = None
     write: WriteModel = WriteModel()
     resources: dict[str, dict[str, Any]] = {}
     description: str = ""
@@ -320,20 +289,30 @@ class ConsumerGroupAssetComponent(Component, Resolvable, Model):
     lag_objective_s: float | None = 300.0
     schedule_cron: str | None = "*/15 * * * *"
 
-    def spec(self) -> ConsumerGroupAsset:
-        """The :class:`ConsumerGroupAsset` this declaration stands for (imports the
-        processor)."""
-        write = self.write.build()
-        return ConsumerGroupAsset(
-            name=self.name, stream=self.stream, group=self.group, partitions=self.partitions,
-            processor=_load_processor(self.processor), write=write,
-            description=self.description, group_name=self.group_name,
-            partition_key_prefix=self.partition_key_prefix,
+    def spec(self) -> StreamAsset:
+        """The spec this declaration stands for (imports the processor).
+
+        Raises:
+            ConfigError: neither or both of ``stream``/``group`` and ``inputs``.
+        """
+        options: dict[str, Any] = dict(
+            write=self.write.build(), description=self.description,
+            group_name=self.group_name, partition_key_prefix=self.partition_key_prefix,
             sensor_interval_s=self.sensor_interval_s, lag_objective_s=self.lag_objective_s,
             schedule_cron=self.schedule_cron)
+        processor = _load_processor(self.processor)
+        if self.inputs is not None and self.stream is None and self.group is None:
+            return StreamAsset(self.name, [JoinInput(i.name, i.stream, i.group)
+                                           for i in self.inputs],
+                               self.partitions, processor, **options)
+        if self.inputs is not None or self.stream is None or self.group is None:
+            raise ConfigError("inputs", "declare either stream and group (one group) or "
+                              "inputs (a co-partitioned set)")
+        return ConsumerGroupAsset(name=self.name, stream=self.stream, group=self.group,
+                                  partitions=self.partitions, processor=processor, **options)
 
     def build_defs(self, context: ComponentLoadContext) -> Definitions:
-        """The group's definitions (:func:`~cg_pipelines.dagster.build_definitions`)."""
+        """The asset's definitions (:func:`~cg_pipelines.dagster.build_definitions`)."""
         resources = build_resources(self.resources)
         return build_definitions([self.spec()], resources=resources)
 

@@ -1,24 +1,8 @@
-"""What the Dagster instance knows of a consumer-group partition's runs, for the triggers.
-
-- :func:`partition_runs`: per partition, consecutive failed runs under the current code since
-  the last success, when the newest ended and its error, and whether a run is queued or in
-  progress (:class:`~cg_pipelines.core.triggers.PartitionRuns`).
-- Lost runs: a partition run records its process (:func:`run_worker_tags`) and keeps a
-  heartbeat in NATS (:class:`~cg_pipelines.jetstream.liveness.RunHeartbeat`); a run still
-  marked in progress that is lost — its process gone from this host (kill -9, OOM), or, seen
-  from any host, no heartbeat left and no pinned lease (its host was lost) — is marked failed
-  by :func:`fail_lost_runs` (the rule: :func:`cg_pipelines.core.liveness.judge_run`), so the
-  per-partition run limit frees the partition at the next tick instead of after Dagster's
-  ``max_runtime``. Dagster's own run monitoring sees a dead run worker only where the run
-  launcher reports worker health (Docker, Kubernetes, ECS) or the code server that launched it
-  is alive; a lost host is neither.
-- The backlog sensor's partitioned checks: :func:`check_states` (what Dagster shows per check
-  and partition), :func:`record_first_checks` (a partition's first results, run-less). Later
-  results go through check-only runs (:data:`CHECK_MODE`); ``docs/signals.md`` says why.
-
-Public Dagster APIs only (``dagster`` top-level names, ``DagsterInstance`` methods, the public
-``EventLogStorage`` interface): nothing here writes Dagster's tables itself.
-"""
+"""What the Dagster instance knows of an asset's partition runs, for the triggers: run history
+and retries (:func:`partition_runs`), lost runs (:func:`fail_lost_runs`: a run's worker gone
+from this host, or no heartbeat and no pinned lease from any host, by
+:func:`cg_pipelines.core.liveness.judge_run`), and the partitioned checks' states
+(:func:`check_states`, :func:`record_first_checks`). Public Dagster APIs only."""
 
 from __future__ import annotations
 
@@ -95,10 +79,8 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def worker_gone(tag: str) -> bool | None:
-    """Whether the run worker named by a :data:`WORKER_TAG` value is gone: ``True`` when it
-    ran on this host and its process no longer exists (or its pid is another process now),
-    ``False`` when it runs here, ``None`` when it cannot be told (another host, no ``/proc``, a
-    malformed tag)."""
+    """Whether the worker of a :data:`WORKER_TAG` value is gone from this host (its pid gone or
+    another process now); ``None`` when it cannot be told (another host, no ``/proc``)."""
     try:
         host, pid_s, ticks_s = tag.split(" ")
         pid, ticks = int(pid_s), int(ticks_s)
@@ -136,15 +118,12 @@ def fail_lost_runs(instance: DagsterInstance, partition_keys: Iterable[str],
                    probe: Probe | None = None, *, grace_s: float = LOST_RUN_GRACE_S,
                    now: float | None = None) -> list[tuple[str, str]]:
     """Mark failed every in-progress run of these partition keys that
-    :func:`~cg_pipelines.core.liveness.judge_run` finds lost: its recorded run worker
-    (:data:`WORKER_TAG`) gone from this host, or — on any host — no heartbeat left and no
-    pinned lease (``probe``, asked once for all the runs older than ``grace_s`` seconds that
-    this host cannot see). Returns ``(run id, reason)`` pairs. A wrong verdict loses nothing:
-    the engine's lease and fenced commit keep a live run from double-committing.
-
-    One run-records query for all the keys (a tag filter with a list of values); runs
-    without a worker tag (check-only runs) are left alone, and runs without
-    :data:`HEARTBEAT_TAG` are judged only on this host. ``now``: Unix seconds."""
+    :func:`~cg_pipelines.core.liveness.judge_run` finds lost: its worker (:data:`WORKER_TAG`)
+    gone from this host, or, on any host, no heartbeat and no pinned lease (``probe``, asked
+    once for the runs older than ``grace_s`` seconds this host cannot see). Returns ``(run id,
+    reason)`` pairs; a wrong verdict loses nothing (leases and fence). One run-records query;
+    runs without a worker tag are left alone, runs without :data:`HEARTBEAT_TAG` judged only
+    on this host. ``now``: Unix seconds."""
     keys = list(partition_keys)
     if not keys:
         return []
@@ -188,21 +167,13 @@ def partition_runs(instance: DagsterInstance, partition_keys: dict[int, str], co
                    policy: RetryPolicy, *,
                    exclude_tag: tuple[str, str | Collection[str]] | None = None,
                    errors: dict[str, str] | None = None) -> dict[int, PartitionRuns]:
-    """The run history of each partition (``{partition: its Dagster partition key}``).
-
-    A constant number of run-records queries for all the partitions, whatever their number:
-    the newest :data:`RUNS_WINDOW` unsuccessful runs of these keys (one query), then, only if
-    some failed, the successful runs of the failing keys since the oldest of those failures
-    (one query). The error of a partition's newest failed run is read from that run's
-    failure events (one indexed query of at most 4 records, never its whole log), and only
-    when ``errors`` (``{run_id: error}``, updated in place and pruned to the runs this call
-    used, so it stays bounded by the partitions: pass the same dict from tick to tick, e.g.
-    kept in a sensor cursor) does not hold it yet.
-
-    Runs carrying ``exclude_tag`` (``(tag, value)`` or ``(tag, values)``: e.g. rebuild and
-    check-only runs) are ignored; a failed run counts only
-    when it was made with ``code`` (:data:`CODE_TAG`); counting stops at the newest successful
-    run and at a failure under another code.
+    """The run history of each partition (``{partition: its Dagster partition key}``), in at
+    most two run-records queries whatever their number (the newest :data:`RUNS_WINDOW`
+    unsuccessful runs; the successes of the failing keys since). A newest failure's error is
+    read from at most 4 of its events, only when ``errors`` (``{run_id: error}``, updated and
+    pruned in place: keep it from tick to tick) lacks it. Runs carrying ``exclude_tag``
+    (``(tag, value or values)``) are ignored; a failure counts only under ``code``
+    (:data:`CODE_TAG`); counting stops at the newest success and at another code's failure.
     """
     keys = {key: p for p, key in partition_keys.items()}
     if not keys:
@@ -309,14 +280,11 @@ class CheckState:
     """The latest execution of one check on one partition, as Dagster shows it.
 
     Attributes:
-        passed: its outcome; ``None`` while only planned (a run that will evaluate it is in
-            progress, or ended before it did).
+        passed: its outcome; ``None`` while only planned.
         current: whether it targets the partition's latest materialization (Dagster shows
-            the partition's check status only then; a run-less evaluation targets none, so it
-            is current only while the partition was never materialized).
-        run_id: the run it belongs to (``""`` for a run-less evaluation).
-        storage_id: the event log storage id of its latest event (planned or evaluated):
-            grows whenever anything is recorded for this check and partition.
+            its status only then).
+        run_id: its run (``""``: run-less).
+        storage_id: the storage id of its latest event (grows with anything recorded).
     """
 
     passed: bool | None
@@ -327,16 +295,11 @@ class CheckState:
 
 def check_states(instance: DagsterInstance, asset_key: AssetKey, names: Iterable[str]
                  ) -> dict[tuple[str, str], CheckState]:
-    """``{(check name, partition key): CheckState}`` of these partitioned checks of
-    ``asset_key`` (partitions never evaluated are missing).
+    """The latest execution of each check ``names`` of ``asset_key`` per partition:
+    ``{(check name, partition key): CheckState}`` (partitions never evaluated are missing).
 
-    One storage call: ``EventLogStorage.get_asset_check_partition_info``, the per-partition
-    check state Dagster's UI reads. ``EventLogStorage`` is a public class (``@public``,
-    Dagster's API docs, "Internals"), reached as ``DagsterInstance.event_log_storage``; this
-    method is one of its abstract methods, implemented by every storage (SQLite, PostgreSQL,
-    MySQL, in memory) since partitioned checks came (1.13.0); no ``@public`` method of
-    ``DagsterInstance`` reads asset check executions. The status is read by its enum value
-    (``"PLANNED"``, ``"SUCCEEDED"``, ``"FAILED"``), whose class is not exported by ``dagster``.
+    One call of the public ``EventLogStorage.get_asset_check_partition_info`` (what the UI
+    reads; no ``DagsterInstance`` method does), the status read by its enum value.
     """
     keys = [AssetCheckKey(asset_key, n) for n in names]
     if not keys:
@@ -376,19 +339,9 @@ def partition_runs_of(instance: DagsterInstance, run_ids: Iterable[str]) -> set[
 
 def record_first_checks(instance: DagsterInstance, evaluations: Sequence[AssetCheckEvaluation],
                         log: Any) -> list[AssetCheckEvaluation]:
-    """Record each of ``evaluations`` as a run-less event
-    (``DagsterInstance.report_runless_asset_event``, public: what a sensor's
-    ``SensorResult(asset_events=[...])`` becomes under the daemon; ``log``: a logger, for the
-    refused ones). Returns those of ``evaluations`` recorded (all unless one was refused).
-
-    Only for a check and partition with no execution at all yet: Dagster stores a run-less
-    evaluation under run id ``""`` and its unique index on (asset key, check name, run id,
-    partition) refuses a second one for the same check and partition (``IntegrityError``,
-    SQLite and PostgreSQL; checked on 1.13.27 and in the 1.13.29 source). Later results of that
-    check and partition are recorded by a check-only run (the sensors' ``<asset>_checks`` job).
-    One that fails anyway (e.g. someone recorded one meanwhile) is logged, not raised: the
-    tick goes on, and the next one sees the partition's row and requests a run instead.
-    """
+    """Record each of ``evaluations`` run-less (``report_runless_asset_event``); returns those
+    recorded. Only for a check and partition with no execution yet (Dagster refuses a second
+    run-less one); a refused one is logged, not raised (the next tick requests a run)."""
     done = []
     for ev in evaluations:
         try:

@@ -1,32 +1,8 @@
-"""Downstream assets read a consumer-group table as an input: :class:`DeltaTableIOManager`
-(a :class:`~cg_pipelines.dagster.warehouse.DeltaWarehouseResource`'s tables),
-:class:`IcebergTableIOManager` (an
-:class:`~cg_pipelines.dagster.warehouse.IcebergWarehouseResource`'s); :func:`table_io_manager`
-picks the one of a warehouse (``build_definitions`` adds it under the group's
-``io_manager_key``).
-
-The consumer-group asset commits its rows itself (the engine's fenced Delta commit), so this IO
-manager only *loads*: a downstream asset that takes the group asset as an argument gets the
-Delta table's latest version, typed by the argument's annotation:
-
-- ``pyarrow.Table`` (or no annotation): an Arrow table, read by delta-rs/pyarrow;
-- ``pandas.DataFrame``: the same as pandas;
-- ``pyspark.sql.DataFrame``: read on the executors from the version's Parquet files
-  (``spark.read.parquet``, partition column recovered from the paths), on the Spark resource's
-  session; Spark needs no Delta jars for that;
-- ``polars.DataFrame``: ``polars.read_delta`` (when polars is installed).
-
-What the table holds depends on the group asset's write mode (``ConsumerGroupAsset(write=...)``,
-shown as ``cg/write_mode`` in its definition metadata): in ``append`` mode (the default) every
-output row ever committed, i.e. the **history** (pick a key's latest row yourself if you need
-it); in ``merge`` mode (``write=Merge(key=...)``) one **current** row per key (upserted, deleted
-keys gone) — the same loader, no per-key reduction needed downstream.
-
-When the downstream asset is partitioned like the group asset, only the rows of the loaded
-partitions are read (the ``_partition`` column; its own files). The table stays an ordinary
-Delta table, readable by any Delta reader (Spark with delta-spark, DuckDB's delta extension,
-Polars, delta-rs).
-"""
+"""Downstream assets read an asset's table as an input (:class:`DeltaTableIOManager`,
+:class:`IcebergTableIOManager`; :func:`table_io_manager` picks a warehouse's): loaded only
+(the engine committed the rows), typed by the annotation (``pyarrow.Table`` or none,
+``pandas``, ``pyspark.sql`` or ``polars`` DataFrame): the history in append mode, current rows
+in merge mode, only its partitions' rows for a downstream asset partitioned alike."""
 
 from __future__ import annotations
 
@@ -55,10 +31,8 @@ __all__ = ["DeltaTableIOManager", "IcebergTableIOManager", "partitions_to_load",
 
 def table_io_manager(warehouse: Warehouse, spark: SparkResource | None = None
                      ) -> ConfigurableIOManager:
-    """The IO manager that loads ``warehouse``'s tables for downstream assets: an
-    :class:`IcebergTableIOManager` for an
-    :class:`~cg_pipelines.dagster.warehouse.IcebergWarehouseResource`, else a
-    :class:`DeltaTableIOManager`; ``spark`` serves the Spark DataFrame inputs.
+    """The IO manager of ``warehouse``'s tables (Iceberg's for an Iceberg warehouse, else
+    Delta's); ``spark`` serves the Spark DataFrame inputs.
 
     Raises:
         pydantic.ValidationError: a warehouse neither IO manager takes.
@@ -92,27 +66,23 @@ def arrow_as(arrow: pa.Table, want: Any, manager: str, context: InputContext) ->
                          f"{context.asset_key.to_user_string()} is annotated {want!r}")
 
 
-class DeltaTableIOManager(ConfigurableIOManager):
-    """Loads a consumer-group asset's Delta table for downstream assets (see module docstring).
+class _TableIOManager(ConfigurableIOManager):
+    """What both IO managers share: nothing stored, the table loaded as annotated."""
 
-    Example: ``DeltaTableIOManager(warehouse=warehouse, spark=spark)`` under the group asset's
-    ``io_manager_key`` (``build_definitions`` adds one for you). ``spark`` is needed only by
-    downstream assets that ask for a Spark DataFrame.
-    """
-
-    warehouse: DeltaWarehouseResource
     spark: SparkResource | None = None
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
-        """Nothing to store: the group asset committed its rows in the engine. Raises
-        ``WrongTypeError`` if an asset using this IO manager returns a value."""
+        """Nothing to store: the asset committed its rows in the engine.
+
+        Raises:
+            WrongTypeError: the asset returned a value.
+        """
         if obj is not None:
-            raise WrongTypeError(f"{context.asset_key.to_user_string()}: DeltaTableIOManager only "
-                                 "loads consumer-group tables; it does not store returned values")
+            raise WrongTypeError(f"{context.asset_key.to_user_string()}: {type(self).__name__} "
+                                 "only loads consumer-group tables; it does not store values")
 
     def load_input(self, context: InputContext) -> Any:
-        """The upstream group asset's table (or its loaded partitions), typed as asked: the
-        history in append mode, the current row per key in merge mode.
+        """The upstream asset's table (or its loaded partitions), typed as asked.
 
         Raises:
             UsageError: the upstream asset is not a consumer-group asset (no ``cg/table``
@@ -120,28 +90,50 @@ class DeltaTableIOManager(ConfigurableIOManager):
             WrongTypeError: an annotation this IO manager cannot produce.
         """
         table, md = upstream_table(context)
-        sink = self.warehouse.sink(table)
+        sink = self.warehouse.sink(table)  # type: ignore[attr-defined]
         parts = partitions_to_load(context, md)
         want = context.dagster_type.typing_type
         name = _type_name(want)
         if name.startswith("pyspark.sql") and name.endswith("DataFrame"):
-            return self._spark_frame(sink, parts)
-        if name.startswith("polars"):
+            if self.spark is None:
+                raise UsageError(f"a Spark DataFrame input needs {type(self).__name__}"
+                                 "(spark=...)")
+            return self._spark_frame(self.spark.spark_session, sink, parts)
+        if name.startswith("polars") and isinstance(sink, DeltaSink):
             import polars as pl
 
-            frame = pl.read_delta(sink.uri, storage_options=self.warehouse.storage_options())
+            frame = pl.read_delta(sink.uri, storage_options=self.warehouse  # type: ignore[attr-defined]
+                                  .storage_options())
             return frame if parts is None else frame.filter(pl.col(PARTITION_COLUMN).is_in(parts))
-        return arrow_as(sink.read_partitions(parts), want, "DeltaTableIOManager", context)
+        return arrow_as(sink.read_partitions(parts), want, type(self).__name__, context)
 
-    def _spark_frame(self, sink: DeltaSink, parts: list[int] | None) -> Any:
-        if self.spark is None:
-            raise UsageError("a Spark DataFrame input needs DeltaTableIOManager(spark=...)")
-        spark = self.spark.spark_session
+    def _spark_frame(self, spark: Any, sink: Any, parts: list[int] | None) -> Any:
+        raise NotImplementedError
+
+
+class DeltaTableIOManager(_TableIOManager):
+    """Loads an asset's Delta table for downstream assets (see the module docstring), e.g.
+    ``DeltaTableIOManager(warehouse=warehouse, spark=spark)``; ``spark`` only for Spark
+    DataFrame inputs."""
+
+    warehouse: DeltaWarehouseResource
+
+    def _spark_frame(self, spark: Any, sink: DeltaSink, parts: list[int] | None) -> Any:
         files = sink.file_uris()
         if not files:
             return spark.createDataFrame(sink.read())
         df = spark.read.option("basePath", sink.uri).parquet(*files)
         return df if parts is None else df.where(df[PARTITION_COLUMN].isin(parts))
+
+
+class IcebergTableIOManager(_TableIOManager):
+    """Loads an asset's Iceberg table for downstream assets (see the module docstring;
+    Spark DataFrames: :func:`spark_frame`)."""
+
+    warehouse: IcebergWarehouseResource
+
+    def _spark_frame(self, spark: Any, sink: IcebergSink, parts: list[int] | None) -> Any:
+        return spark_frame(spark, sink, parts)
 
 
 def upstream_table(context: InputContext) -> tuple[str, Any]:
@@ -175,43 +167,6 @@ def partitions_to_load(context: InputContext, md: Any) -> list[int] | None:
             return None
         out.append(int(tail))
     return out
-
-
-class IcebergTableIOManager(ConfigurableIOManager):
-    """Loads a consumer-group asset's Iceberg table for downstream assets, typed by the
-    argument's annotation: ``pyarrow.Table`` (or none), ``pandas.DataFrame``,
-    ``pyspark.sql.DataFrame`` (:func:`spark_frame`), ``polars.DataFrame``.
-    Append mode: the history; merge mode: each key's current row. When the downstream asset
-    is partitioned like the group asset only its partitions' rows are read."""
-
-    warehouse: IcebergWarehouseResource
-    spark: SparkResource | None = None
-
-    def handle_output(self, context: OutputContext, obj: Any) -> None:
-        """Nothing to store (the engine committed the rows). Raises ``WrongTypeError`` for a
-        returned value."""
-        if obj is not None:
-            raise WrongTypeError(f"{context.asset_key.to_user_string()}: IcebergTableIOManager "
-                                 "only loads consumer-group tables; it does not store values")
-
-    def load_input(self, context: InputContext) -> Any:
-        """The upstream group asset's table (or its loaded partitions), typed as asked.
-
-        Raises:
-            UsageError: the upstream asset is no consumer-group asset, or a Spark DataFrame
-                is asked for without ``spark``.
-            WrongTypeError: an annotation this IO manager cannot produce.
-        """
-        table, md = upstream_table(context)
-        sink = self.warehouse.sink(table)
-        parts = partitions_to_load(context, md)
-        want = context.dagster_type.typing_type
-        name = _type_name(want)
-        if name.startswith("pyspark.sql") and name.endswith("DataFrame"):
-            if self.spark is None:
-                raise UsageError("a Spark DataFrame input needs IcebergTableIOManager(spark=...)")
-            return spark_frame(self.spark.spark_session, sink, parts)
-        return arrow_as(sink.read_partitions(parts), want, "IcebergTableIOManager", context)
 
 
 def spark_frame(spark: Any, sink: IcebergSink, parts: Sequence[int] | None = None) -> Any:

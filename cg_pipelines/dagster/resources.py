@@ -1,23 +1,7 @@
-"""Dagster resources of a consumer-group deployment.
-
-- :class:`NatsResource`: how to reach NATS (URL, user/password, token, NKey seed, creds file,
-  TLS); bounded calls for sensors and runs.
-- :class:`SparkResource`: the SparkSession of a run: ``master`` (``local[*]``,
-  ``spark://host:port``), or ``remote`` (Spark Connect, ``sc://host:port``), and
-  ``spark_config``, all honoured; stopped on teardown. A ``dagster_pyspark.PySparkResource``
-  serves as well (:func:`run_spark_session`; its session is stopped after the run by
-  :func:`stopping_foreign_spark`).
-- :class:`DeltaWarehouseResource`: where the Delta tables live (local directory or ``s3://``);
-  defined with the Iceberg one in :mod:`cg_pipelines.dagster.warehouse`, importable here.
-- :class:`PartitionRunsResource`: which members this deployment serves, and engine options.
-
-Secrets (password, token, S3 keys) come from the environment through Dagster ``EnvVar`` and are
-never logged, shown in ``repr`` or put in run metadata; connection failures raise the library's
-typed errors (:class:`~cg_pipelines.jetstream.connect.NatsAuthError`, ``NatsTLSError``), whose
-messages name the server and the auth mode but not the secret. Dagster ops and sensors are
-synchronous; :meth:`NatsResource.run` runs one asyncio coroutine against a fresh connection,
-bounded by ``call_timeout_s``.
-"""
+"""Dagster resources of a deployment: :class:`NatsResource`, :class:`SparkResource` (or a
+``dagster_pyspark.PySparkResource``: :func:`run_spark_session`), :class:`PartitionRunsResource`
+and :class:`DeltaWarehouseResource` (from :mod:`~cg_pipelines.dagster.warehouse`). Secrets come
+as ``EnvVar`` and are never logged, shown in ``repr`` or put in metadata."""
 
 from __future__ import annotations
 
@@ -139,34 +123,14 @@ class NatsResource(ConfigurableResource):
 
 
 class SparkResource(ConfigurableResource):
-    """The SparkSession of a partition run, made from these settings when a run first needs it.
+    """The SparkSession of a partition run, made from these settings when a run first needs it,
+    e.g. ``SparkResource(master="spark://spark-master:7077", spark_config={...})`` or
+    ``SparkResource(remote="sc://host:15002")`` (Spark Connect; needs ``pyspark[connect]``).
 
-    Example: ``SparkResource(master="spark://spark-master:7077",
-    spark_config={"spark.executor.memory": "2g"})`` or ``SparkResource(remote="sc://host:15002")``.
-
-    * ``master`` and ``spark_config`` reach the session. A classic session already running in
-      the process with another master, or with other static settings, is stopped and replaced
-      (one JVM per process; a warning is logged) — the resource's settings win.
-    * ``remote`` (Spark Connect) makes a Connect client session instead; ``master`` is then
-      ignored. It needs the ``pyspark[connect]`` client packages (``grpcio``, ...).
-    * Teardown stops only a session this resource made, with the API of its kind, when
-      ``stop_on_teardown`` (a process that runs many runs in-process can keep it).
-    * ``session_reuse_s`` (Spark Connect): the runs of one job, asset selection and partition
-      key share one server-side session per window of that many seconds
-      (:func:`cg_pipelines.core.sessionid.shared_session_id`), so the server keeps their
-      transform's compiled code: measured with the example's legs transform (40,000 rows), a
-      run's Spark job 0.5-0.8 s and ~0.9 server CPU-s instead of 1.0-1.3 s and ~1.9. Such runs
-      never overlap (the partition's lease), but they do see what earlier ones left in the
-      session: temporary views (use ``createOrReplaceTempView``) and settings. Teardown then
-      closes the connection without releasing the session; the server drops it after its
-      idle timeout (``spark.connect.session.manager.defaultSessionTimeout``, 60 min by
-      default), which ``session_reuse_s`` must stay below. A run without a partition key gets
-      a fresh session, as with 0 (the default).
-
-    Defaults applied before ``spark_config``:
-    :data:`cg_pipelines.spark.session.DEFAULT_CONF` (Arrow on, UTC, few shuffle partitions).
-    Requires the ``spark`` extra (``pip install cg-pipelines[spark]``) and Java 17+ for a local
-    or standalone master.
+    ``master`` and ``spark_config`` win over a classic session already running with other
+    settings (replaced, with a warning). Teardown stops only a session it made, when
+    ``stop_on_teardown``. ``session_reuse_s``: see its field. Needs the ``spark`` extra (Java
+    17+ for a local or standalone master).
     """
 
     master: str = Field(default="local[*]", description="Spark master URL: local[*], local[N], "
@@ -267,19 +231,12 @@ def _flat_conf(conf: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def run_spark_session(resource: Any) -> SparkSession:
-    """The SparkSession a consumer-group run processes on, from the asset's Spark resource.
-
-    * :class:`SparkResource`: its :attr:`~SparkResource.spark_session` (the resource stops it
-      on teardown).
-    * Any other resource with a ``spark_session`` attribute — ``dagster_pyspark.PySparkResource``
-      (``pip install cg-pipelines[dagster-pyspark]``), its ``LazyPySparkResource`` or the
-      ``pyspark_resource`` function resource: that session, classic or Spark Connect (a
-      ``spark.remote`` setting), with the runtime settings of
-      :data:`cg_pipelines.spark.session.DEFAULT_CONF` (session time zone UTC, Arrow, 4 shuffle
-      partitions) applied where the resource's ``spark_config`` does not set them. Such a
-      resource never stops its session: :func:`stopping_foreign_spark` does, after the run.
-      Its Python workers (UDFs, the executor read's ``mapInArrow``) need ``PYSPARK_PYTHON``
-      (or ``spark.pyspark.python``) set to an interpreter with this package.
+    """The SparkSession a run processes on, from the asset's Spark resource: a
+    :class:`SparkResource`'s, or the ``spark_session`` of any other resource that has one
+    (``dagster_pyspark.PySparkResource``, its lazy form), classic or Spark Connect, with
+    :data:`cg_pipelines.spark.session.DEFAULT_CONF`'s runtime SQL settings applied where its
+    ``spark_config`` does not set them (such a session is stopped by
+    :func:`stopping_foreign_spark`; its Python workers need ``PYSPARK_PYTHON``).
 
     Raises:
         WrongTypeError: ``resource`` has no ``spark_session``.
@@ -327,16 +284,10 @@ def _later_steps_need(context: Any, resource_key: str) -> list[str]:
 
 @contextlib.contextmanager
 def stopping_foreign_spark(context: Any, resource_key: str) -> Iterator[None]:
-    """Around a consumer-group run's work: afterwards (also when it raised), stop the session
-    of the Spark resource under ``resource_key`` if that resource does not stop its own —
-    anything but :class:`SparkResource`, e.g. ``dagster_pyspark.PySparkResource``, which
-    never stops the session it made. Left running (and logged) when another step of the same
-    run also requires the resource (the in-process executor shares one resource instance
-    across a run's steps); such a classic session ends with the run's process.
-
-    ``context``: the asset's execution context. Nothing happens when the run has no such
-    resource or it made no session.
-    """
+    """Around a run's work: afterwards (also when it raised), stop the session of the Spark
+    resource under ``resource_key`` when that resource does not stop its own (anything but
+    :class:`SparkResource`), unless another step of the same run also requires it (then it
+    is logged and left to the run's process). ``context``: the asset's execution context."""
     try:
         yield
     finally:
@@ -366,27 +317,20 @@ _ENGINE = EngineOptions()  # the engine's defaults, which the resource's engine 
 
 
 class PartitionRunsResource(ConfigurableResource):
-    """Which members this deployment serves, how its partition runs behave, and how the
-    backlog sensor schedules and retries them.
+    """Which members this deployment serves (``members``; empty: every member of the
+    configs), how its partition runs behave and how the backlog sensor schedules, retries and
+    judges them. Durations are seconds.
 
-    A group's partitions are owned by members (the group's KV config); this deployment runs
-    only the partitions owned by ``members`` (empty: every member of the config). Durations are
-    seconds.
-
-    **Engine options**: every field of :class:`~cg_pipelines.engine.options.EngineOptions` is a
-    field of this resource, with the same name, meaning and default (except
-    ``adaptive_max_msgs``: 200,000 here, off in the engine), and reaches each run unchanged
-    (:meth:`engine_options`). The other fields (``members``, ``run_timeout_s``,
-    ``min_pending``, ``max_age_s``, ``retry_*``) are the deployment's and the sensor's:
-    ``retry_backoff_s`` (15 s) spaces the sensor's retries of a failed *run*, while
-    ``nats_retry_backoff_s`` (0.1 s) spaces a run's retries of a failed *NATS request*.
-
-    **Run retention** (``run_retention_*``): what each group's ``<asset>_run_retention``
-    sensor deletes (:mod:`cg_pipelines.dagster.retention`, docs/growth.md).
+    Every field of :class:`~cg_pipelines.engine.options.EngineOptions` is a field here, with
+    its name, meaning and default (except ``adaptive_max_msgs``: 200,000 here), and reaches
+    each run unchanged (:meth:`engine_options`). ``retry_backoff_s`` spaces the sensor's
+    retries of a failed *run*, ``nats_retry_backoff_s`` a run's retries of a NATS request.
+    ``run_retention_*``: what each asset's ``<asset>_run_retention`` sensor deletes
+    (:mod:`cg_pipelines.dagster.retention`, docs/growth.md).
     """
 
-    members: list[str] = Field(default_factory=list, description="Member names served here; "
-                               "empty = every member in the group's config.")
+    members: list[str] = Field(default_factory=list,
+                               description="Members served here; empty: every member.")
     # ------------------------------------------------------------ engine options (EngineOptions)
     batch_max_msgs: int = Field(default=_ENGINE.batch_max_msgs, description="Messages of the first "
                                 "batch of a run (one commit each batch).")
@@ -395,50 +339,40 @@ class PartitionRunsResource(ConfigurableResource):
         "fixed cost per batch is over a fifth of its time (None: fixed batch_max_msgs).")
     batch_max_bytes: int = Field(default=_ENGINE.batch_max_bytes,
                                  description="Payload bytes per batch.")
-    read_chunk: int = Field(default=_ENGINE.read_chunk,
-                            description="Messages per pull when a rebuild "
-                            "replays the origin stream.")
+    read_chunk: int = Field(default=_ENGINE.read_chunk, description="Messages per pull when a "
+                            "rebuild replays the origin stream.")
     ack_wait_s: float = Field(default=_ENGINE.ack_wait_s, description="Lease ack wait, seconds.")
     priority_timeout_s: float = Field(default=_ENGINE.priority_timeout_s,
                                       description="Pin timeout, seconds.")
-    hold_wait_s: float = Field(default=_ENGINE.hold_wait_s,
-                               description="Seconds to wait when another "
-                               "instance holds the partition.")
-    max_messages: int | None = Field(default=_ENGINE.max_messages,
-                                     description="Stop a run after about "
-                                     "this many messages (None: drain the backlog).")
-    max_seconds: float | None = Field(default=_ENGINE.max_seconds,
-                                      description="Seconds after which a "
-                                      "run starts no new batch (None: no limit).")
+    hold_wait_s: float = Field(default=_ENGINE.hold_wait_s, description="Seconds to wait when "
+                               "another instance holds the partition.")
+    max_messages: int | None = Field(default=_ENGINE.max_messages, description="Stop a run "
+                                     "after about this many messages (None: drain).")
+    max_seconds: float | None = Field(default=_ENGINE.max_seconds, description="Seconds after "
+                                      "which a run starts no new batch (None: no limit).")
     dead_letter_policy: Literal["dlq", "halt"] = Field(
-        default=_ENGINE.dead_letter_policy,
-        description="dlq: a message the decoder rejects goes to "
-        "the dead-letter stream and the run goes on; halt: the run commits what precedes it "
-        "and stops there.")
+        default=_ENGINE.dead_letter_policy, description="dlq: a message the decoder rejects "
+        "goes to the dead-letter stream; halt: the run commits what precedes it and stops.")
     timeout_s: float = Field(default=_ENGINE.timeout_s, description="Seconds allowed for each NATS "
                              "request of a run.")
     nats_retry_max_s: float = Field(default=_ENGINE.nats_retry_max_s, description="Seconds a run "
                                     "retries a NATS step while NATS is unreachable, then fails.")
-    nats_retry_backoff_s: float = Field(default=_ENGINE.nats_retry_backoff_s,
-                                        description="First pause "
-                                        "between a run's NATS retries (seconds; doubling) ...")
+    nats_retry_backoff_s: float = Field(default=_ENGINE.nats_retry_backoff_s, description="First "
+                                        "pause between a run's NATS retries (doubling) ...")
     nats_retry_max_backoff_s: float = Field(default=_ENGINE.nats_retry_max_backoff_s,
                                             description="... up to this many seconds.")
     executor_read_min_msgs: int | None = Field(
-        default=_ENGINE.executor_read_min_msgs,
-        description="Messages: a partition whose backlog is at "
-        "least this many is read, decoded and transformed as one batch on the Spark executors "
-        "(the jetstream data source), then committed once on the driver; needs a Spark "
-        "processor. None: off (bench/spark_read.py measures the crossover for your cluster).")
+        default=_ENGINE.executor_read_min_msgs, description="A backlog of at least this many "
+        "messages is read, decoded and transformed as one batch on the Spark executors, then "
+        "committed once on the driver (a Spark processor; None: off; bench/spark_read.py).")
     dlq_max_age_s: float | None = Field(default=_ENGINE.dlq_max_age_s, description="Seconds the "
                                         "dead-letter stream keeps a dead letter (None: for ever).")
     # ------------------------------------------------------------ the deployment and the sensor
     run_timeout_s: float = Field(default=3600.0, description="Upper bound of one partition run.")
     min_pending: int = Field(default=1, description="Backlog sensor: run a partition at this many "
                              "pending messages ...")
-    max_age_s: float | None = Field(default=None,
-                                    description="... or when its oldest pending message "
-                                    "is this old (seconds).")
+    max_age_s: float | None = Field(default=None, description="... or when its oldest pending "
+                                    "message is this old (seconds).")
     retry_max_failures: int = Field(
         default=5,
         description="Backlog sensor and drain schedule: a partition whose runs failed this "
@@ -457,15 +391,12 @@ class PartitionRunsResource(ConfigurableResource):
         "of the run's start (time to write its first heartbeat).")
     # ------------------------------------------------------------ run retention
     run_retention_hours: float | None = Field(
-        default=24.0, gt=0,
-        description="Run retention (the <asset>_run_retention sensor, running by "
-        "default): finished runs of a group's asset created more than this many hours ago are "
-        "deleted, except the newest run_retention_keep_runs, each partition's last successful "
-        "run and the failures since, and the runs of its latest check results. None: off "
-        "(Dagster keeps every run for ever).")
-    run_retention_keep_runs: int = Field(default=100, ge=0,
-                                         description="... the newest runs of the "
-                                         "asset that stay whatever their age ...")
+        default=24.0, gt=0, description="The <asset>_run_retention sensor deletes an asset's "
+        "finished runs older than this many hours, except the newest run_retention_keep_runs, "
+        "each partition's last success and failures since, and its latest checks' runs. None: "
+        "off.")
+    run_retention_keep_runs: int = Field(default=100, ge=0, description="... the newest runs "
+                                         "of the asset that stay whatever their age ...")
     run_retention_max_deletes: int = Field(
         default=100, ge=1, description="... and the most runs one evaluation (every 60 s) deletes: "
         "keep it above the runs a group starts in a minute.")

@@ -1,28 +1,8 @@
-"""Run retention of a partitioned asset (issue 40): the finished runs of its partitions that
-nobody reads any more are deleted, a bounded number per evaluation, by the
-``<asset>_run_retention`` sensor (:func:`build_run_retention_sensor`, running by default).
-
-Dagster OSS keeps every run and its event log for ever; a group's backlog sensor launches up to
-one run per partition per sensor interval (~23,000 runs a day at 8 partitions, 30 s). A run is
-deleted (``DagsterInstance.delete_run``: the run and its events) when it is finished, was
-created more than ``PartitionRunsResource.run_retention_hours`` ago, belongs to the asset
-(one of its jobs, or a run whose asset selection holds it, e.g. a UI materialization) and is
-none of these, which stay whatever their age (:func:`retain_runs`):
-
-- the newest ``run_retention_keep_runs`` runs of the asset's partitions;
-- per partition, its newest successful run that materialized (not a check-only run: the
-  partition's latest materialization, what the UI shows of it) and its newest successful
-  partition run (not a rebuild nor a check-only run: where the backlog sensor's retry rule,
-  :func:`~cg_pipelines.dagster.history.partition_runs`, stops counting);
-- per partition, every failed or canceled run since that newest successful partition run
-  (what the retry rule counts, and the UI's failed state);
-- the run holding each partition's latest result of each of the asset's partitioned checks
-  (:func:`~cg_pipelines.dagster.history.check_states`).
-
-Queued and in-progress runs are never selected. Public Dagster APIs only (``dagster``
-top-level names, ``DagsterInstance`` methods, the public ``EventLogStorage`` read that
-:func:`~cg_pipelines.dagster.history.check_states` uses).
-"""
+"""Run retention (issue 40): the ``<asset>_run_retention`` sensor (running by default) deletes,
+a bounded number per evaluation, the asset's finished runs older than ``run_retention_hours``
+that nothing reads any more: not the newest ``run_retention_keep_runs``, nor per partition its
+newest materializing and partition runs and the failures since, nor the runs of its latest
+check results (:func:`retain_runs`). Public Dagster APIs only."""
 
 from __future__ import annotations
 
@@ -129,16 +109,10 @@ def retain_runs(instance: DagsterInstance, asset_key: AssetKey, partition_keys: 
                 keep_hours: float, keep_runs: int, max_deletes: int,
                 now: float | None = None) -> RetentionResult:
     """Delete up to ``max_deletes`` finished runs of the asset's partitions (the module
-    docstring says which), oldest first. ``keep_hours``: runs created less than this many hours
-    before ``now`` (Unix seconds, default the clock) stay; ``keep_runs``: the newest this many
-    runs of the partitions stay; ``job_names``: the asset's jobs (a run of another job is
-    deleted only when its asset selection holds ``asset_key``); ``check_names``: the asset's
-    partitioned checks (the runs of their latest results stay).
-
-    Work per call: 2 queries (the newest runs, the check states), the older finished runs read
-    oldest first in pages of :data:`PAGE` up to ``max_deletes`` plus those kept, one query of at
-    most :data:`SUCCESS_LOOKBACK` records per partition met among them, and at most
-    ``max_deletes`` ``delete_run`` calls.
+    docstring says which), oldest first: runs newer than ``keep_hours`` before ``now`` (Unix
+    seconds) and the newest ``keep_runs`` stay; ``job_names``: the asset's jobs;
+    ``check_names``: its partitioned checks. Work: 2 queries, pages of :data:`PAGE` older
+    runs, one query per partition met, at most ``max_deletes`` ``delete_run`` calls.
     """
     now = time.time() if now is None else now
     keys = list(partition_keys)
@@ -184,13 +158,10 @@ def retain_runs(instance: DagsterInstance, asset_key: AssetKey, partition_keys: 
 
 def retention_bound(runs_per_hour: float, partitions: int, *, keep_hours: float,
                     keep_runs: int, checks: int, failures: int) -> int:
-    """The most finished runs of an asset that :func:`retain_runs` leaves, when each evaluation
-    deletes what became deletable since the previous one (``max_deletes`` at least the runs
-    created per evaluation interval): the runs of the last ``keep_hours`` hours (at
-    ``runs_per_hour``), plus ``keep_runs``, plus per partition 2 newest successes, its
-    ``checks`` latest check results' runs and ``failures`` failed runs since its last success
-    (at most ``retry_max_failures`` per code version while the sensor retries), plus one
-    evaluation interval of runs. Queued and in-progress runs come on top."""
+    """The most finished runs :func:`retain_runs` leaves when each evaluation deletes what
+    became deletable: ``keep_hours`` (plus one interval) of runs at ``runs_per_hour``,
+    ``keep_runs``, and per partition 2 successes, ``checks`` check runs and ``failures``
+    failed runs. Queued and in-progress runs come on top."""
     return int(runs_per_hour * (keep_hours + RETENTION_INTERVAL_S / 3600.0)) + keep_runs + \
         partitions * (2 + checks + failures)
 
@@ -198,12 +169,9 @@ def retention_bound(runs_per_hour: float, partitions: int, *, keep_hours: float,
 def build_run_retention_sensor(name: str, asset_key: AssetKey, partition_keys: Sequence[str],
                                job_names: Iterable[str], check_names: Iterable[str],
                                runs_resource_key: str) -> SensorDefinition:
-    """``<name>_run_retention``: :func:`retain_runs` every :data:`RETENTION_INTERVAL_S`
-    seconds with the settings of the ``runs_resource_key`` resource
-    (:class:`~cg_pipelines.dagster.PartitionRunsResource`: ``run_retention_hours``, ``None``
-    turns it off; ``run_retention_keep_runs``, ``run_retention_max_deletes``). Running by
-    default (unlike the group's other sensors): a deployment bounds its runs unless told not
-    to. It requests no run; its tick's reason says what it deleted and kept."""
+    """``<name>_run_retention``: :func:`retain_runs` every :data:`RETENTION_INTERVAL_S` s
+    with the ``run_retention_*`` settings of the ``runs_resource_key`` resource (hours
+    ``None``: off). Running by default; its tick's reason says what it deleted and kept."""
     keys, jobs, checks = list(partition_keys), list(job_names), list(check_names)
 
     @sensor(name=f"{name}_run_retention", minimum_interval_seconds=RETENTION_INTERVAL_S,

@@ -1,169 +1,99 @@
-"""What a user declares for one consumer group: :class:`ConsumerGroupAsset`; and what every
-part of a group's Dagster definitions (asset, sensors, checks) reads it with:
-:func:`load_group_config` and the errors a tick or a run reports, :data:`TICK_ERRORS`."""
+"""What a user declares: ONE asset spec, :class:`StreamAsset`, whose inputs are one consumer
+group or a co-partitioned set (constructor forms :class:`ConsumerGroupAsset` and
+:class:`CoPartitionedAsset`; nothing downstream asks which made it); its partition keys and
+per-input names, the errors a tick or run reports (:data:`TICK_ERRORS`) and the read of every
+input's config (:func:`load_configs`)."""
 
 from __future__ import annotations
 
 import contextlib
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
 import nats.errors
 from dagster import AssetKey, FreshnessPolicy, PreviewWarning
 
 from cg_pipelines.core.config import ElasticConfig
+from cg_pipelines.core.copartition import SetGroup, check_copartitioned
 from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
 from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.lag import DEFAULT_LAG_PER_DAY, DEFAULT_LAG_REFRESH_S
 from cg_pipelines.core.record import SEQ_COLUMN
+from cg_pipelines.core.state import KeyedState
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.resources import NatsResource
+from cg_pipelines.engine.join import JoinInput
+from cg_pipelines.engine.join_processor import JoinProcessor
 from cg_pipelines.engine.processor import Processor, with_defaults
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.errors import JetStreamError
 from cg_pipelines.jetstream.kv import Versioned
 from cg_pipelines.sinks.maintenance import Maintenance
 
-__all__ = [
-    "TICK_ERRORS",
-    "ConsumerGroupAsset",
-    "PartitionKeys",
-    "asset_key_of",
-    "check_partitions",
-    "load_group_config",
-    "partitioned_checks_preview",
-]
+__all__ = ["TICK_ERRORS", "CoPartitionedAsset", "ConsumerGroupAsset", "JoinInput",
+           "StreamAsset", "asset_key_of", "load_configs", "partitioned_checks_preview",
+           "read_configs"]
 
 TICK_ERRORS = (GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError,
                nats.errors.Error, ValueError)
 """What a sensor tick reports as a skip reason, and a run as a ``Failure``, instead of crashing."""
 
 
-class PartitionKeys:
-    """Dagster partition keys ``<prefix><p>`` of an asset with ``partitions`` consumer-group
-    partitions: what a group asset and a co-partitioned asset share (each gives ``name``,
-    ``partitions`` and its ``effective_partition_key_prefix``)."""
-
-    name: str
-    partitions: int
-
-    @property
-    def effective_partition_key_prefix(self) -> str:
-        raise NotImplementedError
-
-    def partition_key(self, partition: int) -> str:
-        """Dagster partition key of partition ``partition``."""
-        return f"{self.effective_partition_key_prefix}{partition}"
-
-    def partition_keys(self) -> list[str]:
-        """All partition keys, in partition order."""
-        return [self.partition_key(p) for p in range(self.partitions)]
-
-    def partition_of(self, key: str) -> int:
-        """The partition of Dagster partition ``key``.
-
-        Raises:
-            ConfigError: not one of this asset's keys.
-        """
-        prefix = self.effective_partition_key_prefix
-        tail = key[len(prefix):] if key.startswith(prefix) else ""
-        if not tail.isdigit() or int(tail) >= self.partitions or str(int(tail)) != tail:
-            raise ConfigError("partition_key", f"{key!r} is not a partition key of "
-                              f"{self.name} ({self.partition_key(0)} .. "
-                              f"{self.partition_key(self.partitions - 1)})")
-        return int(tail)
-
-
 @dataclass(frozen=True)
-class ConsumerGroupAsset(PartitionKeys):
-    """A consumer group materialized as a partitioned Dagster asset (one group partition per
-    run), written to the table its warehouse resource makes (Delta or Iceberg).
+class StreamAsset:
+    """A partitioned Dagster asset fed by one consumer group or by a co-partitioned set of
+    them: one run per partition ``p`` drains partition ``p`` of every input and commits once
+    to the table its warehouse resource makes (Delta or Iceberg).
 
     Attributes:
         name: asset name; also the table's name in the warehouse (``table`` overrides).
-        stream: the origin stream.
-        group: the elastic consumer group on it.
-        partitions: the group's partition count (its ``max_members``, fixed for the group's
-            life). Checked against the group's KV config at run time.
-        processor: the processing step, e.g.
-            :class:`cg_pipelines.spark.SparkProcessor` (gets the run's SparkSession from the
-            Spark resource) or :class:`cg_pipelines.engine.ArrowProcessor` (needs no Spark
-            resource). A processor that declares per-key state needs a warehouse whose sink
-            serves it (:class:`~cg_pipelines.dagster.DeltaWarehouseResource` and
-            :class:`~cg_pipelines.dagster.iceberg.IcebergWarehouseResource` do).
+        inputs: ``JoinInput(name, stream, group)`` s. One: a group asset. Several: a
+            co-partitioned set (checked against the KV configs at each run and tick,
+            :func:`~cg_pipelines.core.copartition.check_copartitioned`), whose processor is a
+            ``JoinProcessor`` over these names.
+        partitions: the partition count (every group's ``max_members``, fixed for its life).
+        processor: an ``ArrowProcessor``/``SparkProcessor`` (one input) or a
+            ``JoinProcessor``; declared per-key state needs a state-capable warehouse.
         description: shown in the Dagster UI.
         table: the table's name in the warehouse (default ``name``).
-        partition_key_prefix: partition keys are ``<prefix><p>`` (default ``"<group>-"``, so
-            keys say which group they belong to, and Dagster's ``dagster/partition`` run tag is
-            unique per group partition: the run-concurrency limit that makes partition runs
-            exclusive keys on it). ``""`` gives plain ``"0".."N-1"``.
+        partition_key_prefix: keys are ``<prefix><p>``; default the input groups (distinct,
+            joined by ``+``) and ``-``, e.g. ``totals-3``: the ``dagster/partition`` run tag,
+            which makes partition runs exclusive, names the group partition. ``""``: ``"0"``...
         key_prefix: asset key prefix (a string or path components).
         group_name: Dagster asset group.
-        kinds: Dagster kinds shown in the UI (default ``nats``, the table format (``delta``;
-            ``build_definitions`` names its warehouse's, e.g. ``iceberg``), and ``spark`` when
-            the processor uses Spark).
-        pool: Dagster concurrency pool of the asset (``None``: none).
-        sensor_interval_s: minimum seconds between the sensors' ticks. Publish-to-commit
-            time under the backlog sensor is at most about this plus a run's start and drain
-            time (lower it for fresher tables; each tick is one bounded NATS session).
-        lag_objective_s: seconds; the ``lag_within_objective`` check fails while a served
-            partition's oldest pending message is older (``None``: no lag check). It is the
-            group's freshness, per partition: a drained partition with nothing pending passes
-            (each drain run evaluates it for its partition), a stuck one fails within a tick
-            (docs/signals.md, "Freshness").
-        lag_refresh_s: seconds; the backlog sensor records a partition's lag (an asset
-            observation: pending, oldest pending age and timestamp, state) when its state
-            changes (caught up / behind / late, or stopped on a new message) and otherwise,
-            while it has a backlog, at this slow cadence (default 15 minutes)
-            (:func:`cg_pipelines.core.lag.lag_observations_due`).
-        lag_observations_per_day: the most lag observations one partition writes a day,
-            whatever its traffic (plus a burst of
-            :data:`~cg_pipelines.core.lag.LAG_BURST`): with the defaults, 256 partitions
-            write at most 47,104 a day, 24,576 under steady traffic
-            (:func:`cg_pipelines.core.lag.lag_events_per_day`).
-        freshness_policy: a Dagster ``FreshnessPolicy`` for the asset (``None``, the default:
-            none). Dagster evaluates it per asset on the last materialization of any partition,
-            so an idle, drained group reads stale and a stuck partition reads fresh while
-            others materialize: the per-partition freshness is ``lag_within_objective``.
-        origin_seq_column: the output column that holds each row's origin stream sequence
-            (``_seq`` unless the transform renames it). The ``origin_reconciled`` check no
-            longer reads it: it uses the coverage each commit records (docs/reconcile.md).
-        reconcile_interval_s: seconds; when set, the backlog sensor evaluates the
-            ``origin_reconciled`` check at most this often (it goes on from its cursor
-            beside the table, in chunks of up to 200,000 origin messages, for at most half
-            of its time budget). ``None`` (default): the check runs only when executed (UI,
-            a schedule).
-        code_version: the version of this asset's code, for the retry rule: a partition that
-            keeps failing is not retried until a run succeeds or a new code version is loaded.
-            ``None`` (default): derived from the processor's code and settings
-            (:func:`~cg_pipelines.core.fingerprint.code_version`).
+        kinds: Dagster kinds (default ``nats``, the table format, ``spark`` if used).
+        pool: Dagster concurrency pool (``None``: none).
+        sensor_interval_s: minimum seconds between the sensors' ticks.
+        lag_objective_s: seconds; ``lag_within_objective`` (per input) fails while a served
+            partition's oldest pending message is older (``None``: no lag check).
+        lag_refresh_s: seconds; a partition's lag is observed when its state changes, else
+            this often while it has a backlog.
+        lag_observations_per_day: the most lag observations a partition writes a day.
+        freshness_policy: a Dagster ``FreshnessPolicy`` (per asset; ``None``: none).
+        code_version: the code's version for the retry rule (``None``: a digest).
+        origin_seq_column: the output column holding each row's origin sequence.
+        reconcile_interval_s: seconds; the backlog sensor evaluates ``origin_reconciled``
+            this often (``None``: only when executed).
         schedule_cron: cron of the drain-all schedule (``None``: no schedule).
-        nats_resource_key, spark_resource_key, warehouse_resource_key, runs_resource_key:
-            the resource keys this asset, its sensors and schedule use.
-        io_manager_key: the key of the IO manager that loads the table for downstream assets
-            (:class:`~cg_pipelines.dagster.DeltaTableIOManager`).
+        nats_resource_key, spark_resource_key, warehouse_resource_key, runs_resource_key,
+        io_manager_key: the resource keys the asset, its sensors and schedule use.
         metadata: extra definition metadata.
-        write: how output rows reach the table: :class:`~cg_pipelines.core.write.Append`
-            (default: every row, the table is the history) or
-            :class:`~cg_pipelines.core.write.Merge` (``Merge(key="device",
-            delete_when=("op", "delete"))``: one current row per key, upserts and deletes,
-            under the same fence). Downstream assets get the table as it is: the history, or
-            the current rows.
-        maintenance: the table upkeep each run of this group does after its commits
-            (:class:`~cg_pipelines.sinks.maintenance.Maintenance`: compaction, state
-            snapshots, VACUUM); ``None`` (default): the warehouse resource's settings.
+        write: ``Append()`` (default: the history) or ``Merge(key=...)`` (current rows).
+        maintenance: the table upkeep after each run (``None``: the warehouse's).
 
     Raises:
-        ConfigError: ``partitions < 1``, empty names, ``write`` not Append/Merge, or a
-            processor whose declared state key is not the merge key.
+        ConfigError: no input, duplicate input names or groups, several inputs without a
+            ``JoinProcessor`` over their names, a setting out of range, ``write`` not
+            Append/Merge, or a declared state key that is not the merge key.
     """
 
     name: str
-    stream: str
-    group: str
+    inputs: Sequence[JoinInput]
     partitions: int
-    processor: Processor
+    processor: Processor | JoinProcessor
+    _: KW_ONLY
     description: str = ""
     table: str | None = None
     partition_key_prefix: str | None = None
@@ -190,51 +120,58 @@ class ConsumerGroupAsset(PartitionKeys):
     maintenance: Maintenance | None = None
 
     def __post_init__(self) -> None:
-        for what in ("name", "stream", "group"):
-            if not getattr(self, what):
-                raise ConfigError(what, "must not be empty")
-        if isinstance(self.partitions, bool) or not isinstance(self.partitions, int) or \
-                self.partitions < 1:
-            raise ConfigError("partitions", f"must be an integer >= 1, got {self.partitions!r}")
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        if not self.name:
+            raise ConfigError("name", "must not be empty")
+        names = [i.name for i in self.inputs]
+        if not names or len(set(names)) != len(names) or not all(names):
+            raise ConfigError("inputs", f"one or more inputs with unique names, got {names}")
+        groups = [(i.stream, i.group) for i in self.inputs]
+        if len(set(groups)) != len(groups) or not all(s and g for s, g in groups):
+            raise ConfigError("inputs", f"each input must be its own group, got {groups}")
+        if isinstance(self.processor, JoinProcessor):
+            if set(names) != set(self.processor.inputs):
+                raise ConfigError("inputs", f"input names {sorted(names)} are not the "
+                                  f"processor's inputs {sorted(self.processor.inputs)}")
+        elif len(names) > 1:
+            raise ConfigError("processor", "a co-partitioned set needs a JoinProcessor")
+        _positive_int("partitions", self.partitions)
+        _positive_int("lag_observations_per_day", self.lag_observations_per_day)
         if self.sensor_interval_s < 1:
             raise ConfigError("sensor_interval_s", f"must be >= 1 second, got "
                               f"{self.sensor_interval_s!r}")
-        if self.reconcile_interval_s is not None and not self.reconcile_interval_s > 0:
-            raise ConfigError("reconcile_interval_s", f"must be > 0 seconds (or None), got "
-                              f"{self.reconcile_interval_s!r}")
-        if not self.lag_refresh_s > 0:
-            raise ConfigError("lag_refresh_s", f"must be > 0 seconds, got "
-                              f"{self.lag_refresh_s!r}")
-        if isinstance(self.lag_observations_per_day, bool) or not isinstance(
-                self.lag_observations_per_day, int) or self.lag_observations_per_day < 1:
-            raise ConfigError("lag_observations_per_day", f"must be an integer >= 1, got "
-                              f"{self.lag_observations_per_day!r}")
-        if self.lag_objective_s is not None and not self.lag_objective_s > 0:
-            raise ConfigError("lag_objective_s", f"must be > 0 seconds (or None), got "
-                              f"{self.lag_objective_s!r}")
+        for what, v in (("reconcile_interval_s", self.reconcile_interval_s),
+                        ("lag_objective_s", self.lag_objective_s),
+                        ("lag_refresh_s", self.lag_refresh_s or 0.0)):
+            if v is not None and not v > 0:
+                raise ConfigError(what, f"must be > 0 seconds (or None), got {v!r}")
         if self.maintenance is not None and not isinstance(self.maintenance, Maintenance):
             raise ConfigError("maintenance", f"must be a Maintenance, got {self.maintenance!r}")
         if not isinstance(self.write, (Append, Merge)):
             raise ConfigError("write", f"must be Append() or Merge(key=...), got {self.write!r}")
-        state = with_defaults(self.processor).state
+        state = self.state
         if isinstance(self.write, Merge) and state is not None and \
                 (state.key,) != self.write.keys:
             raise ConfigError("write", f"the processor's KeyedState key {state.key!r} must be "
                               f"the merge key {self.write.key!r}: in merge mode a key's state "
                               "is its current row")
 
-    def current_code_version(self) -> str:
-        """``code_version`` when declared, else a digest of the processor (its code and
-        settings) and of this declaration's stream, group and partitions; the same in every
-        process that loads the same definitions."""
-        if self.code_version:
-            return self.code_version
-        return code_version(self.processor, self.stream, self.group, self.partitions)
+    @property
+    def is_set(self) -> bool:
+        """Whether the inputs are a co-partitioned set (several groups, one JoinProcessor)."""
+        return isinstance(self.processor, JoinProcessor)
+
+    @property
+    def state(self) -> KeyedState | None:
+        """The per-key state the processor declares, or None."""
+        p = self.processor
+        return p.state if isinstance(p, JoinProcessor) else with_defaults(p).state
 
     @property
     def uses_spark(self) -> bool:
         """Whether the processor runs on Spark (then the asset requires the Spark resource)."""
-        return with_defaults(self.processor).uses_spark
+        p = self.processor
+        return p.uses_spark if isinstance(p, JoinProcessor) else with_defaults(p).uses_spark
 
     @property
     def table_name(self) -> str:
@@ -242,34 +179,138 @@ class ConsumerGroupAsset(PartitionKeys):
         return self.table or self.name
 
     @property
+    def title(self) -> str:
+        """What messages call the inputs: ``consumer group <stream>.<group>`` or
+        ``co-partitioned set <name> (<stream>.<group>, ...)``."""
+        groups = ", ".join(f"{i.stream}.{i.group}" for i in self.inputs)
+        return f"consumer group {groups}" if len(self.inputs) == 1 else \
+            f"co-partitioned set {self.name} ({groups})"
+
+    @property
+    def label(self) -> str:
+        """The input groups, distinct, joined by ``+`` (run keys start with it)."""
+        return "+".join(dict.fromkeys(i.group for i in self.inputs))
+
+    @property
     def effective_partition_key_prefix(self) -> str:
-        """The partition key prefix in effect (``"<group>-"`` unless given)."""
-        return f"{self.group}-" if self.partition_key_prefix is None else self.partition_key_prefix
+        """The partition key prefix in effect (``"<label>-"`` unless given)."""
+        return f"{self.label}-" if self.partition_key_prefix is None \
+            else self.partition_key_prefix
+
+    def partition_key(self, partition: int) -> str:
+        """Dagster partition key of partition ``partition``."""
+        return f"{self.effective_partition_key_prefix}{partition}"
+
+    def partition_keys(self) -> list[str]:
+        """All partition keys, in partition order."""
+        return [self.partition_key(p) for p in range(self.partitions)]
+
+    def partition_of(self, key: str) -> int:
+        """The partition of Dagster partition ``key``.
+
+        Raises:
+            ConfigError: not one of this asset's keys.
+        """
+        prefix = self.effective_partition_key_prefix
+        tail = key[len(prefix):] if key.startswith(prefix) else ""
+        if not tail.isdigit() or int(tail) >= self.partitions or str(int(tail)) != tail:
+            raise ConfigError("partition_key", f"{key!r} is not a partition key of "
+                              f"{self.name} ({self.partition_key(0)} .. "
+                              f"{self.partition_key(self.partitions - 1)})")
+        return int(tail)
+
+    def per_input(self, check: str, inp: JoinInput) -> str:
+        """The name of check ``check`` about input ``inp``: ``check`` itself for one input,
+        ``<check>__<input name>`` for a set."""
+        return f"{check}__{inp.name}" if len(self.inputs) > 1 else check
+
+    def md_prefix(self, inp: JoinInput) -> str:
+        """What metadata keys about input ``inp`` start with: ``""`` for one input,
+        ``<input name>/`` for a set."""
+        return f"{inp.name}/" if len(self.inputs) > 1 else ""
+
+    def current_code_version(self) -> str:
+        """``code_version`` when declared, else a digest of the processor (code and
+        settings), the inputs and the partition count; the same in every process that loads
+        the same definitions."""
+        if self.code_version:
+            return self.code_version
+        if len(self.inputs) == 1 and not self.is_set:
+            return code_version(self.processor, self.inputs[0].stream, self.inputs[0].group,
+                                self.partitions)
+        return code_version(self.processor, [(i.name, i.stream, i.group) for i in self.inputs],
+                            self.partitions)
 
 
-
-def check_partitions(config: ElasticConfig, spec: ConsumerGroupAsset) -> None:
-    """Raise ``ConfigError`` unless the group's partition count is the one the code declares."""
-    if config.max_members != spec.partitions:
-        raise ConfigError("max_members", f"group {spec.stream}.{spec.group} has "
-                          f"{config.max_members} partitions in KV but the code declares "
-                          f"{spec.partitions}")
+def _positive_int(what: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(what, f"must be an integer >= 1, got {v!r}")
 
 
-def load_group_config(nats_res: NatsResource, spec: ConsumerGroupAsset
-                      ) -> Versioned[ElasticConfig]:
-    """The group's config (one bounded NATS call), its partition count checked.
+@dataclass(frozen=True, init=False)
+class ConsumerGroupAsset(StreamAsset):
+    """The one-input form of :class:`StreamAsset`: ``ConsumerGroupAsset(name, stream, group,
+    partitions, processor, **options)``, its one input named after the group; ``options``
+    are :class:`StreamAsset`'s keyword attributes."""
+
+    stream: str = ""
+    group: str = ""
+    inputs: Sequence[JoinInput] = field(init=False, default=())
+
+    def __init__(self, name: str, stream: str, group: str, partitions: int,
+                 processor: Processor, **options: Any) -> None:
+        object.__setattr__(self, "stream", stream)
+        object.__setattr__(self, "group", group)
+        StreamAsset.__init__(self, name, (), partitions, processor, **options)
+
+    def __post_init__(self) -> None:
+        if not self.stream or not self.group:
+            raise ConfigError("stream" if not self.stream else "group", "must not be empty")
+        object.__setattr__(self, "inputs", (JoinInput(self.group, self.stream, self.group),))
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class CoPartitionedAsset(StreamAsset):
+    """The set form of :class:`StreamAsset`: two or more ``inputs`` and a ``JoinProcessor``
+    (docs/joins.md). Raises ``ConfigError`` for fewer, and what ``StreamAsset`` refuses."""
+
+    def __post_init__(self) -> None:
+        if len(tuple(self.inputs)) < 2:
+            raise ConfigError("inputs", "a co-partitioned asset needs two or more inputs, got "
+                              f"{[i.name for i in self.inputs]}")
+        super().__post_init__()
+
+
+async def read_configs(nc: Any, spec: StreamAsset, timeout: float
+                       ) -> list[Versioned[ElasticConfig]]:
+    """Every input's elastic config, the partition count (and a set's co-partitioning)
+    checked.
 
     Raises:
-        GroupNotFoundError, ConfigError, JetStreamError, TimeoutError: as the call fails.
+        GroupNotFoundError, CoPartitionError, ConfigError, JetStreamError, TimeoutError.
     """
-    v = nats_res.run(lambda nc: admin.get_elastic(nc.jetstream(), spec.stream, spec.group,
-                                                  timeout=nats_res.call_timeout_s))
-    check_partitions(v.config, spec)
-    return v
+    got = [await admin.get_elastic(nc.jetstream(), i.stream, i.group, timeout=timeout)
+           for i in spec.inputs]
+    if len(got) > 1:
+        n = check_copartitioned([SetGroup(i.stream, i.group, v.config)
+                                 for i, v in zip(spec.inputs, got, strict=True)])
+        where = f"the set of {spec.name}"
+    else:
+        n, where = got[0].config.max_members, \
+            f"group {spec.inputs[0].stream}.{spec.inputs[0].group}"
+    if n != spec.partitions:
+        raise ConfigError("max_members", f"{where} has {n} partitions in KV but the code "
+                          f"declares {spec.partitions}")
+    return got
 
 
-def asset_key_of(spec: ConsumerGroupAsset) -> AssetKey:
+def load_configs(nats_res: NatsResource, spec: StreamAsset) -> list[Versioned[ElasticConfig]]:
+    """:func:`read_configs` in one bounded NATS session."""
+    return nats_res.run(lambda nc: read_configs(nc, spec, nats_res.call_timeout_s))
+
+
+def asset_key_of(spec: StreamAsset) -> AssetKey:
     """The asset key of ``spec`` (its ``key_prefix`` components, then its name)."""
     prefix = [spec.key_prefix] if isinstance(spec.key_prefix, str) else list(spec.key_prefix or [])
     return AssetKey([*prefix, spec.name])
@@ -277,14 +318,8 @@ def asset_key_of(spec: ConsumerGroupAsset) -> AssetKey:
 
 @contextlib.contextmanager
 def partitioned_checks_preview() -> Iterator[None]:
-    """Silence, for the library's own definitions built inside, the ``PreviewWarning`` that
-    Dagster 1.13 emits for each partitioned asset check (``AssetCheckSpec(...,
-    partitions_def=...)``, ``@asset_check(partitions_def=...)``: "Specifying a partitions_def on
-    an AssetCheckSpec is currently in preview"). The group asset's per-partition checks are
-    that feature by design (one result per partition); a warning per check on every
-    definitions load tells a user nothing they can act on. Only that warning, only inside
-    this block (``warnings.catch_warnings`` restores the filters on exit): other warnings, and
-    the same warning from the user's own definitions, still show."""
+    """Silence, inside the block only, Dagster 1.13's ``PreviewWarning`` for partitioned asset
+    checks (the library's checks are that feature by design)."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message=r"Specifying a partitions_def on an AssetCheckSpec",

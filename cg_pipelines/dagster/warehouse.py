@@ -1,23 +1,7 @@
-"""The warehouse resources of a consumer-group deployment, and the contract the Dagster layer
-speaks to them: :class:`Warehouse`.
-
-- :class:`DeltaWarehouseResource`: Delta tables under a root (local directory or ``s3://``):
-  ``<root>/<table>``.
-- :class:`IcebergWarehouseResource`: Iceberg tables ``<namespace>.<table>`` of a catalog
-  (embedded SQLite, Postgres or REST) over a warehouse (local directory or ``s3://``); needs
-  the ``iceberg`` extra (``pip install cg-pipelines[dagster,iceberg]``), imported when first
-  used, so this module imports without it.
-
-Either is the ``warehouse`` resource of a group's assets, chosen by configuration. The asset
-op, the co-partitioned asset, the sensors and the reconcile check use a warehouse only through
-:class:`Warehouse`, and its tables only through
-:class:`~cg_pipelines.sinks.table.TableSink`; the IO manager that hands a table to downstream
-assets is :func:`cg_pipelines.dagster.io_manager.table_io_manager`'s.
-
-Secrets (S3 keys, a REST token) go to delta-rs' storage options or pyiceberg's catalog and
-FileIO properties and are never logged or shown in ``repr`` (the sinks mask them); give them
-as ``EnvVar``.
-"""
+"""The warehouse resources (:class:`DeltaWarehouseResource`: ``<root>/<table>``;
+:class:`IcebergWarehouseResource`: ``<namespace>.<table>`` of a catalog, the ``iceberg`` extra)
+and the contract the layer uses them through (:class:`Warehouse`; their tables only through
+:class:`~cg_pipelines.sinks.table.TableSink`). Secrets: ``EnvVar``, masked in ``repr``."""
 
 from __future__ import annotations
 
@@ -47,15 +31,9 @@ __all__ = ["DeltaWarehouseResource", "IcebergWarehouseResource", "Warehouse"]
 
 @runtime_checkable
 class Warehouse(Protocol):
-    """Where a deployment's group tables live, as the Dagster layer uses it (structural: the
-    two resources here implement it; a resource of your own may too).
-
-    Attributes:
-        table_format: the format of its tables (``"delta"``, ``"iceberg"``).
-        supports_state: its sinks serve per-key state
-            (:class:`~cg_pipelines.sinks.base.StateSink` ``last_rows``), which a processor
-            that declares :class:`~cg_pipelines.core.state.KeyedState` needs.
-    """
+    """Where a deployment's tables live, as the Dagster layer uses it (structural: a resource
+    of your own may implement it): ``table_format`` (``"delta"``, ``"iceberg"``) and
+    ``supports_state`` (its sinks serve the per-key state a ``KeyedState`` needs)."""
 
     table_format: ClassVar[str]
     supports_state: ClassVar[bool]
@@ -71,10 +49,9 @@ class Warehouse(Protocol):
     def sink(self, table: str, write: Append | Merge | None = None,
              commit_metadata: Mapping[str, str] | None = None,
              maintenance: Maintenance | None = None) -> TableSink:
-        """A fenced sink for ``table`` (partitioned by the consumer-group partition), in write
-        mode ``write`` (``None``: append), recording ``commit_metadata`` (string keys and
-        values, e.g. the Dagster run id) in every commit, maintained after each run by
-        ``maintenance`` (``None``: the warehouse's own upkeep).
+        """A fenced sink for ``table`` in write mode ``write`` (``None``: append), recording
+        ``commit_metadata`` (e.g. the Dagster run id) in every commit, maintained by
+        ``maintenance`` (``None``: the warehouse's upkeep).
 
         Raises:
             ConfigError: ``maintenance`` does not apply to the format.
@@ -84,14 +61,9 @@ class Warehouse(Protocol):
 
 
 class DeltaWarehouseResource(ConfigurableResource):
-    """Where a deployment's Delta tables live: ``<root>/<table>``.
-
-    ``root`` is a local directory (made absolute) or ``s3://bucket/prefix``; for S3 give the
-    endpoint (MinIO, moto ...) and credentials as ``EnvVar`` — they are handed to delta-rs as
-    storage options and never logged (:class:`~cg_pipelines.sinks.delta.DeltaSink` masks them).
-    Tables are partitioned by the consumer-group partition column
-    :data:`~cg_pipelines.sinks.delta.PARTITION_COLUMN` (``_partition``).
-    """
+    """Where a deployment's Delta tables live: ``<root>/<table>``, ``root`` a local directory
+    or ``s3://bucket/prefix`` (endpoint and credentials as ``EnvVar``: delta-rs storage options,
+    masked); partitioned by ``_partition``."""
 
     table_format: ClassVar[str] = "delta"
     supports_state: ClassVar[bool] = True  # its sinks serve per-key state (last_rows)
@@ -152,18 +124,11 @@ _CATALOGS_LOCK = threading.Lock()
 
 class IcebergWarehouseResource(ConfigurableResource):
     """Where a deployment's Iceberg tables live: catalog + warehouse, tables
-    ``<namespace>.<table>`` (identity-partitioned by ``_partition``). Examples::
+    ``<namespace>.<table>`` (identity-partitioned by ``_partition``), e.g.
+    ``IcebergWarehouseResource(warehouse="/data/lake")`` (SQLite catalog in catalog.db), with
+    ``catalog_uri=EnvVar(...)`` a Postgres one, with ``catalog_type="rest"`` a REST catalog.
 
-        IcebergWarehouseResource(warehouse="/data/lake")  # SQLite catalog in catalog.db
-        IcebergWarehouseResource(catalog_uri=EnvVar("CG_ICEBERG_CATALOG"),  # Postgres
-                                 warehouse="s3://lake/tables", s3_endpoint=...,
-                                 aws_access_key_id=EnvVar(...), ...)
-        IcebergWarehouseResource(catalog_type="rest", catalog_uri="https://catalog:8181",
-                                 warehouse="...")
-
-    Secrets (S3 keys, a REST token) are handed to pyiceberg's catalog and FileIO properties
-    and never logged (:class:`~cg_pipelines.sinks.iceberg.IcebergSink` masks them in
-    ``repr``); give them as ``EnvVar``.
+    Secrets (S3 keys, a REST token): ``EnvVar``; pyiceberg gets them, ``repr`` masks them.
     """
 
     table_format: ClassVar[str] = "iceberg"
@@ -258,9 +223,8 @@ class IcebergWarehouseResource(ConfigurableResource):
         """A fenced Iceberg sink for ``table`` (identity-partitioned by ``_partition``).
 
         Raises:
-            ConfigError: ``maintenance`` given: those settings (compaction, vacuum, Delta log
-                cleanup, :class:`~cg_pipelines.sinks.maintenance.Maintenance`) are Delta's; an
-                Iceberg sink's upkeep is snapshot expiry (docs/iceberg.md).
+            ConfigError: ``maintenance`` given (Delta's settings; Iceberg's upkeep is snapshot
+                expiry, docs/iceberg.md).
         """
         if maintenance is not None:
             raise ConfigError("maintenance", "Delta table upkeep settings (Maintenance) do not "

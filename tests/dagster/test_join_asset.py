@@ -27,6 +27,10 @@ N = 3
 NAME = "auctions"
 
 
+def _key(p: int) -> str:
+    return _spec("s").partition_key(p)
+
+
 def _spec(stream: str, partitions: int = N) -> CoPartitionedAsset:
     return CoPartitionedAsset(name=NAME, inputs=joined.inputs(stream), partitions=partitions,
                               processor=joined.processor(), write=joined.WRITE)
@@ -40,12 +44,12 @@ async def test_sensor_runs_and_metadata(js: JetStreamContext, nats_server: NatsS
     defs = build_definitions([], joins=[_spec(unique_name)],
                              resources=make_resources(nats_server.url, warehouse))
     tick = await asyncio.to_thread(h.tick, defs, f"{NAME}_backlog", instance)
-    assert sorted(h.partitions_of(tick.run_requests or [])) == [f"{NAME}-{p}" for p in range(N)]
-    lag = [e for e in tick.asset_events if e.partition == f"{NAME}-0"]
+    assert sorted(h.partitions_of(tick.run_requests or [])) == [_key(p) for p in range(N)]
+    lag = [e for e in tick.asset_events if e.partition == _key(0)]
     assert lag and lag[0].metadata["impressions/pending"].value > 0
     job = defs.resolve_job_def(f"{NAME}_job")
     for p in range(N):
-        res = await asyncio.to_thread(job.execute_in_process, partition_key=f"{NAME}-{p}",
+        res = await asyncio.to_thread(job.execute_in_process, partition_key=_key(p),
                                       instance=instance)
         assert res.success
         (mat,) = res.asset_materializations_for_node(NAME)
@@ -57,14 +61,18 @@ async def test_sensor_runs_and_metadata(js: JetStreamContext, nats_server: NatsS
         assert md["messages"] == md["impressions/messages"] + md["clicks/messages"] > 0
         assert [x["input"] for x in md["lineage"]] == [joined.IMP, joined.CLK]
         checks = {c.check_name: c.passed for c in res.get_asset_check_evaluations()}
+        # the run checks, per input where they are about an input (and the lag, which each
+        # drain run evaluates)
         assert checks == {"backlog_drained": True, "no_unexplained_fence_conflicts": True,
-                          "no_new_dead_letters": True}
+                          **{f"{c}__{n}": True for c in ("no_new_dead_letters",
+                                                         "lag_within_objective")
+                             for n in (joined.IMP, joined.CLK)}}
     table = DeltaWarehouseResource(root=warehouse).sink(NAME).read()
     assert joined.mismatches(table, evs) is None
     assert await joined.left(api, unique_name) == 0
     # the rebuild job replays every input's origin history of a partition; same table
     rebuild = defs.resolve_job_def(f"{NAME}_rebuild")
-    res = await asyncio.to_thread(rebuild.execute_in_process, partition_key=f"{NAME}-1",
+    res = await asyncio.to_thread(rebuild.execute_in_process, partition_key=_key(1),
                                   instance=instance)
     assert res.success
     (mat,) = res.asset_materializations_for_node(NAME)
@@ -99,7 +107,7 @@ async def test_mismatched_set_is_refused(js: JetStreamContext, nats_server: Nats
     assert "4 partitions" in tick.skip_message and "3" in tick.skip_message, tick.skip_message
     assert f"{unique_name}_{joined.CLK}/g" in tick.skip_message
     job = defs.resolve_job_def(f"{NAME}_job")
-    res = await asyncio.to_thread(job.execute_in_process, partition_key=f"{NAME}-0",
+    res = await asyncio.to_thread(job.execute_in_process, partition_key=_key(0),
                                   instance=instance, raise_on_error=False)
     assert not res.success
 

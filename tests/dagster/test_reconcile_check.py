@@ -1,4 +1,4 @@
-"""The ``origin_reconciled`` asset check (cg_pipelines.dagster.reconcile) against a real group:
+"""The ``origin_reconciled`` asset check (cg_pipelines.dagster.checks) against a real group:
 passes when every origin message reached the work queue, fails naming the origin range, the
 partitions and the rebuild job when messages were removed from the work queue unprocessed."""
 
@@ -19,11 +19,10 @@ from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.dagster import DeltaWarehouseResource, NatsResource
-from cg_pipelines.dagster.reconcile import (
+from cg_pipelines.dagster.checks import (
     RECONCILE_CHECK,
     build_reconcile_check,
     reconcile_evaluation,
-    reconcile_skip_reason,
 )
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.rebuild import rebuild_partition
@@ -101,8 +100,6 @@ async def test_reconcile_check_fails_on_a_gap_then_passes(
     ev = await asyncio.to_thread(reconcile_evaluation, group, nats, wh, seq_column="seq")
     assert not ev.passed and ev.severity == AssetCheckSeverity.ERROR
     assert "origin sequences 201..205 (5 messages, partition" in ev.description
-    reason = await asyncio.to_thread(reconcile_skip_reason, group, nats, wh, seq_column="seq")
-    assert reason == ev.description
     # inside a running event loop too (no asyncio.run there)
     again = reconcile_evaluation(group, nats, wh)
     assert again.description == ev.description

@@ -32,8 +32,8 @@ from dagster import (
 
 from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy
 from cg_pipelines.dagster import build_definitions
+from cg_pipelines.dagster.checks import EXCLUDED_RUNS
 from cg_pipelines.dagster.history import CHECK_MODE, CODE_TAG, MODE_TAG, partition_runs
-from cg_pipelines.dagster.partition_checks import EXCLUDED_RUNS
 from cg_pipelines.dagster.resources import (
     DeltaWarehouseResource,
     NatsResource,

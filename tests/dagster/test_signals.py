@@ -35,6 +35,14 @@ from sqlalchemy.exc import IntegrityError
 from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.core.triggers import RetryPolicy
 from cg_pipelines.dagster import build_definitions
+from cg_pipelines.dagster.checks import (
+    CHECK_RETRY_S,
+    CHECK_RUNS_PER_TICK,
+    CHECKS_PER_TICK,
+    PartitionChecks,
+    failed_run_checks,
+    plan_partition_checks,
+)
 from cg_pipelines.dagster.history import (
     CODE_TAG,
     CheckState,
@@ -42,15 +50,7 @@ from cg_pipelines.dagster.history import (
     partition_runs,
     record_first_checks,
 )
-from cg_pipelines.dagster.partition_checks import (
-    CHECK_RETRY_S,
-    CHECK_RUNS_PER_TICK,
-    CHECKS_PER_TICK,
-    PartitionChecks,
-    plan_partition_checks,
-    read_group,
-)
-from cg_pipelines.dagster.partition_run import failed_run_checks
+from cg_pipelines.dagster.reading import read_inputs
 from cg_pipelines.engine.deadletter import dead_letter_headers, ensure_dlq_stream
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.local.nats_server import NatsServer
@@ -205,7 +205,7 @@ async def test_lag_observed_on_changes_through_the_sensor(
     assert [t for t, _ in seen["g-1"]] == [0]
     assert {o["lag_state"] for _, obs in seen.items() for _, o in obs} == {"behind"}
     assert seen["g-3"][1][1]["pending"] == 1
-    reading = await asyncio.to_thread(read_group, spec, defs.resources["nats"],
+    reading = await asyncio.to_thread(read_inputs, spec, defs.resources["nats"],
                                       defs.resources["partition_runs"])
     at = time.time()
     for p in (1, 3):
@@ -281,8 +281,9 @@ def test_partition_runs_constant_queries(n: int) -> None:
 
 
 def test_a_failed_run_is_not_a_fence_conflict() -> None:
-    got = {r.check_name: r for r in failed_run_checks(Failure("ValueError: amount feed under "
-                                                              "in cents"))}
+    spec = make_spec("s")
+    got = {r.check_name: r for r in failed_run_checks(spec, Failure(
+        "ValueError: amount feed under in cents"))}
     assert not got["backlog_drained"].passed
     assert got["backlog_drained"].description.startswith("ValueError: amount feed")
     assert got["no_unexplained_fence_conflicts"].passed
@@ -293,9 +294,9 @@ def test_a_failed_run_is_not_a_fence_conflict() -> None:
         except FenceConflictError as e:
             raise RuntimeError("commit refused") from e
     except RuntimeError as e:
-        fenced = {r.check_name: r for r in failed_run_checks(e)}
+        fenced = {r.check_name: r for r in failed_run_checks(spec, e)}
     assert not fenced["no_unexplained_fence_conflicts"].passed
-    held = {r.check_name: r for r in failed_run_checks(Failure(
+    held = {r.check_name: r for r in failed_run_checks(spec, Failure(
         "partition 1 halted: bad payload", metadata={"fence_conflicts": 0,
                                                      "dead_lettered": 2}))}
     assert held["no_unexplained_fence_conflicts"].passed

@@ -16,8 +16,8 @@ from cg_pipelines.dagster import (
     Warehouse,
     build_definitions,
 )
+from cg_pipelines.dagster.checks import RECONCILE_CHECK
 from cg_pipelines.dagster.iceberg import IcebergWarehouseResource
-from cg_pipelines.dagster.reconcile import RECONCILE_CHECK
 from tests.support import keyed
 
 

@@ -16,7 +16,7 @@ from cg_pipelines.dagster.io_manager import (
     IcebergTableIOManager,
     table_io_manager,
 )
-from cg_pipelines.dagster.partition_run import table_metadata
+from cg_pipelines.dagster.run import table_metadata
 from cg_pipelines.dagster.warehouse import (
     DeltaWarehouseResource,
     IcebergWarehouseResource,

@@ -157,7 +157,7 @@ def test_docs_join_snippet_runs_as_written(tmp_path: Path) -> None:
 
 def test_docs_dagster_definitions_load(tmp_path: Path) -> None:
     """The "In Dagster" block of docs/joins.md, as written beside joins_example.py, gives the
-    asset, its two jobs and its backlog sensor."""
+    asset and what a group asset has: its three jobs and three sensors (issue 50)."""
     text = (ROOT / "docs" / "joins.md").read_text()
     blocks = re.findall(r"^```python\n(# joins_defs\.py.*?)^```", text, re.M | re.S)
     assert len(blocks) == 1, "docs/joins.md: one python block starting '# joins_defs.py'"
@@ -170,6 +170,7 @@ def test_docs_dagster_definitions_load(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "NATS_URL": "nats://x:1"})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ("['auctions_job', 'auctions_rebuild'] "
-                                  "['auctions_backlog', 'auctions_run_retention'] "
-                                  "['auctions-0', 'auctions-1', 'auctions-2', 'auctions-3']")
+    assert out.stdout.strip() == ("['auctions_checks', 'auctions_job', 'auctions_rebuild'] "
+                                  "['auctions_backlog', 'auctions_membership', "
+                                  "'auctions_run_retention'] "
+                                  "['join-0', 'join-1', 'join-2', 'join-3']")

@@ -1,8 +1,8 @@
-"""The Dagster integration's modules import one way: the asset op (``dagster/assets.py``) is a
-leaf that only ``definitions.py`` builds on; sensors, checks and the reconcile check take what
-they share with it (the spec, tick errors, asset keys, run tags) from ``spec.py`` and
-``history.py`` (issue 33: sensors borrowed ``TICK_ERRORS``, ``load_group_config``,
-``asset_key_of`` and ``MODE_TAG`` from the asset module)."""
+"""The Dagster integration's modules import one way: a partition run (``dagster/run.py``, the
+asset op's body and the one call into the engine) is built on by the asset builder
+(``asset.py``) alone; the triggers (sensors, schedule, backlog tick) and the checks take what
+they share with it (the spec, tick errors, asset keys, run tags) from ``spec.py`` and ``history.py``
+(issue 33), and nothing below the builder imports it (issue 50)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,21 @@ def imported_modules(path: Path) -> set[str]:
             if isinstance(node, ast.ImportFrom) and node.module}
 
 
-@pytest.mark.parametrize("name", ["sensors.py", "checks.py", "reconcile.py", "history.py",
+@pytest.mark.parametrize("name", ["triggers.py", "reading.py", "checks.py", "history.py",
                                   "spec.py", "resources.py", "io_manager.py"])
-def test_shared_dagster_modules_do_not_import_the_asset_op(name: str) -> None:
-    assert "cg_pipelines.dagster.assets" not in imported_modules(DAGSTER_DIR / name)
+def test_shared_dagster_modules_do_not_import_the_run_or_the_builder(name: str) -> None:
+    imported = imported_modules(DAGSTER_DIR / name)
+    assert not imported & {"cg_pipelines.dagster.run", "cg_pipelines.dagster.asset"}
 
 
-def test_only_definitions_imports_the_asset_op() -> None:
+def test_only_the_builder_imports_the_run() -> None:
     importers = sorted(p.name for p in DAGSTER_DIR.glob("*.py")
-                       if "cg_pipelines.dagster.assets" in imported_modules(p))
-    assert importers == ["definitions.py"]
+                       if "cg_pipelines.dagster.run" in imported_modules(p))
+    assert importers == ["asset.py"]
+
+
+def test_only_the_run_calls_the_engines_run_entry_points() -> None:
+    entry = {"cg_pipelines.engine.runner", "cg_pipelines.engine.rebuild",
+             "cg_pipelines.engine.join_rebuild"}
+    importers = sorted(p.name for p in DAGSTER_DIR.glob("*.py") if imported_modules(p) & entry)
+    assert importers == ["run.py"]

@@ -1,0 +1,119 @@
+"""The one bounded NATS read a backlog tick and a check executed by hand start from
+(:func:`read_inputs`): every input's config, backlog and dead letters, and the backlog merged
+over the inputs; per input a constant number of requests plus one direct get per partition
+that may hold messages (:mod:`cg_pipelines.jetstream.backlog`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cg_pipelines.core.assignment import assignment
+from cg_pipelines.core.config import ElasticConfig, dlq_stream_name, work_queue_stream_name
+from cg_pipelines.core.triggers import PartitionBacklog, served_partitions
+from cg_pipelines.dagster.resources import NatsResource, PartitionRunsResource
+from cg_pipelines.dagster.spec import StreamAsset, read_configs
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.backlog import (
+    DeadLetterSummary,
+    dead_letter_counts,
+    latest_dead_letters,
+    partition_backlog,
+)
+
+__all__ = ["Reading", "dead_slot", "merge_backlog", "read_inputs"]
+
+
+def dead_slot(spec: StreamAsset, index: int, partition: int) -> int:
+    """The key of input ``index``'s partition in the cursor's ``dead_letters``
+    (``index * partitions + partition``: the partition itself for one input)."""
+    return index * spec.partitions + partition
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One read of a spec's inputs: the configs' newest KV ``revision``, the first input's
+    ``config`` (a set's groups share their member mappings), the ``served`` partitions,
+    ``by_input`` (``{input name: [PartitionBacklog per served partition]}``), the merged
+    ``backlog`` (:func:`merge_backlog`), and when dead letters were read ``dead_counts``
+    (``{dead_slot: count}``) and ``dead_changed`` (``{input name: [latest dead letter of each
+    partition whose count changed]}``)."""
+
+    revision: int
+    config: ElasticConfig
+    served: list[int]
+    by_input: dict[str, list[PartitionBacklog]]
+    backlog: list[PartitionBacklog]
+    dead_counts: dict[int, int] = field(default_factory=dict)
+    dead_changed: dict[str, list[DeadLetterSummary]] = field(default_factory=dict)
+
+
+def read_inputs(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsResource, *,
+                dead_letters_seen: Mapping[int, int] | None = None,
+                only: Iterable[int] | None = None, any_owner: bool = False) -> Reading:
+    """One bounded NATS session: every input's config, then its backlog at the served
+    partitions (with ``only``: of those; with ``any_owner`` too: all of ``only``); with
+    ``dead_letters_seen`` (``{dead_slot: count}``), its dead-letter counts and the latest dead
+    letter of each partition whose count changed.
+
+    Raises:
+        GroupNotFoundError, CoPartitionError, ConfigError, JetStreamError, TimeoutError,
+        OSError: as reading fails (all in :data:`~cg_pipelines.dagster.spec.TICK_ERRORS`).
+    """
+    served_members = runs.served()
+
+    async def read(nc: Any) -> Reading:
+        configs = await read_configs(nc, spec, nats_res.call_timeout_s)
+        served = served_partitions(assignment(configs[0].config), served_members)
+        if only is not None:
+            wanted = set(only)
+            served = sorted(wanted) if any_owner else [p for p in served if p in wanted]
+        by_input: dict[str, list[PartitionBacklog]] = {}
+        lasts: dict[str, int] = {}
+        counts: dict[int, int] = {}
+        changed: dict[str, list[DeadLetterSummary]] = {}
+        async with JetStreamAPI(nc, timeout=nats_res.call_timeout_s) as api:
+            for i, inp in enumerate(spec.inputs):
+                by_input[inp.name] = await partition_backlog(api, inp.stream, inp.group, served)
+                if len(spec.inputs) > 1:
+                    info = await api.stream_info(work_queue_stream_name(inp.stream, inp.group))
+                    lasts[inp.name] = int((info.get("state") or {}).get("last_seq") or 0)
+                if dead_letters_seen is None:
+                    continue
+                dlq = dlq_stream_name(inp.stream, inp.group)
+                mine = {p: dead_slot(spec, i, p) for p in served}
+                got = {p: n for p, n in (await dead_letter_counts(api, dlq)).items()
+                       if p in mine}
+                counts.update({mine[p]: n for p, n in got.items()})
+                moved = {p: got.get(p, 0) for p in mine
+                         if got.get(p, 0) != dead_letters_seen.get(mine[p], 0)}
+                changed[inp.name] = await latest_dead_letters(api, dlq, moved)
+        return Reading(max(c.revision for c in configs), configs[0].config, served, by_input,
+                       merge_backlog(by_input, lasts), counts, changed)
+
+    return nats_res.run(read)
+
+
+def merge_backlog(by_input: Mapping[str, Sequence[PartitionBacklog]],
+                  last_seqs: Mapping[str, int]) -> list[PartitionBacklog]:
+    """The backlog per partition over the inputs (one input's as it is): ``pending`` summed,
+    ``age_s`` the oldest, ``first_seq`` the sum of each input's next unprocessed sequence (its
+    first pending one, or its work queue's last + 1, ``last_seqs``): it changes exactly when
+    some input's first pending message does, so the run key does."""
+    names = list(by_input)
+    if len(names) == 1:
+        return list(by_input[names[0]])
+    out = []
+    for i, first in enumerate(by_input[names[0]]):
+        rows = [by_input[n][i] for n in names]
+        pending = sum(r.pending for r in rows)
+        if pending == 0:
+            out.append(PartitionBacklog(first.partition, 0, None, 0.0))
+            continue
+        token = sum(r.first_seq if r.first_seq is not None else last_seqs.get(n, 0) + 1
+                    for n, r in zip(names, rows, strict=True))
+        times = [r.first_time_s for r in rows if r.pending and r.first_time_s is not None]
+        out.append(PartitionBacklog(first.partition, pending, token,
+                                    max(r.age_s for r in rows), min(times, default=None)))
+    return out
