@@ -213,8 +213,9 @@ async def test_kill_at_each_step(nats_server, nc, js, unique_name, tmp_path, ste
 async def test_zombie_on_either_lease_is_fenced(nats_server, nc, js, unique_name, tmp_path,
                                                 held) -> None:
     """After a joined drain, new messages on ONE input only: a run leases just that input and
-    is paused (SIGSTOP) after processing its second batch, past the pin timeout; a new run takes
-    over and drains; the resumed zombie's joint commit is refused (fenced)."""
+    is paused (SIGSTOP) after processing its first batch (no commit of it in flight yet: the
+    run's commits are pipelined behind processing), past the pin timeout; a new run takes over
+    and drains; the resumed zombie's joint commit is refused (fenced)."""
     evs = joined.events(60)
     api = await joined.setup(js, unique_name, evs, n_partitions=1)
     sink = _delta(tmp_path)
@@ -226,7 +227,7 @@ async def test_zombie_on_either_lease_is_fenced(nats_server, nc, js, unique_name
             for m in more]
     await asyncio.gather(*acks)
     await joined.wait_sourced(api, f"{s}-g", len(more))
-    zombie = _worker(nats_server.url, unique_name, sink.uri, "processed", 2, sig="STOP")
+    zombie = _worker(nats_server.url, unique_name, sink.uri, "processed", 1, sig="STOP")
     state = ""
     for _ in range(600):
         state = Path(f"/proc/{zombie.pid}/stat").read_text().split()[2]
