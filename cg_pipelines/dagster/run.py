@@ -33,7 +33,6 @@ from dagster import (
     TableColumnConstraints,
     TableSchema,
 )
-from nats.aio.client import Client
 from pydantic import Field as PydanticField
 
 from cg_pipelines.core.assignment import assignment, owners
@@ -225,21 +224,13 @@ def engine_run(spec: StreamAsset, run: Resolved, allow_partial: bool, hook: RunP
     p, opts, sink, proc = run.partition, run.runs.engine_options(), run.sink, run.processor
     rebuild, timeout = run.mode == "rebuild", run.runs.run_timeout_s
     inp = spec.inputs[0]
-    call: Callable[[Client], Awaitable[RunResult]]
-    if spec.is_set and rebuild:
-        call = lambda nc: rebuild_copartitioned(  # noqa: E731
-            nc, spec.inputs, p, proc, sink, opts, allow_partial=allow_partial, hook=hook)  # type: ignore[arg-type]
-    elif spec.is_set:
-        call = lambda nc: run_copartitioned(  # noqa: E731
-            nc, spec.inputs, p, proc, sink, opts, hook=hook)  # type: ignore[arg-type]
-    elif rebuild:
-        call = lambda nc: rebuild_partition(  # noqa: E731
-            nc, inp.stream, inp.group, p, proc, sink, opts, allow_partial=allow_partial,
-            hook=hook)
-    else:
-        call = lambda nc: run_partition(  # noqa: E731
-            nc, inp.stream, inp.group, p, proc, sink, opts, hook=hook)
-    r = run.nats.run(call, timeout_s=timeout)
+    fn: dict[bool, Callable[..., Awaitable[RunResult]]] = (  # by ``rebuild``
+        {True: rebuild_copartitioned, False: run_copartitioned} if spec.is_set
+        else {True: rebuild_partition, False: run_partition})
+    args: tuple[Any, ...] = (spec.inputs,) if spec.is_set else (inp.stream, inp.group)
+    kw: dict[str, Any] = {"hook": hook, **({"allow_partial": allow_partial} if rebuild else {})}
+    r = run.nats.run(lambda nc: fn[rebuild](nc, *args, p, proc, sink, opts, **kw),
+                     timeout_s=timeout)
     sides = dict(r.inputs) if spec.is_set else {inp.name: next(iter(r.inputs.values()))}
     return Outcome(r.status, r.detail, r.commits, r.fence_conflicts, r.seconds, r.rows_written,
                    r.rows_replaced, sides, r.timings, r.maintenance)
