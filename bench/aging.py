@@ -306,7 +306,7 @@ def age(sink: DeltaSink, keys_of: dict[int, list[str]], versions: int, per_part:
             batch = pa.table([ks, vs, tot, list(range(first, seq[p] + 1)), [p] * per_part],
                              schema=SCHEMA)
             app = f"aging/{p}"
-            sink.commit(batch, app, seq[p], first - 1)
+            sink.commit(batch, {app: (first - 1, seq[p])})
             sink.maintain(p, app)
         version = sink.stats().version
         if not quiet and time.monotonic() - last_print > 30:

@@ -58,13 +58,13 @@ def run(label: str, make: Callable[[], DeltaSink], commits: int, rows: int) -> N
     tables = [batch(wm + 1 + i * rows, rows) for i in range(commits)]
     # First commit creates the table (schema only) and is reported separately.
     t = time.perf_counter()
-    sink.commit(tables[0], app, wm + rows, wm)
+    sink.commit(tables[0], {app: (wm, wm + rows)})
     first = time.perf_counter() - t
     wm += rows
     lat: list[float] = []
     for tb in tables[1:] + [batch(wm + 1 + commits * rows, rows)]:
         t = time.perf_counter()
-        sink.commit(tb, app, wm + rows, wm)
+        sink.commit(tb, {app: (wm, wm + rows)})
         lat.append(time.perf_counter() - t)
         wm += rows
     warm_wm: list[float] = []

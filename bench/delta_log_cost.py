@@ -86,7 +86,7 @@ def measure(uri: str, options: dict[str, str] | None, versions: list[int], repea
 
     def long_commit() -> None:
         fill[0] += 1
-        long.commit(ROW, "fill", fill[0], fill[0] - 1)
+        long.commit(ROW, {"fill": (fill[0] - 1, fill[0])})
 
     def held_append(hooks: PostCommitHookProperties | None) -> None:
         held.update_incremental()
@@ -96,7 +96,7 @@ def measure(uri: str, options: dict[str, str] | None, versions: list[int], repea
         sink = DeltaSink(uri, storage_options=options)
         wm = sink.watermark("bench")
         seq[0] = wm + 1
-        sink.commit(ROW, "bench", seq[0], wm)
+        sink.commit(ROW, {"bench": (wm, seq[0])})
 
     out = []
     for target in sorted(versions):

@@ -91,7 +91,7 @@ def run(a: argparse.Namespace, tmp: str, root: str, opts: dict[str, str]) -> Non
         for n in order:
             rows = batch(rnd, wm[n] + 1, a.rows, a.keys, "merge" in n)
             commit: Callable[[], None] = lambda n=n, rows=rows: sinks[n].commit(  # noqa: E731
-                rows, "bench/g/0", wm[n] + a.rows, wm[n])
+                rows, {"bench/g/0": (wm[n], wm[n] + a.rows)})
             t = time.perf_counter()
             commit()
             lat[n].append(time.perf_counter() - t)

@@ -74,7 +74,7 @@ def _commit(sink: DeltaSink, parts: np.ndarray, first_seq: int, marks: dict[int,
         for i in range(0, len(mine), BATCH):
             chunk = mine[i:i + BATCH]
             app = f"{S}/g/{p}"
-            sink.commit(None, app, marks.get(p, 0) + len(chunk), marks.get(p, 0), None,
+            sink.commit(None, {app: (marks.get(p, 0), marks.get(p, 0) + len(chunk))},
                         lineage={"stream": S, "group": "g", "partition": p,
                                  "first_seq": marks.get(p, 0) + 1,
                                  "last_seq": marks.get(p, 0) + len(chunk),

@@ -51,7 +51,7 @@ from cg_pipelines.engine.join import run_copartitioned
 from cg_pipelines.engine.rebuild import rebuild_copartitioned, rebuild_partition
 from cg_pipelines.engine.result import RunResult, SideResult
 from cg_pipelines.engine.runner import run_partition
-from cg_pipelines.sinks.table import TableSink, TableStats
+from cg_pipelines.sinks.base import TableSink, TableStats
 
 __all__ = ["PROGRESS_EVERY_S", "Outcome", "PartitionRunConfig", "Resolved", "RunProgress",
            "engine_run", "materialize", "run_alive", "run_failure", "run_mode",

@@ -1,7 +1,7 @@
 """The warehouse resources (:class:`DeltaWarehouseResource`: ``<root>/<table>``;
 :class:`IcebergWarehouseResource`: ``<namespace>.<table>`` of a catalog, the ``iceberg`` extra)
 and the contract the layer uses them through (:class:`Warehouse`; their tables only through
-:class:`~cg_pipelines.sinks.table.TableSink`). Secrets: ``EnvVar``, masked in ``repr``."""
+:class:`~cg_pipelines.sinks.base.TableSink`). Secrets: ``EnvVar``, masked in ``repr``."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ from pydantic import Field
 
 from cg_pipelines.core.errors import ConfigError, UsageError
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.sinks.base import PARTITION_COLUMN
+from cg_pipelines.sinks.base import PARTITION_COLUMN, TableSink
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.sinks.maintenance import Maintenance
 from cg_pipelines.sinks.storage import s3_options
-from cg_pipelines.sinks.table import TableSink
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -7,9 +7,9 @@ origin marker (:func:`~cg_pipelines.sinks.base.origin_marker`) and the lineage t
 check reads: for one side ``stream``, ``group``, ``partition``, ``first_seq``, ``last_seq``,
 ``last_origin_seq`` and ``cg.coverage`` (:data:`~cg_pipelines.core.coverage.COVERAGE_KEY`);
 for several, ``partition`` and ``cg.join`` (:data:`~cg_pipelines.core.coverage.
-JOIN_LINEAGE_KEY`: the same facts per side as one JSON list). One side commits through
-:meth:`Sink.commit <cg_pipelines.sinks.base.Sink.commit>`, several through
-:meth:`JoinSink.commit_inputs <cg_pipelines.sinks.base.JoinSink.commit_inputs>`.
+JOIN_LINEAGE_KEY`: the same facts per side as one JSON list). One call of
+:meth:`TableSink.commit <cg_pipelines.sinks.base.TableSink.commit>` commits them, for one side
+or many.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pyarrow as pa
 from cg_pipelines.core.coverage import COVERAGE_KEY, JOIN_LINEAGE_KEY, encode_seqs
 from cg_pipelines.engine.processor import DeadLetter
 from cg_pipelines.engine.side import Side, bounds, last_origin_seq
-from cg_pipelines.sinks.base import JoinSink, origin_marker
+from cg_pipelines.sinks.base import origin_marker
 
 __all__ = ["Prepared", "Span", "commit_batch", "span_info", "spans_of"]
 
@@ -113,10 +113,10 @@ async def commit_batch(sides: Sequence[Side], prep: Prepared, watermarks: Mappin
         lineage = {"stream": c.stream, "group": c.group, "partition": c.partition,
                    "first_seq": span.first, "last_seq": span.last,
                    "last_origin_seq": span.last_origin, COVERAGE_KEY: prep.coverage(c.name)}
-        await asyncio.to_thread(sink.commit, prep.table, c.app_id, span.last,
-                                watermarks[c.name], markers, lineage=lineage)
+        await asyncio.to_thread(sink.commit, prep.table, {c.app_id: (watermarks[c.name],
+                                                                      span.last)},
+                                markers=markers, lineage=lineage)
         return
-    assert isinstance(sink, JoinSink)  # checked before the run
     fences: dict[str, tuple[int, int]] = {}
     marks: dict[str, int] = {}
     sides_lineage: list[dict[str, object]] = []
@@ -133,5 +133,5 @@ async def commit_batch(sides: Sequence[Side], prep: Prepared, watermarks: Mappin
             "coverage": prep.coverage(side.name)})
     lineage = {"partition": sides[0].ctx.partition,
                JOIN_LINEAGE_KEY: json.dumps(sides_lineage, separators=(",", ":"))}
-    await asyncio.to_thread(sink.commit_inputs, prep.table, fences, marks or None,
+    await asyncio.to_thread(sink.commit, prep.table, fences, markers=marks or None,
                             lineage=lineage)

@@ -26,9 +26,9 @@ from cg_pipelines.engine.retry import Retrier
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.connect import ConnectOptions, connect_options_of
-from cg_pipelines.sinks.base import Sink, StateSink, app_id_for
+from cg_pipelines.sinks.base import TableSink, app_id_for, missing_members
 
-__all__ = ["RunContext", "Stateful", "open_run", "state_cache"]
+__all__ = ["RunContext", "Stateful", "check_sink", "open_run", "state_cache"]
 
 
 class RunContext:
@@ -59,10 +59,11 @@ class RunContext:
 
     def __init__(
         self, nc: Client, stream: str, group: str, partition: int, processor: Processor,
-        sink: Sink, options: EngineOptions, hook: Hook | None, *, read_stream: str | None = None,
-        connect: ConnectOptions | None = None, res: RunResult | None = None,
-        name: str | None = None,
+        sink: TableSink, options: EngineOptions, hook: Hook | None, *,
+        read_stream: str | None = None, connect: ConnectOptions | None = None,
+        res: RunResult | None = None, name: str | None = None,
     ) -> None:
+        check_sink(sink)
         self.nc, self.js = nc, nc.jetstream(timeout=options.timeout_s)
         self.connect = connect or connect_options_of(nc)
         self.stream, self.group, self.partition = stream, group, partition
@@ -121,7 +122,7 @@ class RunContext:
 
 
 def open_run(
-    nc: Client, stream: str, group: str, partition: int, processor: Processor, sink: Sink,
+    nc: Client, stream: str, group: str, partition: int, processor: Processor, sink: TableSink,
     options: EngineOptions | None, hook: Hook | None, *, read_stream: str | None = None,
     connect: ConnectOptions | None = None, res: RunResult | None = None, name: str | None = None,
 ) -> RunContext:
@@ -136,8 +137,7 @@ def open_run(
 
     Raises:
         ConfigError: ``partition`` is negative.
-        EngineConfigError: the processor declares per-key state the sink cannot serve
-            (:func:`state_cache`).
+        EngineConfigError: ``sink`` is not a table sink (:func:`check_sink`).
     """
     if partition < 0:
         raise ConfigError("partition", f"must be >= 0, got {partition}")
@@ -152,27 +152,35 @@ class Stateful(Protocol):
     state: KeyedState | None
 
 
-def state_cache(processor: Stateful, sink: Sink, partition: int, app_id: str
+def check_sink(sink: object) -> None:
+    """Check once, before a run starts, that ``sink`` has every member of
+    :class:`~cg_pipelines.sinks.base.TableSink` (the one contract every run, one input or
+    many, drain or rebuild, relies on).
+
+    Raises:
+        EngineConfigError: members are missing (named), e.g. a hand-written sink without
+            ``replace_partition``.
+    """
+    missing = missing_members(sink)
+    if missing:
+        raise EngineConfigError(
+            f"{type(sink).__name__} is not a table sink: it lacks {', '.join(missing)} "
+            "(cg_pipelines.sinks.base.TableSink; DeltaSink, IcebergSink and "
+            "cg_pipelines.testing.MemorySink have them all)")
+
+
+def state_cache(processor: Stateful, sink: TableSink, partition: int, app_id: str
                 ) -> KeyStateCache | None:
     """The run's per-key state cache when the processor declares
     :class:`~cg_pipelines.core.state.KeyedState` (``processor.state``), else ``None``. It
     reads what it misses with ``sink.last_rows(..., partition, app_id=app_id)`` (the run's
-    identity, which every state sink accepts: :meth:`StateSink.last_rows
-    <cg_pipelines.sinks.base.StateSink.last_rows>`).
-
-    Raises:
-        EngineConfigError: state is declared but ``sink`` cannot serve it (no ``last_rows``).
-    """
+    identity: :meth:`TableSink.last_rows <cg_pipelines.sinks.base.TableSink.last_rows>`)."""
     spec = processor.state
     if spec is None:
         return None
-    if not isinstance(sink, StateSink):
-        raise EngineConfigError(
-            f"the processor declares per-key state on {spec.key!r} but {type(sink).__name__} "
-            "cannot serve it (no last_rows method): use a state sink such as DeltaSink")
 
     def read(keys: Sequence[object]) -> pa.Table:
         return sink.last_rows(spec.key, keys, spec.read_columns, spec.order_by, partition,
                               app_id=app_id)
 
-    return KeyStateCache(spec, read, getattr(sink, "write", None))
+    return KeyStateCache(spec, read, sink.write)

@@ -26,7 +26,7 @@ over one side per input, exactly as a partition run is that loop over one side:
    cut before its first one (and the run stops after committing the rest).
 5. **Dead-letter** each input's rejects to its own group's DLQ stream.
 6. **Commit, fenced on every input**: the rows and every input's new watermark (and origin
-   marker) in ONE sink commit (:meth:`~cg_pipelines.sinks.base.JoinSink.commit_inputs`); an
+   marker) in ONE sink commit (:meth:`~cg_pipelines.sinks.base.TableSink.commit`); an
    input with nothing in the batch keeps its watermark, fenced all the same. A fence conflict
    on any input stops the run (``fenced``), nothing acknowledged.
 7. **Settle** each input that had messages: purge its partition below its batch's last + 1,
@@ -53,14 +53,14 @@ from cg_pipelines.core.errors import InvariantError, UsageError
 from cg_pipelines.engine.context import RunContext, open_run
 from cg_pipelines.engine.join_processor import JoinProcessor
 from cg_pipelines.engine.lease import LeaseHolder, lease_consumer_name
-from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
+from cg_pipelines.engine.options import EngineOptions, Hook
 from cg_pipelines.engine.processor import BatchContext, Processed, ProcessorBase
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.runner import run_sides
 from cg_pipelines.engine.side import Side
 from cg_pipelines.engine.step import JoinStep
 from cg_pipelines.jetstream.connect import ConnectOptions
-from cg_pipelines.sinks.base import JoinSink, StateSink
+from cg_pipelines.sinks.base import TableSink
 
 __all__ = ["JoinInput", "check_inputs", "open_inputs", "run_copartitioned"]
 
@@ -85,7 +85,7 @@ class NoProcessing(ProcessorBase):
 
 async def run_copartitioned(
     nc: Client, inputs: Sequence[JoinInput], partition: int, processor: JoinProcessor,
-    sink: JoinSink, options: EngineOptions | None = None, *, hook: Hook | None = None,
+    sink: TableSink, options: EngineOptions | None = None, *, hook: Hook | None = None,
     connect: ConnectOptions | None = None,
 ) -> RunResult:
     """Drain partition ``partition`` of every input's group in one run, one commit per batch
@@ -99,7 +99,8 @@ async def run_copartitioned(
             input's watermark key records the commits.
         partition: 0 <= partition < the set's partition count.
         processor: the :class:`~cg_pipelines.engine.join_processor.JoinProcessor`.
-        sink: a :class:`~cg_pipelines.sinks.base.JoinSink` (Delta and Iceberg sinks are).
+        sink: a :class:`~cg_pipelines.sinks.base.TableSink` (every sink is; one commit per
+            batch fences every input).
         options: :class:`EngineOptions` (batch limits apply per input; ``max_messages``
             counts all inputs; ``dead_letter_policy`` applies to each input).
         hook: step callback ``hook(step, info)``; ``info["input"]`` names the input for the
@@ -115,21 +116,20 @@ async def run_copartitioned(
     Raises:
         UsageError: fewer than two inputs, duplicate names or groups, or names that are not
             the processor's inputs.
-        EngineConfigError: the sink cannot commit several watermarks at once (not a
-            ``JoinSink``), or cannot serve declared state.
+        EngineConfigError: ``sink`` is not a table sink (members missing, named).
         ConfigError: ``partition`` is negative.
         NatsUnavailableError / JetStreamError / the processor's and the sink's errors: as
             :func:`~cg_pipelines.engine.runner.run_partition`; every lease taken is given back
             first (nak and unpin), nothing acknowledged that was not committed.
     """
     opt = options or EngineOptions()
-    check_inputs(inputs, processor, sink)
+    check_inputs(inputs, processor)
     ctxs = open_inputs(nc, inputs, partition, sink, opt, hook, connect)
     sides = [Side(c, LeaseHolder(c, lease_consumer_name(partition))) for c in ctxs]
     return await run_sides(sides, JoinStep(processor, ctxs), hook)
 
 
-def open_inputs(nc: Client, inputs: Sequence[JoinInput], partition: int, sink: JoinSink,
+def open_inputs(nc: Client, inputs: Sequence[JoinInput], partition: int, sink: TableSink,
                 opt: EngineOptions, hook: Hook | None, connect: ConnectOptions | None = None
                 ) -> list[RunContext]:
     """One side context per input, in the inputs' order, sharing one
@@ -138,6 +138,7 @@ def open_inputs(nc: Client, inputs: Sequence[JoinInput], partition: int, sink: J
 
     Raises:
         ConfigError: ``partition`` is negative.
+        EngineConfigError: ``sink`` is not a table sink.
     """
     res = RunResult({})
     return [open_run(nc, i.stream, i.group, partition, NoProcessing(), sink, opt,
@@ -145,9 +146,9 @@ def open_inputs(nc: Client, inputs: Sequence[JoinInput], partition: int, sink: J
             for i in inputs]
 
 
-def check_inputs(inputs: Sequence[JoinInput], processor: JoinProcessor, sink: object) -> None:
-    """Refuse a co-partitioned run's arguments before anything is read (the reasons of
-    :func:`run_copartitioned`'s ``UsageError``/``EngineConfigError``)."""
+def check_inputs(inputs: Sequence[JoinInput], processor: JoinProcessor) -> None:
+    """Refuse a co-partitioned run's inputs before anything is read (the reasons of
+    :func:`run_copartitioned`'s ``UsageError``)."""
     names = [i.name for i in inputs]
     if len(inputs) < 2:
         raise UsageError(f"a co-partitioned run needs two or more inputs, got {names}")
@@ -159,13 +160,6 @@ def check_inputs(inputs: Sequence[JoinInput], processor: JoinProcessor, sink: ob
     if set(names) != set(processor.inputs):
         raise UsageError(f"inputs {sorted(names)} are not the processor's "
                          f"{sorted(processor.inputs)}")
-    if not isinstance(sink, JoinSink):
-        raise EngineConfigError(f"{type(sink).__name__} cannot commit several inputs' "
-                                "watermarks at once (no commit_inputs): use DeltaSink or "
-                                "IcebergSink")
-    if processor.state is not None and not isinstance(sink, StateSink):
-        raise EngineConfigError(f"the processor declares per-key state but "
-                                f"{type(sink).__name__} has no last_rows")
 
 
 def tag_hook(hook: Hook | None, name: str) -> Hook | None:

@@ -6,7 +6,7 @@ auction id (the stream-join case of KIP-315, ``../shared/seeds/``). Each batch h
 processor one Arrow table per input (:data:`~cg_pipelines.core.record.RECORD_SCHEMA`, in that
 input's stream order; an input with nothing in the batch gets an empty table), and takes back
 one output table and each input's dead letters (:class:`JoinProcessed`). The output and every
-input's watermark then commit together (:class:`~cg_pipelines.sinks.base.JoinSink`).
+input's watermark then commit together (:meth:`~cg_pipelines.sinks.base.TableSink.commit`).
 
 State shared across the inputs is declared as :class:`~cg_pipelines.core.state.KeyedState`
 keyed by the join key: each input's decoded rows get the key's last committed output row
@@ -33,7 +33,7 @@ from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.processing import Validate, decode_batch, with_state
 from cg_pipelines.engine.processor import BatchContext, DeadLetter, StateReader
-from cg_pipelines.sinks.base import Sink
+from cg_pipelines.sinks.base import TableSink
 
 __all__ = [
     "ArrowJoinProcessor",
@@ -59,7 +59,7 @@ class JoinContext:
     partition: int
     ranges: Mapping[str, tuple[int, int] | None]
     app_ids: Mapping[str, str]
-    sink: Sink
+    sink: TableSink
     state: StateReader | None = None
     mode: str = "drain"
 

@@ -42,6 +42,7 @@ from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.jetstream.api import JetStreamAPI, PullResult, consumer_config
+from cg_pipelines.jetstream.api_admin import pinned_client_id
 from cg_pipelines.jetstream.errors import (
     ConsumerAlreadyExistsError,
     RequestTimeoutError,
@@ -56,7 +57,6 @@ __all__ = [
     "guard_all",
     "lease_consumer_config",
     "lease_consumer_name",
-    "pinned_id",
 ]
 
 
@@ -97,14 +97,6 @@ async def ensure_lease_consumer(
             f"partition {partition} of {wq} is held by another consumer (streaming members?): "
             f"a group is consumed either by members or by partition runs, not both ({e})"
         ) from e
-
-
-def pinned_id(info: dict[str, Any]) -> str | None:
-    """The pinned client id of the ``PCG`` priority group in a consumer info, or None."""
-    for g in info.get("priority_groups") or []:
-        if g.get("group") == PRIORITY_GROUP and g.get("pinned_client_id"):
-            return str(g["pinned_client_id"])
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +259,7 @@ class LeaseHolder:
         info, opt, res = await self.info(), self.ctx.opt, self._res
         if info.get("num_ack_pending") or info.get("num_pending"):
             res.status = "held"
-            holder = pinned_id(info)
+            holder = pinned_client_id(info)
             who = (f"pinned client {holder}" if holder else
                    f"{int(info.get('num_ack_pending') or 0)} message(s) delivered and not yet "
                    f"acknowledged; an earlier holder's lease returns after the ack wait "
@@ -334,7 +326,7 @@ class LeaseHolder:
                 self.ctx.side.repins += 1
                 return Repin("pinned", got)
             info = await self.info()
-            holder = pinned_id(info)
+            holder = pinned_client_id(info)
             if holder is not None:
                 return Repin("handed_over", detail=(
                     f"the pin moved to another instance (pin id {holder}): step-down or pin "

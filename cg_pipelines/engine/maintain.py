@@ -25,7 +25,7 @@ from cg_pipelines.engine.lease import LeaseHolder, lease_consumer_name
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions
 from cg_pipelines.engine.processor import BatchContext, Processed, ProcessorBase
 from cg_pipelines.engine.result import RunResult
-from cg_pipelines.sinks.base import MaintainedSink, Sink
+from cg_pipelines.sinks.base import MaintainedSink, TableSink
 
 __all__ = ["maintain_partition"]
 
@@ -38,7 +38,7 @@ class _NoProcessing(ProcessorBase):
 
 
 async def maintain_partition(nc: Client, stream: str, group: str, partition: int,
-                             sink: Sink, options: EngineOptions | None = None
+                             sink: TableSink, options: EngineOptions | None = None
                              ) -> RunResult:
     """Maintain one partition's table under its lease (see the module docstring).
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.core.state import KeyedState
-from cg_pipelines.sinks.base import Sink
+from cg_pipelines.sinks.base import TableSink
 
 __all__ = [
     "BatchContext",
@@ -136,7 +136,7 @@ class BatchContext:
     app_id: str
     first_seq: int
     last_seq: int
-    sink: Sink
+    sink: TableSink
     state: StateReader | None = None
     mode: str = "drain"
 
@@ -147,9 +147,9 @@ class Processor(Protocol):
     Attributes (hooks, read once per run):
         state: the per-key state the processor reads
             (:class:`~cg_pipelines.core.state.KeyedState`), ``None`` for none. The engine
-            serves it from the sink, which must then be a
-            :class:`~cg_pipelines.sinks.base.StateSink` (else ``EngineConfigError`` before
-            anything is read), and checks each output against it.
+            serves it from the sink
+            (:meth:`~cg_pipelines.sinks.base.TableSink.last_rows`) and checks each output
+            against it.
         uses_spark: the processor runs on Spark (the Dagster asset then requires the Spark
             resource and calls :meth:`bind`).
         cost_model: a :class:`~cg_pipelines.core.batching.CostModel` the engine's adaptive

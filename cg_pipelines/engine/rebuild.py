@@ -22,7 +22,7 @@ that first processed it. A rebuild recomputes partition ``p`` with today's proce
 4. **Replace, fenced on every side.** Stream the new rows into ONE transaction that replaces
    ``p``'s rows (in :class:`~cg_pipelines.core.write.Merge` mode: each key's last row, deleted
    keys dropped, which is what a fresh drain leaves) and keeps every side's watermark
-   (:meth:`~cg_pipelines.sinks.base.ReplaceSink.replace_partition`), recording each side's
+   (:meth:`~cg_pipelines.sinks.base.TableSink.replace_partition`), recording each side's
    replayed origin range as its origin marker and coverage (``cg.coverage_through``: every
    message of the partition through it, for the reconcile check): if another holder committed
    a side meanwhile, nothing is written (``fenced``); if the processor raises or the process
@@ -51,19 +51,13 @@ from cg_pipelines.engine.context import open_run
 from cg_pipelines.engine.join import JoinInput, check_inputs, open_inputs
 from cg_pipelines.engine.join_processor import JoinProcessor
 from cg_pipelines.engine.lease import guard_all
-from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
+from cg_pipelines.engine.options import EngineOptions, Hook
 from cg_pipelines.engine.processor import Processor
 from cg_pipelines.engine.replay import RebuildError, ReplayRange, SideRebuild
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.engine.step import BatchStep, JoinStep, SingleStep
-from cg_pipelines.sinks.base import (
-    FenceConflictError,
-    JoinSink,
-    ReplaceSink,
-    Sink,
-    origin_marker,
-)
+from cg_pipelines.sinks.base import FenceConflictError, TableSink, origin_marker
 
 __all__ = ["RebuildError", "fit_to_table", "queued_batches", "rebuild_copartitioned",
            "rebuild_partition"]
@@ -125,7 +119,7 @@ class Rebuild:
     replace) with the processing step ``step`` (see the module docstring); ``hook`` gets the
     joint steps (``processed``), the sides' contexts their own (``leased``, ``rebuilt``)."""
 
-    def __init__(self, sides: Sequence[SideRebuild], step: BatchStep, sink: ReplaceSink,
+    def __init__(self, sides: Sequence[SideRebuild], step: BatchStep, sink: TableSink,
                  hook: Hook | None) -> None:
         self.sides, self.step, self.sink, self.hook = list(sides), step, sink, hook
         self.names = [s.ctx.name for s in self.sides]
@@ -278,7 +272,7 @@ async def rebuild_partition(
     group: str,
     partition: int,
     processor: Processor,
-    sink: Sink,
+    sink: TableSink,
     options: EngineOptions | None = None,
     *,
     allow_partial: bool = False,
@@ -291,8 +285,7 @@ async def rebuild_partition(
         nc: a connected nats-py client.
         stream, group, partition: as for :func:`~cg_pipelines.engine.run_partition`.
         processor: the processing step (today's code: the rows it gives replace the old ones).
-        sink: a :class:`~cg_pipelines.sinks.base.ReplaceSink` (``replace_partition``: Delta,
-            Iceberg).
+        sink: a :class:`~cg_pipelines.sinks.base.TableSink` (its ``replace_partition``).
         options: :class:`~cg_pipelines.engine.EngineOptions` (batch sizes, timeouts; a rebuild
             never halts: bad payloads are counted).
         allow_partial: rebuild from what the origin stream still holds when retention trimmed
@@ -309,13 +302,10 @@ async def rebuild_partition(
     Raises:
         ConfigError: ``partition`` is negative.
         RebuildError: the rebuild cannot be done as asked (see the class); nothing is written.
-        EngineConfigError: the sink cannot replace a partition.
+        EngineConfigError: ``sink`` is not a table sink (members missing, named).
         Exceptions of the processor (nothing is written, the old rows stay) and NATS errors as
         :func:`~cg_pipelines.engine.run_partition` raises them.
     """
-    if not isinstance(sink, ReplaceSink):
-        raise EngineConfigError(f"{type(sink).__name__} cannot replace a partition's rows "
-                                "(no replace_partition): use DeltaSink")
     ctx = open_run(nc, stream, group, partition, processor, sink, options, hook)
     side = SideRebuild(ctx, sink, allow_partial=allow_partial)
     return await Rebuild([side], SingleStep(ctx), sink, hook).guarded()
@@ -323,7 +313,7 @@ async def rebuild_partition(
 
 async def rebuild_copartitioned(
     nc: Client, inputs: Sequence[JoinInput], partition: int, processor: JoinProcessor,
-    sink: JoinSink, options: EngineOptions | None = None, *, allow_partial: bool = False,
+    sink: TableSink, options: EngineOptions | None = None, *, allow_partial: bool = False,
     hook: Hook | None = None,
 ) -> RunResult:
     """Rebuild partition ``partition`` of a co-partitioned set (see the module docstring):
@@ -333,8 +323,7 @@ async def rebuild_copartitioned(
         nc, inputs, partition, processor, options, hook: as
             :func:`~cg_pipelines.engine.join.run_copartitioned` (``hook``: ``processed`` per
             replayed batch, per input ``leased`` and ``rebuilt``).
-        sink: a sink that is both a :class:`~cg_pipelines.sinks.base.JoinSink` and a
-            :class:`~cg_pipelines.sinks.base.ReplaceSink` (Delta, Iceberg).
+        sink: a :class:`~cg_pipelines.sinks.base.TableSink`.
         allow_partial: rebuild from what the origin streams still hold when retention trimmed
             their beginning.
 
@@ -349,9 +338,7 @@ async def rebuild_copartitioned(
         :func:`rebuild_partition`; nothing is written.
     """
     opt = options or EngineOptions()
-    check_inputs(inputs, processor, sink)
-    if not isinstance(sink, ReplaceSink):
-        raise EngineConfigError(f"{type(sink).__name__} cannot replace a partition's rows")
+    check_inputs(inputs, processor)
     ctxs = open_inputs(nc, inputs, partition, sink, opt, hook)
     sides = [SideRebuild(c, sink, allow_partial=allow_partial) for c in ctxs]
     return await Rebuild(sides, JoinStep(processor, ctxs), sink, hook).guarded()

@@ -49,7 +49,7 @@ from cg_pipelines.engine.processor import Record, records_to_arrow
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import PullResult, consumer_config
 from cg_pipelines.jetstream.rangeread import fast_path_available, read_range
-from cg_pipelines.sinks.base import ReplaceSink, origin_marker
+from cg_pipelines.sinks.base import TableSink, origin_marker
 
 __all__ = ["REPLAY_CHUNK", "RebuildError", "ReplayRange", "SideRebuild"]
 
@@ -83,7 +83,7 @@ class SideRebuild:
     same consumer a drain leases on): its lease, its range and its replay (see the module
     docstring)."""
 
-    def __init__(self, ctx: RunContext, sink: ReplaceSink, allow_partial: bool = False) -> None:
+    def __init__(self, ctx: RunContext, sink: TableSink, allow_partial: bool = False) -> None:
         self.ctx, self.sink, self.allow_partial = ctx, sink, allow_partial
         self.lease = LeaseHolder(ctx, lease_consumer_name(ctx.partition))
         self._guard: asyncio.Task[Any] | None = None

@@ -59,7 +59,7 @@ from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.side import Side
 from cg_pipelines.engine.step import BatchStep, SingleStep
 from cg_pipelines.jetstream.connect import ConnectOptions
-from cg_pipelines.sinks.base import Sink
+from cg_pipelines.sinks.base import TableSink
 
 __all__ = ["run_partition", "run_sides"]
 
@@ -88,7 +88,7 @@ async def run_partition(
     group: str,
     partition: int,
     processor: Processor,
-    sink: Sink,
+    sink: TableSink,
     options: EngineOptions | None = None,
     *,
     hook: Hook | None = None,

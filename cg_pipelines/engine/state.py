@@ -1,7 +1,7 @@
 """The per-run cache of per-key state (:class:`~cg_pipelines.core.state.KeyedState`).
 
 A drain looks a key up in the sink once per run: the first batch that holds the key reads its
-last committed row (:meth:`~cg_pipelines.sinks.base.StateSink.last_rows`), and every commit of
+last committed row (:meth:`~cg_pipelines.sinks.base.TableSink.last_rows`), and every commit of
 the run updates the cache with the committed rows. That is exact because the run is the
 partition's only writer while it commits (a commit after another holder's is refused by the
 fence, and the run stops). A rebuild starts from empty state and never reads the sink: the

@@ -29,7 +29,7 @@ from cg_pipelines.engine.side import Side
 from cg_pipelines.engine.step import SingleStep
 from cg_pipelines.jetstream.api import consumer_config
 from cg_pipelines.jetstream.errors import ConsumerAlreadyExistsError
-from cg_pipelines.sinks.base import Sink
+from cg_pipelines.sinks.base import TableSink
 
 __all__ = ["run_static_partition", "static_partition_consumer_name"]
 
@@ -137,7 +137,7 @@ async def run_static_partition(
     group: str,
     partition: int,
     processor: Processor,
-    sink: Sink,
+    sink: TableSink,
     options: EngineOptions | None = None,
     *,
     filters: Sequence[str] = (),

@@ -14,7 +14,15 @@ from cg_pipelines.jetstream.api_base import ApiBase
 from cg_pipelines.jetstream.api_wire import StoredMessage, parse_header_block, parse_rfc3339_ns
 from cg_pipelines.jetstream.errors import JetStreamError, NoMessageFoundError
 
-__all__ = ["ConsumerRequests", "StreamRequests"]
+__all__ = ["ConsumerRequests", "StreamRequests", "pinned_client_id"]
+
+
+def pinned_client_id(info: Mapping[str, Any]) -> str | None:
+    """The pinned client id of the ``PCG`` priority group in a consumer info, or None."""
+    for g in info.get("priority_groups") or []:
+        if g.get("group") == PRIORITY_GROUP and g.get("pinned_client_id"):
+            return str(g["pinned_client_id"])
+    return None
 
 
 class ConsumerRequests(ApiBase):

@@ -31,10 +31,10 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from cg_pipelines.core.config import PRIORITY_GROUP
 from cg_pipelines.core.errors import CgError, ConfigError, one_line
 from cg_pipelines.core.liveness import HEARTBEAT_SUBJECT_PREFIX, heartbeat_subject
 from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.api_admin import pinned_client_id
 from cg_pipelines.jetstream.connect import close_quietly
 from cg_pipelines.jetstream.errors import (
     ConsumerNotFoundError,
@@ -44,7 +44,7 @@ from cg_pipelines.jetstream.errors import (
 )
 
 __all__ = ["LIVENESS_STREAM", "HeartbeatError", "RunHeartbeat", "ensure_liveness_stream",
-           "any_pinned", "pinned_client_id", "publish_heartbeat", "read_heartbeats",
+           "any_pinned", "publish_heartbeat", "read_heartbeats",
            "read_pins"]
 
 LIVENESS_STREAM = "CG_RUN_LIVENESS"
@@ -156,14 +156,6 @@ async def read_pins(api: JetStreamAPI, leases: Iterable[tuple[str, str]]
         else:
             out[(stream, consumer)] = pinned_client_id(info) is not None
     return out
-
-
-def pinned_client_id(info: Mapping[str, Any]) -> str | None:
-    """The pinned client id of the ``PCG`` priority group in a consumer info, or None."""
-    for g in info.get("priority_groups") or []:
-        if g.get("group") == PRIORITY_GROUP and g.get("pinned_client_id"):
-            return str(g["pinned_client_id"])
-    return None
 
 
 def any_pinned(pins: Mapping[tuple[str, str], bool | None],

@@ -70,6 +70,7 @@ from cg_pipelines.core.config import (
 from cg_pipelines.core.errors import ConfigError, MembershipError, UsageError
 from cg_pipelines.core.subjects import strip_partition
 from cg_pipelines.jetstream.api import JetStreamAPI, consumer_config
+from cg_pipelines.jetstream.api_admin import pinned_client_id
 from cg_pipelines.jetstream.errors import (
     ConsumerAlreadyExistsError,
     ConsumerNotFoundError,
@@ -249,8 +250,7 @@ class _Member:
             info = await self.api.consumer_info(self.on_stream, self.cname)
         except JetStreamError:
             return False
-        return any(pg.get("group") == PRIORITY_GROUP and pg.get("pinned_client_id") == self.pin_id
-                   for pg in info.get("priority_groups") or [])
+        return pinned_client_id(info) == self.pin_id
 
     # -- loops ---------------------------------------------------------------------------------
 

@@ -15,17 +15,14 @@ from cg_pipelines.sinks.base import (
     FenceConflictError,
     Fences,
     MaintainedSink,
-    ReplaceSink,
-    Sink,
-    StateSink,
     TableSink,
     TableStats,
 )
 from cg_pipelines.sinks.delta import LINEAGE_PREFIX, DeltaSink
 
 __all__ = ["LINEAGE_PREFIX", "PARTITION_COLUMN", "Append", "DeltaSink", "FenceConflictError",
-           "Fences", "IcebergSink", "MaintainedSink", "Merge", "ReplaceSink", "Sink",
-           "StateSink", "TableSink", "TableStats"]
+           "Fences", "IcebergSink", "MaintainedSink", "Merge", "TableSink",
+           "TableStats"]
 
 
 def __getattr__(name: str) -> Any:

@@ -17,11 +17,9 @@ the watermark it was based on and the one it leaves (``{app_id: (expected, versi
 :class:`~cg_pipelines.sinks.delta.DeltaSink`, :class:`~cg_pipelines.sinks.iceberg.
 IcebergSink` and :class:`~cg_pipelines.testing.memory.MemorySink` implement it (and
 ``tests/sinks/test_conformance.py`` checks them alike). Also here: the watermark keys
-(:func:`app_id_for`, :func:`origin_marker`) and the partition column the engine adds to every
-row (:data:`PARTITION_COLUMN`, :func:`with_partition_column`). The names from before this
-contract (``Sink``, ``StateSink``, ``ReplaceSink``, ``JoinSink``, ``TableShape``,
-``check_watermarks``) are importable from here until their callers move
-(:mod:`cg_pipelines.sinks.compat`).
+(:func:`app_id_for`, :func:`origin_marker`), the partition column the engine adds to every
+row (:data:`PARTITION_COLUMN`, :func:`with_partition_column`), and the check a run makes of
+a sink before it starts (:func:`missing_members`).
 
 Units: watermarks and versions are sequences of the stream a side reads (``int``, first
 message is 1, 0 means "nothing committed"); a table version is the format's own counter.
@@ -39,24 +37,19 @@ import pyarrow.compute as pc
 
 from cg_pipelines.core.errors import CgError, ContractError, UsageError
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.sinks.compat import JoinSink, ReplaceSink, Sink, StateSink, TableShape
 
 __all__ = [
     "PARTITION_COLUMN",
+    "TABLE_SINK_MEMBERS",
     "FenceConflictError",
     "Fences",
-    "JoinSink",
     "MaintainedSink",
-    "ReplaceSink",
-    "Sink",
-    "StateSink",
-    "TableShape",
     "TableSink",
     "TableStats",
     "app_id_for",
     "check_fences",
-    "check_watermarks",
     "commit_one",
+    "missing_members",
     "origin_marker",
     "with_partition_column",
 ]
@@ -120,10 +113,6 @@ def check_fences(fences: Fences) -> str:
         raise UsageError(f"commit: no watermark moves (need expected < version for at least "
                          f"one app id), got {dict(fences)}")
     return moving[0]
-
-
-check_watermarks = check_fences
-"""The old name of :func:`check_fences` (kept until its callers move)."""
 
 
 def commit_one(sink: TableSink, table: pa.Table | None, app_id: str, version: int,
@@ -381,3 +370,18 @@ def with_partition_column(table: pa.Table | None, partition: int) -> pa.Table | 
         return table
     return table.append_column(pa.field(PARTITION_COLUMN, pa.int64(), nullable=False),
                                pa.array(np.full(table.num_rows, partition, np.int64)))
+
+
+TABLE_SINK_MEMBERS: tuple[str, ...] = (
+    "uri", "write", "versions_written", "last_rows_written", "watermark", "watermarks",
+    "commit", "last_rows", "replace_partition", "exists", "stats", "read_partitions")
+"""The names :class:`TableSink` requires, in its order (tests check this against the
+protocol)."""
+
+
+def missing_members(sink: object) -> list[str]:
+    """The members of :class:`TableSink` that ``sink`` lacks (empty: it is a table sink). The
+    engine checks this once before a run (``EngineConfigError`` naming them) instead of
+    failing mid-run on the first missing call."""
+    return [name for name in TABLE_SINK_MEMBERS if not hasattr(sink, name)]
+

@@ -84,7 +84,7 @@ aborts at exit ("terminate called without an active exception", delta-rs issue #
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import pyarrow as pa
 
@@ -92,7 +92,6 @@ from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.storage_keys import check_storage_options
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.base import Fences, TableStats
-from cg_pipelines.sinks.compat import legacy_commit_args
 from cg_pipelines.sinks.deltacommit import DeltaWriter
 from cg_pipelines.sinks.deltahandle import DeltaHandle
 from cg_pipelines.sinks.deltaread import DeltaReader
@@ -254,7 +253,7 @@ class DeltaSink:
         """
         return self._writer.watermarks(app_ids)
 
-    def commit(self, table: pa.Table | None, fences: Fences | str, *legacy: Any,
+    def commit(self, table: pa.Table | None, fences: Fences, *,
                markers: Mapping[str, int] | None = None,
                lineage: Mapping[str, object] | None = None) -> None:
         """Write ``table`` (append, or merge by key in :class:`Merge` mode) and move every
@@ -271,9 +270,8 @@ class DeltaSink:
 
         ``table``: rows to append (any schema the table accepts; ``None`` or 0 rows records
         only the watermarks). Creates the table (schema only, see :meth:`ensure_table`) if it
-        does not exist. The old one-input form ``commit(table, app_id, version, expected[,
-        markers])`` is accepted until the engine's drain moves to the fences form
-        (:func:`~cg_pipelines.sinks.compat.legacy_commit_args`).
+        does not exist. A one-input commit is the one-fence case
+        (:func:`~cg_pipelines.sinks.base.commit_one`).
 
         Raises:
             FenceConflictError: a watermark is not its ``expected`` (in the remembered
@@ -287,15 +285,7 @@ class DeltaSink:
                 ``CommitFailedError`` that is not a fence conflict (e.g. a concurrent metadata
                 change) is re-raised as is; nothing was written.
         """
-        fences, markers = legacy_commit_args(fences, legacy, markers)
         self._writer.commit(table, fences, markers, lineage=lineage)
-
-    def commit_inputs(self, table: pa.Table | None, watermarks: Fences,
-                      markers: Mapping[str, int] | None = None, *,
-                      lineage: Mapping[str, object] | None = None) -> None:
-        """The old name of :meth:`commit` with fences (kept until the co-partitioned engine
-        calls ``commit``); raises as it."""
-        self._writer.commit(table, watermarks, markers, lineage=lineage)
 
     def ensure_table(self, schema: pa.Schema) -> bool:
         """Create the table empty (schema, partitioning, ``delta.checkpointInterval``, the

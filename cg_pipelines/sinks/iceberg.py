@@ -77,7 +77,6 @@ from pyiceberg.table import Table
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.base import Fences, TableStats
-from cg_pipelines.sinks.compat import legacy_commit_args
 from cg_pipelines.sinks.iceberg_maintain import IcebergMaintainer
 from cg_pipelines.sinks.iceberg_read import (
     WATERMARK_PREFIX,
@@ -293,7 +292,7 @@ class IcebergSink:
         """
         return self._writer.watermarks(app_ids)
 
-    def commit(self, table: pa.Table | None, fences: Fences | str, *legacy: Any,
+    def commit(self, table: pa.Table | None, fences: Fences, *,
                markers: Mapping[str, int] | None = None,
                lineage: Mapping[str, object] | None = None) -> None:
         """Write ``table`` (append, or merge by key) and move every watermark of ``fences``
@@ -302,9 +301,8 @@ class IcebergSink:
         the module docstring for the fence). The commit is based on the table state the first
         app id's :meth:`watermark` loaded; the catalog refuses it when the table moved since
         (``AssertRefSnapshotId``), and it is then decided again on the new state. Creates the
-        table on first use. The old one-input form ``commit(table, app_id, version,
-        expected[, markers])`` is accepted until the engine's drain moves to the fences form
-        (:func:`~cg_pipelines.sinks.compat.legacy_commit_args`).
+        table on first use. A one-input commit is the one-fence case
+        (:func:`~cg_pipelines.sinks.base.commit_one`).
 
         Raises:
             FenceConflictError: a watermark is not its ``expected``; nothing was written.
@@ -314,15 +312,7 @@ class IcebergSink:
                 of other partitions; columns that differ from the table's.
             CommitFailedException: ``commit_retries`` races lost to other partitions.
         """
-        fences, markers = legacy_commit_args(fences, legacy, markers)
         self._writer.commit(table, fences, markers, lineage=lineage)
-
-    def commit_inputs(self, table: pa.Table | None, watermarks: Fences,
-                      markers: Mapping[str, int] | None = None, *,
-                      lineage: Mapping[str, object] | None = None) -> None:
-        """The old name of :meth:`commit` with fences (kept until the co-partitioned engine
-        calls ``commit``); raises as it."""
-        self._writer.commit(table, watermarks, markers, lineage=lineage)
 
     def ensure_table(self, schema: pa.Schema) -> bool:
         """Create the table empty (columns optional; identity partition on

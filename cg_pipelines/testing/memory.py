@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,7 +42,6 @@ from cg_pipelines.sinks.base import (
     TableStats,
     check_fences,
 )
-from cg_pipelines.sinks.compat import legacy_commit_args
 from cg_pipelines.sinks.rows import conform, current_of
 
 __all__ = ["MemoryCommit", "MemorySink"]
@@ -165,15 +164,13 @@ class MemorySink:
 
     # ---------------------------------------------------------------- commits
 
-    def commit(self, table: pa.Table | None, fences: Fences | str, *legacy: Any,
+    def commit(self, table: pa.Table | None, fences: Fences, *,
                markers: Mapping[str, int] | None = None,
                lineage: Mapping[str, object] | None = None) -> None:
         """Write ``table`` (append, or merge by key) and move every watermark of ``fences``
         (``{app id: (expected, version)}``) in one step, only if each is still its
         ``expected`` (:meth:`TableSink.commit <cg_pipelines.sinks.base.TableSink.commit>`).
-        ``None`` or 0 rows records only the watermarks. The old one-input form
-        ``commit(table, app_id, version, expected[, markers])`` is accepted too, as by the
-        table sinks (:func:`~cg_pipelines.sinks.compat.legacy_commit_args`).
+        ``None`` or 0 rows records only the watermarks.
 
         Raises:
             FenceConflictError: a watermark is not its ``expected``; nothing written.
@@ -182,7 +179,6 @@ class MemorySink:
             ContractError: Merge mode without its columns or with null keys; columns that
                 differ from the table's.
         """
-        fences, markers = legacy_commit_args(fences, legacy, markers)
         check_fences(fences)
         with self._lock:
             self._check(fences)
@@ -192,13 +188,6 @@ class MemorySink:
             operation = "empty" if empty else self._write.name
             self._record(operation, None if empty else table,
                          {a: v for a, (_, v) in fences.items()}, markers, lineage)
-
-    def commit_inputs(self, table: pa.Table | None, watermarks: Fences,
-                      markers: Mapping[str, int] | None = None, *,
-                      lineage: Mapping[str, object] | None = None) -> None:
-        """The old name of :meth:`commit` with fences (as the table sinks keep it); raises
-        as it."""
-        self.commit(table, watermarks, markers=markers, lineage=lineage)
 
     def replace_partition(
         self, data: pa.RecordBatchReader, partition: int, app_id: str, expected: int,

@@ -18,8 +18,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from cg_pipelines.core.config import work_queue_stream_name
-from cg_pipelines.engine.lease import lease_consumer_name, pinned_id
+from cg_pipelines.engine.lease import lease_consumer_name
 from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.api_admin import pinned_client_id
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.testing.cluster import NatsCluster
 from tests.cluster import checks
@@ -86,7 +87,7 @@ async def test_dagster_runs_and_sensors_on_r3_with_faults(
             info = await api.consumer_info(wq, lease_consumer_name(p))
         except Exception:  # not created yet, or no consumer leader at the moment
             return False
-        return pinned_id(info) is not None
+        return pinned_client_id(info) is not None
 
     with DagsterInstance.ephemeral() as instance:
         # The membership sensor sees m1 own every partition; the backlog sensor asks for all.

@@ -24,12 +24,12 @@ from cg_pipelines.engine.lease import (
     LeaseHolder,
     ensure_lease_consumer,
     lease_consumer_name,
-    pinned_id,
 )
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.api_admin import pinned_client_id
 from cg_pipelines.jetstream.reconcile import reconcile_group, sink_table_seqs
 from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.testing.cluster import NatsCluster
@@ -96,7 +96,7 @@ async def test_engine_survives_step_downs_and_leader_kill(
             with contextlib.suppress(Exception):
                 i = await api.consumer_info(wq, lease_consumer_name(p))
                 lines.append(f"  partition-{p}: pending {i.get('num_pending')}, ack pending "
-                             f"{i.get('num_ack_pending')}, pinned {pinned_id(i)}, "
+                             f"{i.get('num_ack_pending')}, pinned {pinned_client_id(i)}, "
                              f"cluster {i.get('cluster')}")
         return "\n".join(lines)
 

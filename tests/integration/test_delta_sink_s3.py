@@ -76,8 +76,8 @@ def test_watermark_commit_read(make: Callable[[], DeltaSink]) -> None:
     assert sink.watermark("s/g/0") == 0
     assert not sink.exists()
     assert sink.read().num_rows == 0
-    sink.commit(rows(1, 3), "s/g/0", 3, 0)
-    sink.commit(rows(4, 2, "b"), "s/g/0", 5, 3)
+    sink.commit(rows(1, 3), {"s/g/0": (0, 3)})
+    sink.commit(rows(4, 2, "b"), {"s/g/0": (3, 5)})
     assert sink.exists()
     assert sink.watermark("s/g/0") == 5
     assert make().watermark("s/g/0") == 5
@@ -91,10 +91,10 @@ def test_stale_expected_is_refused_and_writes_nothing(
     make: Callable[[], DeltaSink], moto: MotoS3Server, uri: str
 ) -> None:
     sink = make()
-    sink.commit(rows(1, 5), "a", 5, 0)
+    sink.commit(rows(1, 5), {"a": (0, 5)})
     version = delta_version(moto, uri)
     with pytest.raises(FenceConflictError) as ei:
-        sink.commit(rows(6, 5), "a", 10, 2)
+        sink.commit(rows(6, 5), {"a": (2, 10)})
     assert (ei.value.expected, ei.value.found) == (2, 5)
     assert delta_version(moto, uri) == version
     assert make().read().num_rows == 5 and make().watermark("a") == 5
@@ -105,10 +105,10 @@ def test_zombie_is_fenced(make: Callable[[], DeltaSink], moto: MotoS3Server, uri
     zombie, owner = make(), make()
     zombie.watermark("a")
     owner.watermark("a")
-    owner.commit(rows(1, 2, "owner"), "a", 2, 0)
+    owner.commit(rows(1, 2, "owner"), {"a": (0, 2)})
     version = delta_version(moto, uri)
     with pytest.raises(FenceConflictError) as ei:
-        zombie.commit(rows(1, 2, "zombie"), "a", 2, 0)
+        zombie.commit(rows(1, 2, "zombie"), {"a": (0, 2)})
     assert ei.value.found == 2
     assert delta_version(moto, uri) == version
     assert make().read().column("tag").to_pylist() == ["owner", "owner"]
@@ -117,11 +117,11 @@ def test_zombie_is_fenced(make: Callable[[], DeltaSink], moto: MotoS3Server, uri
 @pytest.mark.parametrize("fresh", [True, False])
 def test_race_same_app_exactly_one_wins(make: Callable[[], DeltaSink], fresh: bool) -> None:
     if not fresh:
-        make().commit(rows(1, 1, "seed"), "other", 1, 0)
+        make().commit(rows(1, 1, "seed"), {"other": (0, 1)})
     n = 4
     sinks = [make() for _ in range(n)]
     assert all(s.watermark("a") == 0 for s in sinks)
-    out = race(n, lambda i: sinks[i].commit(rows(1, 3, f"w{i}"), "a", 10 + i, 0))
+    out = race(n, lambda i: sinks[i].commit(rows(1, 3, f"w{i}"), {"a": (0, 10 + i)}))
     winners = [i for i, e in out.items() if e is None]
     assert len(winners) == 1, out
     assert all(isinstance(e, FenceConflictError) for e in out.values() if e is not None), out
@@ -141,7 +141,7 @@ def test_partitions_commit_concurrently(make: Callable[[], DeltaSink], fresh: bo
         app = f"s/g/{i}"
         wm = sinks[i].watermark(app)
         for _ in range(batches):
-            sinks[i].commit(rows(wm + 1, 2, key=str(i)), app, wm + 2, wm)
+            sinks[i].commit(rows(wm + 1, 2, key=str(i)), {app: (wm, wm + 2)})
             wm += 2
 
     assert race(n, partition) == {i: None for i in range(n)}
@@ -154,10 +154,10 @@ def test_empty_commit_advances_watermark(
     make: Callable[[], DeltaSink], moto: MotoS3Server, uri: str
 ) -> None:
     sink = make()
-    sink.commit(rows(1, 1), "a", 1, 0)
+    sink.commit(rows(1, 1), {"a": (0, 1)})
     version = delta_version(moto, uri)
-    sink.commit(None, "a", 4, 1)
-    sink.commit(rows(1, 0), "a", 7, 4)
+    sink.commit(None, {"a": (1, 4)})
+    sink.commit(rows(1, 0), {"a": (4, 7)})
     assert make().watermark("a") == 7
     assert delta_version(moto, uri) == version + 2
     assert make().read().num_rows == 1
@@ -167,7 +167,7 @@ def test_repr_hides_secrets(moto: MotoS3Server, uri: str) -> None:
     opts = DeltaSink.s3_options(moto.endpoint_url, "AKIDMOTOEXAMPLE", "moto-secret-XYZ",
                                 allow_http=True)
     sink = DeltaSink(uri, storage_options=opts)
-    sink.commit(rows(1, 1), "a", 1, 0)  # the credentials are really used (moto takes any)
+    sink.commit(rows(1, 1), {"a": (0, 1)})  # the credentials are really used (moto takes any)
     assert sink.watermark("a") == 1
     text = repr(sink)
     assert "AKIDMOTOEXAMPLE" not in text and "moto-secret-XYZ" not in text

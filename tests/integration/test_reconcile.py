@@ -127,7 +127,7 @@ def test_on_s3(s3_bucket: tuple[str, dict[str, str]]) -> None:
     log = DeltaLogCoverage(fs, "S", "g")
     assert log.read(-1, 10) == ([], -1, True) and not log.save_cursor(ReconcileCursor())
     sink = DeltaSink(uri, storage_options=options, schema=pa.schema([("x", pa.int64())]))
-    sink.commit(pa.table({"x": pa.array([1, 2], pa.int64())}), "S/g/0", 2, 0, lineage={
+    sink.commit(pa.table({"x": pa.array([1, 2], pa.int64())}), {"S/g/0": (0, 2)}, lineage={
         "stream": "S", "group": "g", "partition": 0, "last_seq": 2,
         "coverage": encode_seqs([4, 8])})
     commits, last, done = log.read(-1, 10)

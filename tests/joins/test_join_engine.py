@@ -103,20 +103,20 @@ async def test_stale_joint_commit_is_fenced_on_any_input(tmp_path) -> None:
     for sink in (_delta(tmp_path), _iceberg(tmp_path)):
         a, b = "s_a/g/0", "s_b/g/0"
         assert sink.watermark(a) == 0 and sink.watermark(b) == 0
-        sink.commit_inputs(rows, {a: (0, 5), b: (0, 3)})
+        sink.commit(rows, {a: (0, 5), b: (0, 3)})
         assert (sink.watermark(a), sink.watermark(b)) == (5, 3)
         other = DeltaSink(sink.uri, write=joined.WRITE) if isinstance(sink, DeltaSink) else \
             _iceberg(tmp_path)
         other.watermark(a)
-        other.commit_inputs(None, {a: (5, 5), b: (3, 4)})  # a zombie moved only b
+        other.commit(None, {a: (5, 5), b: (3, 4)})  # a zombie moved only b
         before = sink.read().num_rows
         with pytest.raises(FenceConflictError) as e:
-            sink.commit_inputs(rows, {a: (5, 9), b: (3, 3)})  # based on b == 3
+            sink.commit(rows, {a: (5, 9), b: (3, 3)})  # based on b == 3
         assert e.value.app_id == b and e.value.expected == 3 and e.value.found == 4
         assert sink.read().num_rows == before
         assert (sink.watermark(a), sink.watermark(b)) == (5, 4)
         with pytest.raises(UsageError, match="no watermark moves"):
-            sink.commit_inputs(rows, {a: (5, 5), b: (4, 4)})
+            sink.commit(rows, {a: (5, 5), b: (4, 4)})
 
 
 async def test_two_runs_at_once_never_double_count(nc, js, unique_name, tmp_path) -> None:

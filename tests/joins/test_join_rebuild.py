@@ -86,9 +86,9 @@ def test_replace_is_fenced_on_every_kept_watermark(tmp_path) -> None:
     sink = DeltaSink(str(tmp_path / "t"), write=joined.WRITE)
     a, b = "s_a/g/0", "s_b/g/0"
     sink.watermark(a)
-    sink.commit_inputs(rows, {a: (0, 5), b: (0, 3)})
+    sink.commit(rows, {a: (0, 5), b: (0, 3)})
     sink.watermark(a)
-    DeltaSink(sink.uri, write=joined.WRITE).commit_inputs(None, {a: (5, 5), b: (3, 4)})
+    DeltaSink(sink.uri, write=joined.WRITE).commit(None, {a: (5, 5), b: (3, 4)})
     with pytest.raises(FenceConflictError) as e:
         sink.replace_partition(pa.RecordBatchReader.from_batches(rows.schema,
                                                                   rows.to_batches()),

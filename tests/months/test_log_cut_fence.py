@@ -79,7 +79,7 @@ def test_the_sink_refuses_a_zombie_whose_versions_were_cut(tmp_path: Path) -> No
     assert cut(uri, 40) > 0
     # the held snapshot is cut (delta-rs cannot read its transactions): the latest decides
     with pytest.raises(FenceConflictError) as refused:
-        zombie.commit(batch(999), "a/0", 7, 6)
+        zombie.commit(batch(999), {"a/0": (6, 7)})
     assert (refused.value.expected, refused.value.found) == (6, 46)
     # entries still there (the cut at the checkpoint of 29 keeps 29..45): the fence refuses it
     uri2 = str(tmp_path / "t2")
@@ -89,7 +89,7 @@ def test_the_sink_refuses_a_zombie_whose_versions_were_cut(tmp_path: Path) -> No
     commit_to(uri2, 33, 46)
     assert cut(uri2, 35) > 0
     with pytest.raises(FenceConflictError) as fenced:
-        zombie2.commit(batch(999), "a/0", 33, 32)
+        zombie2.commit(batch(999), {"a/0": (32, 33)})
     assert not cut_snapshot(fenced.value)
     for u in (uri, uri2):
         fresh = DeltaTable(u)
@@ -122,7 +122,7 @@ def test_a_holder_whose_snapshot_was_cut_still_commits(tmp_path: Path, replace: 
         holder.replace_partition(batch(7).to_reader(), 0, "a/0", 6)
         rows = 1
     else:
-        holder.commit(batch(7), "a/0", 7, 6)
+        holder.commit(batch(7), {"a/0": (6, 7)})
         rows = 6 + 40 + 1
     fresh = DeltaTable(uri)
     assert fresh.version() == 46

@@ -40,7 +40,7 @@ def log_commits(uri: str, options: dict[str, str] | None) -> list[int]:
 def commit_n(sink: DeltaSink, app: str, n: int) -> None:
     wm = sink.watermark(app)
     for i in range(n):
-        sink.commit(batch(wm + i + 1), app, wm + i + 1, wm + i)
+        sink.commit(batch(wm + i + 1), {app: (wm + i, wm + i + 1)})
 
 
 def test_created_table_log_retention_is_bounded_and_covers_the_vacuum_retention(
@@ -103,7 +103,7 @@ def test_a_reloaded_snapshot_still_fences(tmp_path: Path) -> None:
     commit_n(holder, "a/0", n)
     zombie = DeltaSink(uri)
     assert zombie.watermark("a/0") == n
-    zombie.commit(batch(n + 1), "a/0", n + 1, n)
+    zombie.commit(batch(n + 1), {"a/0": (n, n + 1)})
     with pytest.raises(FenceConflictError):
-        holder.commit(batch(n + 1), "a/0", n + 1, n)
+        holder.commit(batch(n + 1), {"a/0": (n, n + 1)})
     assert DeltaTable(uri).to_pyarrow_table().num_rows == n + 1

@@ -46,7 +46,7 @@ def commit_files(fs: pafs.FileSystem) -> list[int]:
 
 
 def commit(sink: DeltaSink, seq: int) -> None:
-    sink.commit(pa.table([[f"k{seq}"], [seq], [0]], schema=SCHEMA), "S/g/0", seq, seq - 1,
+    sink.commit(pa.table([[f"k{seq}"], [seq], [0]], schema=SCHEMA), {"S/g/0": (seq - 1, seq)},
                 lineage={"stream": "S", "group": "g", "partition": 0, "last_seq": seq,
                          "coverage": encode_seqs([seq])})
 

@@ -71,7 +71,7 @@ def test_vacuum_keeps_an_old_file_removed_within_the_tombstone_retention(
     sink = DeltaSink(str(tmp_path), schema=schema, maintenance=Maintenance(
         compact_min_files=2, vacuum_interval_s=0, tombstone_retention_hours=tombstone_hours))
     for i in range(1, 3):
-        sink.commit(pa.table({"k": [f"k{i}"], "_partition": [0]}, schema=schema), "a", i, i - 1)
+        sink.commit(pa.table({"k": [f"k{i}"], "_partition": [0]}, schema=schema), {"a": (i - 1, i)})
     old = [u.removeprefix("file://") for u in sink.file_uris()]
     assert len(old) == 2 and all(os.path.exists(p) for p in old)
     eight_days_ago = time.time() - 8 * 86_400

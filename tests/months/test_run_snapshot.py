@@ -95,7 +95,7 @@ def run(sink: DeltaSink, parts: Partitions, p: int, loads: list[str]
     if p in parts.rows:
         assert state(sink, p, app).equals(parts.reference(p))
     counted = loads[before:]
-    sink.commit(parts.batch(p), app, parts.seq[p], watermark)
+    sink.commit(parts.batch(p), {app: (watermark, parts.seq[p])})
     before = len(loads)
     figures = sink.maintain(p, app)
     assert "error" not in figures, figures
@@ -159,7 +159,7 @@ def test_state_reads_during_a_commit_neither_wait_nor_reload(where, loads) -> No
     batch = parts.batch(0, n=2_000)
     counted = len(loads)
     committing = threading.Thread(
-        target=sink.commit, args=(batch, app, parts.seq[0], watermark))
+        target=sink.commit, args=(batch, {app: (watermark, parts.seq[0])}))
     committing.start()
     reads = 0
     while committing.is_alive() or reads == 0:
@@ -184,5 +184,5 @@ def test_a_stale_run_snapshot_never_commits(where) -> None:
     stale = state(zombie, 0, app)
     assert not stale.equals(parts.reference(0))
     with pytest.raises(FenceConflictError):
-        zombie.commit(parts.batch(0), app, parts.seq[0], watermark)
+        zombie.commit(parts.batch(0), {app: (watermark, parts.seq[0])})
     assert holder.watermark(app) == parts.seq[0] - 12

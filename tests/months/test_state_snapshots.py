@@ -44,7 +44,7 @@ class Writer:
                       [self.rnd.randrange(1000) for _ in range(n)],
                       list(range(first, self.seq[p] + 1)), [p] * n], schema=SCHEMA)
         app = f"s/g/{p}"
-        self.sink.commit(t, app, self.seq[p], self.sink.watermark(app))
+        self.sink.commit(t, {app: (self.sink.watermark(app), self.seq[p])})
         self.rows[p].append(t)
 
     def reference(self, p: int) -> pa.Table:
@@ -143,7 +143,7 @@ def test_compaction_racing_a_zombie_and_a_merge(tmp_path: Path) -> None:
     assert holder.maintain(0, "s/g/0")["compact"] == "done"
     t = pa.table([["k1"], [1], [999], [0]], schema=SCHEMA)
     with pytest.raises(FenceConflictError):
-        zombie.commit(t, "s/g/0", 999, w.seq[0] - 15)
+        zombie.commit(t, {"s/g/0": (w.seq[0] - 15, 999)})
     assert state(DeltaSink(uri), 0).equals(w.reference(0))
     assert holder.watermark("s/g/0") == w.seq[0]
 
@@ -152,13 +152,13 @@ def test_compaction_racing_a_zombie_and_a_merge(tmp_path: Path) -> None:
     a = DeltaSink(muri, schema=SCHEMA, write=merge,
                   maintenance=Maintenance(compact_min_files=2, vacuum_retention_hours=None))
     for i in range(1, 5):  # one new key a merge: one file each
-        a.commit(pa.table([[f"k{i}"], [i], [i], [0]], schema=SCHEMA), "m/0", i,
-                 a.watermark("m/0"))
+        a.commit(pa.table([[f"k{i}"], [i], [i], [0]], schema=SCHEMA),
+                 {"m/0": (a.watermark("m/0"), i)})
     b = DeltaSink(muri, schema=SCHEMA, write=merge)
     expected = b.watermark("m/0")  # b's snapshot is older than the compaction below
     assert a.maintain(0, "m/0")["compact"] == "done"
     # without the retry: CommitFailedError "a concurrent transactions added new data"
-    b.commit(pa.table([["k1"], [77], [9], [0]], schema=SCHEMA), "m/0", 9, expected)
+    b.commit(pa.table([["k1"], [77], [9], [0]], schema=SCHEMA), {"m/0": (expected, 9)})
     rows = DeltaSink(muri).read(columns=["k", "v"]).sort_by("k").to_pylist()
     assert rows == [{"k": "k1", "v": 77}] + [{"k": f"k{i}", "v": i} for i in range(2, 5)]
     assert b.watermark("m/0") == 9

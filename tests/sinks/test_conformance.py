@@ -75,14 +75,17 @@ def test_commits_move_watermarks_and_read_back(sink: TableSink) -> None:
     assert set(stats.schema.names) == set(SCHEMA.names)
 
 
-def test_the_old_one_input_call_is_the_one_side_commit(sink: TableSink) -> None:
-    """``commit(table, app_id, version, expected[, markers])``, the drain's call until it
-    moves to fences (sinks/compat.py)."""
-    sink.commit(rows(0, [1, 2]), A, 2, 0)  # type: ignore[call-arg, arg-type]
-    sink.commit(None, A, 3, 2, {origin_marker(A): 30})  # type: ignore[call-arg, arg-type]
+def test_a_one_input_commit_is_the_one_fence_case(sink: TableSink) -> None:
+    """:func:`commit_one` (the one-input call) is ``commit`` with one fence; the positional
+    form of before the fences contract is refused by Python itself, nothing written."""
+    commit_one(sink, rows(0, [1, 2]), A, 2, 0)
+    commit_one(sink, None, A, 3, 2, {origin_marker(A): 30})
     assert sink.watermarks([A, origin_marker(A)]) == {A: 3, origin_marker(A): 30}
     with pytest.raises(FenceConflictError):
-        sink.commit(None, A, 4, 2)  # type: ignore[call-arg, arg-type]
+        commit_one(sink, None, A, 4, 2)
+    with pytest.raises(TypeError):
+        sink.commit(rows(0, [4]), A, 4, 3)  # type: ignore[call-arg, arg-type, misc]
+    assert sink.watermark(A) == 3
 
 
 def test_a_stale_zombie_is_refused_and_writes_nothing(fmt: Format, sink: TableSink) -> None:

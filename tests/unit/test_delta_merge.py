@@ -69,7 +69,7 @@ def drain(sink: DeltaSink, df: pd.DataFrame, cuts: list[int], app: str = "s/g/0"
             continue
         part = df.iloc[a:b].sample(frac=1.0, random_state=a)
         last = int(df["_seq"].iloc[b - 1])
-        sink.commit(arrow(part, partition), app, last, wm,
+        sink.commit(arrow(part, partition), {app: (wm, last)},
                     lineage={"stream": "s", "group": "g", "partition": partition,
                              "first_seq": int(df["_seq"].iloc[a]), "last_seq": last})
         wm = last
@@ -119,10 +119,10 @@ def test_delete_by_expression_and_composite_key(tmp_path) -> None:
                          "_partition": pa.array([0] * len(seq), pa.int64())})
 
     sink.commit(rows(["a", "a", "b"], ["x", "y", "x"], [1, 2, 3], [False, False, False],
-                     [1, 2, 3]), "a", 3, 0)
+                     [1, 2, 3]), {"a": (0, 3)})
     # (a, x) deleted, (b, x) updated, (a, y) untouched; a null marker does not delete
     sink.commit(rows(["a", "b", "b"], ["x", "x", "x"], [0, 30, 31], [True, None, None],
-                     [4, 5, 6]), "a", 6, 3)
+                     [4, 5, 6]), {"a": (3, 6)})
     out = sorted((r["site"], r["dev"], r["v"]) for r in sink.read().to_pylist())
     assert out == [("a", "y", 2), ("b", "x", 31)]
 
@@ -132,7 +132,7 @@ def test_delete_then_reinsert_in_one_batch_keeps_the_last(tmp_path) -> None:
     sink.watermark("a")
     df = pd.DataFrame([("k1", 1, "up", 1), ("k1", 0, "del", 2), ("k1", 3, "up", 3),
                        ("k2", 4, "up", 4), ("k2", 0, "del", 5)], columns=["k", "v", "op", "_seq"])
-    sink.commit(arrow(df), "a", 5, 0)
+    sink.commit(arrow(df), {"a": (0, 5)})
     assert got(sink).values.tolist() == [["k1", 3, 3]]
 
 
@@ -140,11 +140,11 @@ def test_merge_that_changes_nothing_still_moves_the_watermark(tmp_path) -> None:
     sink = DeltaSink(str(tmp_path / "t"), write=OPS)
     sink.watermark("a")
     sink.commit(arrow(pd.DataFrame([("k1", 1, "up", 1)], columns=["k", "v", "op", "_seq"])),
-                "a", 1, 0)
+                {"a": (0, 1)})
     before = DeltaTable(sink.uri).version()
     # deletes a key that is not there: delta-rs' MERGE writes no version for that
     sink.commit(arrow(pd.DataFrame([("zz", 0, "del", 2)], columns=["k", "v", "op", "_seq"])),
-                "a", 2, 1)
+                {"a": (1, 2)})
     assert sink.watermark("a") == 2
     assert DeltaTable(sink.uri).version() == before + 1
     assert sink.versions_written == [before, before + 1]
@@ -158,21 +158,21 @@ def test_stale_merge_writer_is_fenced_and_changes_nothing(tmp_path) -> None:
     drain(owner, first, [100])
     assert zombie.watermark("s/g/0") == 200
     nxt = events(300, 20, 6).iloc[200:].copy()
-    owner.commit(arrow(nxt.iloc[:50]), "s/g/0", 250, 200)
+    owner.commit(arrow(nxt.iloc[:50]), {"s/g/0": (200, 250)})
     state = got(owner)
     version = DeltaTable(uri).version()
     # the zombie read watermark 200 and commits the same range with other values
     stale = nxt.iloc[:50].copy()
     stale["v"] = -1
     with pytest.raises(FenceConflictError):
-        zombie.commit(arrow(stale), "s/g/0", 250, 200)
+        zombie.commit(arrow(stale), {"s/g/0": (200, 250)})
     # a zombie whose merge would change nothing is refused too (its empty commit is fenced)
     noop = pd.DataFrame([("nobody", 0, "del", 250)], columns=["k", "v", "op", "_seq"])
     z2 = DeltaSink(uri, write=OPS)
     z2.watermark("s/g/0")
-    owner.commit(arrow(nxt.iloc[50:60]), "s/g/0", 260, 250)
+    owner.commit(arrow(nxt.iloc[50:60]), {"s/g/0": (250, 260)})
     with pytest.raises(FenceConflictError):
-        z2.commit(arrow(noop), "s/g/0", 260, 250)
+        z2.commit(arrow(noop), {"s/g/0": (250, 260)})
     assert DeltaTable(uri).version() == version + 1
     assert (got(owner)["v"] >= 0).all() and len(got(owner)) >= len(state) - 10
     assert owner.watermark("s/g/0") == 260
@@ -187,8 +187,8 @@ def test_merges_of_two_partitions_do_not_conflict(tmp_path) -> None:
     # both read their watermark from the same version, then commit one after the other
     a.watermark("s/g/0")
     b.watermark("s/g/1")
-    a.commit(arrow(df0.iloc[100:], 0), "s/g/0", 300, 100)
-    b.commit(arrow(df1.iloc[100:], 1), "s/g/1", 300, 100)
+    a.commit(arrow(df0.iloc[100:], 0), {"s/g/0": (100, 300)})
+    b.commit(arrow(df1.iloc[100:], 1), {"s/g/1": (100, 300)})
     pd.testing.assert_frame_equal(got(a, 0), reference(df0), check_dtype=False)
     pd.testing.assert_frame_equal(got(a, 1), reference(df1), check_dtype=False)
 
@@ -198,10 +198,10 @@ def test_lineage_on_every_commit(tmp_path) -> None:
     sink = DeltaSink(uri, write=OPS, commit_metadata={"dagster_run_id": "run-1"})
     df = events(100, 10, 10)
     drain(sink, df, [60])
-    sink.commit(None, "s/g/0", 120, 100, lineage={"first_seq": 101, "last_seq": 120})
+    sink.commit(None, {"s/g/0": (100, 120)}, lineage={"first_seq": 101, "last_seq": 120})
     app = DeltaSink(uri)  # append mode on the same table
     app.watermark("s/g/9")
-    app.commit(arrow(df.iloc[:5], 9), "s/g/9", 5, 0, lineage={"stream": "s", "partition": 9})
+    app.commit(arrow(df.iloc[:5], 9), {"s/g/9": (0, 5)}, lineage={"stream": "s", "partition": 9})
     hist = {h["version"]: h for h in DeltaTable(uri).history()}
     mine = [hist[v] for v in sink.versions_written]
     assert [h["cg.last_seq"] for h in mine] == ["60", "100", "120"]
@@ -259,12 +259,12 @@ def test_bad_outputs_are_rejected_with_the_reason(tmp_path) -> None:
     sink.watermark("a")
     ok = arrow(pd.DataFrame([("k1", 1, "up", 1)], columns=["k", "v", "op", "_seq"]))
     with pytest.raises(ValueError, match=r"needs the output columns \['_seq'\]"):
-        sink.commit(ok.drop_columns(["_seq"]), "a", 1, 0)
+        sink.commit(ok.drop_columns(["_seq"]), {"a": (0, 1)})
     with pytest.raises(ValueError, match="null value"):
-        sink.commit(ok.set_column(0, "k", pa.array([None], pa.string())), "a", 1, 0)
-    sink.commit(ok, "a", 1, 0)
+        sink.commit(ok.set_column(0, "k", pa.array([None], pa.string())), {"a": (0, 1)})
+    sink.commit(ok, {"a": (0, 1)})
     with pytest.raises(ValueError, match=r"not in the table: \['extra'\]"):
-        sink.commit(ok.append_column("extra", pa.array([1])), "a", 2, 1)
+        sink.commit(ok.append_column("extra", pa.array([1])), {"a": (1, 2)})
     with pytest.raises(ValueError, match="write must be"):
         DeltaSink(str(tmp_path / "u"), write="merge")  # type: ignore[arg-type]
     assert sink.watermark("a") == 1

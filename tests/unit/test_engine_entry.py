@@ -45,28 +45,34 @@ def test_a_negative_partition_is_refused_before_any_io(entry: str, tmp_path: Pat
     assert not (tmp_path / "t").exists()
 
 
-@pytest.mark.parametrize("entry", ["rebuild_partition", "maintain_partition"])
-def test_a_sink_without_the_capability_is_refused(entry: str) -> None:
+@pytest.mark.parametrize(("entry", "reason"), [
+    ("run_partition", r"Plain is not a table sink: it lacks uri, write, .*replace_partition"),
+    ("rebuild_partition", r"Plain is not a table sink: it lacks uri, write, "),
+    ("maintain_partition", r"Plain has no maintain")])
+def test_a_sink_without_the_contract_is_refused_before_any_io(entry: str, reason: str) -> None:
     class Plain:
         def watermark(self, app_id: str) -> int:
             return 0
 
         def commit(self, *a: object, **kw: object) -> None: ...
 
-    with pytest.raises(EngineConfigError, match="Plain"):
+    with pytest.raises(EngineConfigError, match=reason):
         asyncio.run(ENTRY_POINTS[entry](None, 0, Plain()))
 
 
 def test_the_run_identity_reaches_every_state_sink() -> None:
-    """The run's app id is an argument every state sink accepts (StateSink.last_rows), not
+    """The run's app id is an argument every sink accepts (TableSink.last_rows), not
     an optional keyword found by inspecting the sink's signature (issue 41)."""
     from cg_pipelines.core.state import KeyedState
+    from cg_pipelines.core.write import Append
     from cg_pipelines.engine.context import state_cache
 
     class _Stateful(_Nothing):
         state = KeyedState("k", ("n",))
 
     class Recording:
+        write = Append()
+
         def __init__(self) -> None:
             self.calls: list[tuple[int | None, str | None]] = []
 
@@ -96,6 +102,7 @@ def test_a_join_reads_state_from_the_runs_own_snapshot() -> None:
     from typing import cast
 
     from cg_pipelines.core.state import KeyedState
+    from cg_pipelines.core.write import Append
     from cg_pipelines.engine.context import RunContext
     from cg_pipelines.engine.join_processor import ArrowJoinProcessor
     from cg_pipelines.engine.step import JoinStep
@@ -103,6 +110,8 @@ def test_a_join_reads_state_from_the_runs_own_snapshot() -> None:
     calls: list[tuple[int | None, str | None]] = []
 
     class Recording:
+        write = Append()
+
         def watermark(self, app_id: str) -> int:
             return 0
 

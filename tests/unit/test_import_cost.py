@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 from cg_pipelines.sinks.delta import DeltaSink
 assert "pyarrow.dataset" not in sys.modules
 sink = DeltaSink("table")
-sink.commit(pa.table({"k": ["a", "b", "a"], "n": [1, 2, 3]}), "app", 3, 0)
+sink.commit(pa.table({"k": ["a", "b", "a"], "n": [1, 2, 3]}), {"app": (0, 3)})
 print(sink.read(filter=pc.field("k") == "a").column("n").to_pylist(),
       sink.last_rows("k", ["a", "b"], ["k", "n"], "n").column("n").to_pylist(),
       "pyarrow.dataset" in sys.modules)

@@ -1,6 +1,6 @@
 """The engine's declared contracts: every processor hook has a default (a processor written
 with only ``process`` runs as before), the library's processors declare theirs, and the Delta
-sink is a sink a rebuild can use."""
+sink is a table sink."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from cg_pipelines.core.decode import JsonDecoder, JsonField
 from cg_pipelines.engine.executor_read import RangeProcessor
 from cg_pipelines.engine.processing import ArrowProcessor
 from cg_pipelines.engine.processor import BatchContext, Processed, ProcessorBase, with_defaults
-from cg_pipelines.sinks.base import ReplaceSink, StateSink
+from cg_pipelines.sinks.base import TABLE_SINK_MEMBERS, TableSink, missing_members
 from cg_pipelines.sinks.delta import DeltaSink
 
 
@@ -49,4 +49,12 @@ def test_library_processors_declare_their_hooks() -> None:
 
 def test_the_delta_sink_serves_state_and_rebuilds(tmp_path) -> None:
     sink = DeltaSink(str(tmp_path / "t"))
-    assert isinstance(sink, StateSink) and isinstance(sink, ReplaceSink)
+    assert isinstance(sink, TableSink) and missing_members(sink) == []
+    assert missing_members(_OnlyProcess()) == list(TABLE_SINK_MEMBERS)
+
+
+def test_the_member_list_is_the_protocol() -> None:
+    """:data:`TABLE_SINK_MEMBERS` (what a run checks a sink for) names exactly the members
+    :class:`TableSink` declares, in order."""
+    declared = [n for n in vars(TableSink) if not n.startswith("_")]
+    assert list(TABLE_SINK_MEMBERS) == declared

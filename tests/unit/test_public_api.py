@@ -40,7 +40,7 @@ def test_names_outside_the_table_are_not_attributes(name: str) -> None:
 
 def _protocol_methods() -> list[tuple[str, object]]:
     out = []
-    for mod, names in ((sink_contract, ["Sink", "MaintainedSink", "StateSink", "ReplaceSink"]),
+    for mod, names in ((sink_contract, ["TableSink", "MaintainedSink"]),
                        (processor_contract, ["Processor"])):
         for cls_name in names:
             cls = getattr(mod, cls_name)
@@ -59,8 +59,9 @@ def test_each_contract_method_documents_when_it_is_called(name: str, method: obj
 
 def test_the_contract_methods_are_found() -> None:
     names = {n for n, _ in _protocol_methods()}
-    assert {"Sink.watermark", "Sink.commit", "MaintainedSink.maintain", "StateSink.last_rows",
-            "ReplaceSink.replace_partition", "Processor.process", "Processor.bind"} <= names
+    assert {"TableSink.watermark", "TableSink.commit", "MaintainedSink.maintain",
+            "TableSink.last_rows", "TableSink.replace_partition", "Processor.process",
+            "Processor.bind"} <= names
 
 
 def test_the_sinks_import_nothing_of_the_engine() -> None:

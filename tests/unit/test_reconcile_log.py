@@ -31,15 +31,15 @@ def test_reads_data_commits_skips_the_rest(tmp_path: Path) -> None:
     sink = DeltaSink(uri, schema=SCHEMA)
     sink.ensure_table(SCHEMA)  # version 0: no cg.* keys
     lin = {"stream": "S", "group": "g"}
-    sink.commit(_rows(3, 0), "S/g/0", 3, 0, lineage={
+    sink.commit(_rows(3, 0), {"S/g/0": (0, 3)}, lineage={
         **lin, "partition": 0, "first_seq": 1, "last_seq": 3, "last_origin_seq": 7,
         "coverage": encode_seqs([2, 5, 7])})
-    sink.commit(_rows(2, 1), "S/g/1", 2, 0, lineage={  # no coverage: trusted through 9
+    sink.commit(_rows(2, 1), {"S/g/1": (0, 2)}, lineage={  # no coverage: trusted through 9
         **lin, "partition": 1, "first_seq": 4, "last_seq": 5, "last_origin_seq": 9})
-    sink.commit(_rows(2, 0), "T/g/0", 2, 0, lineage={  # another group
+    sink.commit(_rows(2, 0), {"T/g/0": (0, 2)}, lineage={  # another group
         "stream": "T", "group": "g", "partition": 0, "coverage": encode_seqs([1])})
     DeltaTable(uri).optimize.compact()  # a maintenance commit: no coverage
-    sink.commit(None, "S/g/0", 4, 3, lineage={
+    sink.commit(None, {"S/g/0": (3, 4)}, lineage={
         **lin, "partition": 0, "first_seq": 4, "last_seq": 4, "last_origin_seq": 11,
         "coverage": encode_seqs([11])})  # an empty commit (all filtered out)
     fs = table_filesystem(uri, {})
@@ -79,7 +79,7 @@ def test_cleaned_log_is_refused(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
     sink = DeltaSink(uri, schema=SCHEMA)
     for v in range(1, 4):
-        sink.commit(_rows(1, 0), "S/g/0", v, v - 1, lineage={
+        sink.commit(_rows(1, 0), {"S/g/0": (v - 1, v)}, lineage={
             "stream": "S", "group": "g", "partition": 0, "coverage": encode_seqs([v])})
     log_dir = tmp_path / "t" / "_delta_log"
     (log_dir / f"{1:020d}.json").unlink()  # as log cleanup after a checkpoint at 2
