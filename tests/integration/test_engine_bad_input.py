@@ -22,7 +22,6 @@ filter) never sources them: they stay in the origin stream only, which is checke
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from cg_pipelines.sinks.delta import DeltaSink
 from flights.data import event_payloads, load_flights, subjects
 from flights.legs import legs_arrow_processor
 from flights.reference import compare_legs, reference_legs
+from tests.support.wait import wait_for
 
 TAIL = "N146PQ"
 GOOD = 16
@@ -145,10 +145,9 @@ async def _setup(js: JetStreamContext, stream: str, msgs: list[Msg]) -> JetStrea
     three = sum(1 for m in msgs if len(m.subject.split(".")) == 3)
     for wq, n in ((work_queue_stream_name(stream, "g"), len(msgs)),
                   (work_queue_stream_name(stream, "f"), three)):
-        for _ in range(200):
-            if int((await api.stream_info(wq))["state"]["messages"]) >= n:
-                break
-            await asyncio.sleep(0.05)
+        async def queued(wq: str = wq, n: int = n) -> bool:
+            return int((await api.stream_info(wq))["state"]["messages"]) >= n
+        await wait_for(queued, 60, f"{wq} to hold {n} messages", interval=0.05)
     # Not mappable by "f"'s transform: kept in the origin stream only (not lost, not queued).
     origin = await api.stream_info(stream)
     assert int(origin["state"]["messages"]) == len(msgs)

@@ -22,6 +22,7 @@ from cg_pipelines.sinks.delta import DeltaSink
 from flights.data import PARTITION_FILTER, STREAM, load_flights, publish_flights
 from flights.reference import compare_legs, reference_legs
 from mainjob.queued import run_queued, write_instance_config
+from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [f"legs-{p}" for p in range(4)]
@@ -42,8 +43,10 @@ async def _setup(url: str, df: pd.DataFrame) -> None:
         await admin.create_elastic(js, STREAM, "legs", ElasticConfig(
             8, (PartitioningFilter(PARTITION_FILTER, (2,)),), members=("m1", "m2")))
         await publish_flights(nc, df)
-        while (await js.stream_info("flights-legs")).state.last_seq < len(df):
-            await asyncio.sleep(0.1)
+        async def sourced() -> bool:
+            return (await js.stream_info("flights-legs")).state.last_seq >= len(df)
+        await wait_for(sourced, 120, f"flights-legs to receive {len(df)} messages",
+                       interval=0.1)
     finally:
         await nc.close()
 

@@ -35,6 +35,7 @@ from cg_pipelines.jetstream import admin
 from tests.support import keyed
 from tests.support.daemon import ROOT, daemon, make_home, start_sensor, wait_until
 from tests.support.dagster_dev import DagsterWebserver
+from tests.support.page import page_text, wait_for_page
 
 pytestmark = pytest.mark.ui
 
@@ -90,9 +91,7 @@ def _lag(instance: DagsterInstance) -> dict[str, tuple[bool | None, bool, str]]:
 
 async def test_freshness_per_partition_in_the_ui(js, nats_server, unique_name, tmp_path,
                                                  chrome) -> None:
-    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     stream = unique_name
     evs = [(k, n) for k, n in keyed.events(n_keys=24, n_events=120)
@@ -145,25 +144,10 @@ async def test_freshness_per_partition_in_the_ui(js, nats_server, unique_name, t
         driver = chrome
 
         def body() -> str:
-            return driver.find_element(By.TAG_NAME, "body").text
+            return page_text(driver)
 
         def wait_for(url: str, what: str, ok: Callable[[str], bool]) -> str:
-            try:
-                WebDriverWait(driver, 60, 0.25).until(lambda d: ok(body()))
-                # then rendered: the text unchanged across two polls half a second apart
-                last = [""]
-
-                def settled(_: object) -> bool:
-                    now = body()
-                    same = now == last[0] and ok(now)
-                    last[0] = now
-                    return same
-
-                WebDriverWait(driver, 60, 0.5).until(settled)
-            except TimeoutException as e:
-                driver.save_screenshot(str(tmp_path / "failure.png"))
-                raise AssertionError(f"{url}: {what} not shown; page text:\n{body()}") from e
-            return body()
+            return wait_for_page(driver, url, what, ok, tmp_path / "failure.png")
 
         # 1. The freshness check's partitions: one failed (the stuck g-2), three passed.
         url = f"{base}/assets/devices?view=checks&checkDetail={LAG}"

@@ -27,6 +27,7 @@ from cg_pipelines.jetstream import admin
 from tests.support import keyed
 from tests.support.daemon import ROOT, daemon, make_home, start_sensor, wait_until
 from tests.support.dagster_dev import DagsterWebserver
+from tests.support.page import page_text, wait_for_page
 
 pytestmark = pytest.mark.ui
 
@@ -72,9 +73,7 @@ def _lag_checks(instance: DagsterInstance) -> dict[str, bool | None]:
 
 async def test_partition_lag_shows_on_the_asset_page(js, nats_server, unique_name, tmp_path,
                                                      chrome) -> None:
-    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     stream = unique_name
     evs = [(k, n) for k, n in keyed.events(n_keys=24, n_events=90)
@@ -124,25 +123,10 @@ async def test_partition_lag_shows_on_the_asset_page(js, nats_server, unique_nam
         driver = chrome
 
         def body() -> str:
-            return driver.find_element(By.TAG_NAME, "body").text
+            return page_text(driver)
 
         def wait_for(url: str, what: str, ok: Callable[[str], bool]) -> str:
-            try:
-                WebDriverWait(driver, 60, 0.25).until(lambda d: ok(body()))
-                # then rendered: the text unchanged across two polls half a second apart
-                last = [""]
-
-                def settled(_: object) -> bool:
-                    now = body()
-                    same = now == last[0] and ok(now)
-                    last[0] = now
-                    return same
-
-                WebDriverWait(driver, 60, 0.5).until(settled)
-            except TimeoutException as e:
-                driver.save_screenshot(str(tmp_path / "failure.png"))
-                raise AssertionError(f"{url}: {what} not shown; page text:\n{body()}") from e
-            return body()
+            return wait_for_page(driver, url, what, ok, tmp_path / "failure.png")
 
         def shown_age(text: str) -> float:
             lines = [ln.strip() for ln in text.splitlines()]
