@@ -110,22 +110,25 @@ async def group_replicas(api: JetStreamAPI, stream: str, group: str) -> int:
     work-queue stream's, else 1 when neither exists (both answer 404).
 
     Raises:
-        JetStreamError: neither stream could be read for another reason (a timeout, 503 while
-            a leader is elected): guessing 1 there would create an R1 stream on a cluster
-            that the caller never raises again, so the caller retries instead.
+        JetStreamError: the work queue's error when the count cannot be known (either stream
+            answered otherwise: a timeout, 503 while a leader is elected). Guessing 1 there
+            would create an R1 stream on a cluster that nothing raises again, so the caller
+            retries instead.
     """
-    last: JetStreamError | None = None
-    for name in (stream, work_queue_stream_name(stream, group)):
-        try:
-            info = await api.stream_info(name)
-        except JetStreamError as e:
-            if e.status != 404:
-                last = e
-            continue
-        return max(1, int((info.get("config") or {}).get("num_replicas") or 1))
-    if last is not None:
-        raise last
-    return 1
+    try:
+        return _replicas(await api.stream_info(stream))
+    except JetStreamError as e:
+        origin_missing = e.status == 404
+    try:
+        return _replicas(await api.stream_info(work_queue_stream_name(stream, group)))
+    except JetStreamError as e:
+        if e.status == 404 and origin_missing:
+            return 1
+        raise
+
+
+def _replicas(info: dict[str, Any]) -> int:
+    return max(1, int((info.get("config") or {}).get("num_replicas") or 1))
 
 
 def dead_letter_headers(
