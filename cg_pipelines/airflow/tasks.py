@@ -1,0 +1,225 @@
+"""The bodies of the Dags' tasks, thin over the engine and core: :func:`dispatch` (backlog
+events to partitioned asset events), :func:`route` (the run's key to its partition's task) and
+:func:`drain` (one partition run through the engine, its figures as the asset event's extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowSkipException,
+)
+
+from cg_pipelines.airflow.spec import ConsumerGroupDag
+from cg_pipelines.core.assignment import assignment, owners
+from cg_pipelines.core.errors import failure_report, one_line, trim_traceback
+from cg_pipelines.engine.rebuild import rebuild_partition
+from cg_pipelines.engine.result import RunResult
+from cg_pipelines.engine.runner import run_partition
+from cg_pipelines.jetstream.admin import get_elastic
+from cg_pipelines.sinks.delta import DeltaSink
+
+__all__ = ["DRAIN_TASK", "MODES", "dispatch", "drain", "drain_task_id", "partitions_of_events",
+           "route", "run_metadata"]
+
+DRAIN_TASK = "drain_p{p}"
+"""The task id of partition ``p``'s drain task."""
+
+MODES = ("drain", "rebuild")
+"""A worker run's ``mode`` (its Dag run conf or param): drain the backlog, or rebuild the
+partition from the origin stream's history."""
+
+
+def drain_task_id(partition: int) -> str:
+    """``drain_p<partition>``."""
+    return DRAIN_TASK.format(p=partition)
+
+
+def partitions_of_events(extras: Iterable[Mapping[str, Any]], partitions: int) -> list[int]:
+    """The partitions named by backlog trigger events (their extras' ``payload.partitions``),
+    distinct, sorted, those outside ``0 .. partitions-1`` dropped. Pure."""
+    found: set[int] = set()
+    for extra in extras:
+        payload = extra.get("payload") or {}
+        for p in payload.get("partitions") or []:
+            if isinstance(p, int) and 0 <= p < partitions:
+                found.add(p)
+    return sorted(found)
+
+
+def dispatch(spec: ConsumerGroupDag, backlog_asset: Any, context: Mapping[str, Any]) -> list[str]:
+    """The dispatch task: one partitioned event on ``backlog_asset`` per partition the
+    triggering events name, so the scheduler makes one worker Dag run per key. Returns the
+    keys.
+
+    Raises:
+        AirflowSkipException: no partition to run (a task that succeeds emits an unpartitioned
+            event, which a partition-aware Dag refuses).
+    """
+    events = context["triggering_asset_events"]
+    extras = [dict(ev.extra or {}) for evs in events.values() for ev in evs]
+    parts = partitions_of_events(extras, spec.partitions)
+    if not parts:
+        raise AirflowSkipException("no partition with backlog in the triggering events")
+    keys = [spec.partition_key(p) for p in parts]
+    context["outlet_events"][backlog_asset].add_partitions(keys)
+    return keys
+
+
+def route(spec: ConsumerGroupDag, context: Mapping[str, Any]) -> str:
+    """The branch: the task id of the run's partition (``drain_p<p>``).
+
+    Raises:
+        AirflowFailException: the run has no partition key or not one of this Dag's.
+    """
+    key = _partition_key(context)
+    try:
+        return drain_task_id(spec.partition_of(key))
+    except ValueError as e:
+        raise _no_retry(str(e)) from None
+
+
+def _partition_key(context: Mapping[str, Any]) -> str:
+    key = context.get("partition_key") or getattr(context.get("dag_run"), "partition_key", None)
+    if not key:
+        raise _no_retry("this run has no partition_key: trigger it with one (REST "
+                        "partition_key, or the trigger form), or let the dispatcher start it")
+    return str(key)
+
+
+def _no_retry(text: str) -> AirflowFailException:
+    """A failure no retry fixes (Airflow fails the task at once)."""
+    return AirflowFailException(text)
+
+
+def run_mode(context: Mapping[str, Any]) -> str:
+    """The run's mode: its Dag run conf ``mode``, else ``"drain"``.
+
+    Raises:
+        AirflowFailException: a mode other than :data:`MODES`.
+    """
+    dag_run = context.get("dag_run")
+    conf = dict(getattr(dag_run, "conf", None) or {})
+    mode = conf.get("mode", "drain")
+    if mode not in MODES:
+        raise _no_retry(f"conf mode={mode!r}: expected one of {', '.join(MODES)}")
+    return str(mode)
+
+
+def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
+          context: Mapping[str, Any]) -> dict[str, Any]:
+    """Partition ``partition``'s run: check the run's key and owner, run the engine (drain or
+    rebuild), put :func:`run_metadata` on the ``table_asset`` event (which takes the run's
+    key) and return it.
+
+    Raises:
+        AirflowFailException: the key is not this task's partition, or another deployment
+            serves its owner (retrying does not help).
+        AirflowException: the run failed: the cause first, then the partition's facts
+            (:func:`~cg_pipelines.core.errors.failure_report`); or it ended ``halted`` or
+            ``held`` (nothing processed). Retried by Airflow as the task's retries say.
+    """
+    key = _partition_key(context)
+    if spec.partition_of(key) != partition:
+        raise _no_retry(f"run key {key} is partition {spec.partition_of(key)}, not "
+                        f"{partition}: this task drains {spec.partition_key(partition)}")
+    mode = run_mode(context)
+    run_id = str(getattr(context.get("dag_run"), "run_id", "") or "")
+    sink = DeltaSink(spec.table_uri, storage_options=spec.storage_options, write=spec.write,
+                     commit_metadata={"airflow_run_id": run_id})
+
+    async def go() -> tuple[str, int, RunResult]:
+        nc = await spec.nats.connect()
+        try:
+            config = await get_elastic(nc.jetstream(), spec.stream, spec.group)
+            owner = owners(assignment(config.config)).get(partition)
+            if owner is None or (spec.members is not None and owner not in spec.members):
+                raise _no_retry(
+                    f"partition {partition} of {spec.title} is owned by {owner or 'no member'};"
+                    f" this deployment serves "
+                    f"{', '.join(spec.members) if spec.members else 'every member'}")
+            if mode == "rebuild":
+                result = await rebuild_partition(nc, spec.stream, spec.group, partition,
+                                                 spec.processor, sink, spec.engine)
+            else:
+                result = await run_partition(nc, spec.stream, spec.group, partition,
+                                             spec.processor, sink, spec.engine)
+            return owner, config.revision, result
+        finally:
+            await nc.close()
+
+    started = time.monotonic()
+    try:
+        owner, revision, result = asyncio.run(go())
+    except AirflowException:
+        raise
+    except Exception as e:
+        text, _ = failure_report(e, f"{spec.stream}.{spec.group}", partition)
+        raise AirflowException(text) from trim_traceback(e)
+    md = run_metadata(spec, partition, mode, owner, revision, result, sink.versions_written)
+    md["task_seconds"] = round(time.monotonic() - started, 3)
+    if result.status == "halted":
+        where = f"{spec.stream} {spec.group} {partition}"
+        raise AirflowException(
+            f"{result.detail}\npartition {partition} of {spec.stream}.{spec.group} halted there "
+            f"(dead_letter_policy='halt'): see it with `cg halt show {where}`, move it to the "
+            f"dead letters with `cg halt skip {where} --reason TEXT`")
+    if result.status == "held":
+        raise AirflowException(f"partition {partition} was not processed: {result.detail}; "
+                               "it is retried when the holder lets go")
+    if sink.exists():
+        stats = sink.stats(partition)
+        md.update({"table_rows": stats.rows, "partition_rows": stats.partition_rows,
+                   "table_version": stats.version})
+    context["outlet_events"][table_asset].extra = md
+    print(summary_line(partition, md))  # the task log
+    return md
+
+
+def run_metadata(spec: ConsumerGroupDag, partition: int, mode: str, owner: str, revision: int,
+                 result: RunResult, table_versions: Any) -> dict[str, Any]:
+    """A run's figures as plain JSON (the Dagster materialization's fields, without Dagster's
+    types): ``status``, ``mode``, ``partition``, ``messages``, ``dead_lettered``,
+    ``duplicates_skipped``, ``commits``, ``fence_conflicts``, ``rows_written``, ``seconds``
+    (engine time, float), ``owner_member``, ``config_revision``, ``detail``, ``timings``
+    (seconds), ``table_versions``, and ``lineage``: per input ``stream``, ``group``,
+    ``first_seq``/``last_seq`` (work-queue sequences, 0 for none), ``messages``,
+    ``dead_lettered``, ``watermark`` (plus the origin range on a rebuild). Pure."""
+    side = next(iter(result.inputs.values()))
+    row: dict[str, Any] = {"input": spec.group, "stream": spec.stream, "group": spec.group,
+                           "first_seq": side.first_seq or 0, "last_seq": side.last_seq or 0,
+                           "messages": side.processed, "dead_lettered": side.dead_lettered,
+                           "watermark": side.watermark}
+    if mode == "rebuild":
+        row.update({"origin_first_seq": side.origin_first_seq or 0,
+                    "origin_last_seq": side.origin_last_seq or 0,
+                    "messages_read": side.messages_read, "rows_replaced": result.rows_replaced})
+    md: dict[str, Any] = {
+        "status": result.status, "mode": mode, "partition": partition,
+        "write_mode": type(spec.write).__name__.lower(), "messages": side.processed,
+        "dead_lettered": side.dead_lettered, "duplicates_skipped": side.duplicates_skipped,
+        "commits": result.commits, "fence_conflicts": result.fence_conflicts,
+        "rows_written": result.rows_written, "seconds": round(result.seconds, 3),
+        "owner_member": owner, "config_revision": revision,
+        "detail": one_line(result.detail or "", 1000),
+        "timings": {k: round(v, 3) for k, v in result.timings.items()},
+        "table_versions": table_versions, "lineage": [row],
+        "first_seq": row["first_seq"], "last_seq": row["last_seq"],
+        "watermark": side.watermark}
+    if mode == "rebuild":
+        md["rebuilt"] = result.status == "rebuilt"
+    return md
+
+
+def summary_line(partition: int, md: Mapping[str, Any]) -> str:
+    """The task's last log line: status, messages, dead letters, sequence range, time."""
+    return (f"partition {partition}: {md['status']} ({md['mode']}), {md['messages']:,} "
+            f"messages committed (sequences {md['first_seq']}..{md['last_seq']}, watermark "
+            f"{md['watermark']}), {md['dead_lettered']:,} dead-lettered, "
+            f"{md['commits']} commit(s), {md['seconds']:.1f} s")
