@@ -4,7 +4,6 @@ Dags written per test into its Dags folder."""
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.airflow_stack import AirflowStack
-
-# ``import airflow`` (the fast tests import cg_pipelines.airflow in this process) writes
-# $AIRFLOW_HOME/airflow.cfg and its logs: a throwaway home, never the user's ~/airflow.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="cg-airflow-home-"))
 
 START_TIMEOUT_S = 240.0
 """Seconds the four services may take to report healthy (about 60-80 on a loaded 2-core host,
