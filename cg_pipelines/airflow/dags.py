@@ -68,8 +68,8 @@ def _dags(spec: ConsumerGroupDag) -> dict[str, DAG]:
              doc_md=f"Starts one run of `{spec.name}` per partition of {spec.title} with "
                     "backlog (cg_pipelines).") as dispatcher:
         def dispatch_body(**context: Any) -> list[str]:
-            return dispatch(spec, backlog, context)
-        task(task_id="dispatch", outlets=[backlog])(dispatch_body)()
+            return dispatch(spec, backlog, table, context)
+        task(task_id="dispatch", inlets=[table], outlets=[backlog])(dispatch_body)()
 
     policy = spec.retry
     with DAG(dag_id=spec.name, schedule=PartitionedAssetTimetable(assets=backlog),

@@ -9,6 +9,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.partitioning import partition_key, partition_keys, partition_of
 from cg_pipelines.core.triggers import REPEAT_REQUEST_S, RetryPolicy
 from cg_pipelines.core.write import Append, Merge
@@ -56,6 +57,8 @@ class ConsumerGroupDag:
         partition_key_prefix: run keys are ``<prefix><p>``; default ``"<group>-"`` (the
             Dagster keys of the same group).
         tags: the Dags' tags.
+        code: the code version (default: a digest of the processor, the group and the
+            partitions); a partition given up on runs again once it changes.
 
     Raises:
         ConfigError: a field out of range, a bad name, or a secret in ``nats``.
@@ -80,6 +83,7 @@ class ConsumerGroupDag:
     run_timeout_s: float = 3600.0
     partition_key_prefix: str | None = None
     tags: tuple[str, ...] = ("cg_pipelines",)
+    code: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name) or len(self.name) > 200:
@@ -126,6 +130,14 @@ class ConsumerGroupDag:
             ConfigError: not one of this Dag's keys.
         """
         return partition_of(self.prefix, key, self.partitions, self.name)
+
+    def code_version(self) -> str:
+        """``code_version`` when declared, else a digest of the processor (code and settings),
+        the group and the partition count (:func:`~cg_pipelines.core.fingerprint.code_version`,
+        as the Dagster layer computes it): failures under older code do not count."""
+        if self.code is not None:
+            return self.code
+        return code_version(self.processor, self.stream, self.group, self.partitions)
 
     @property
     def title(self) -> str:

@@ -17,16 +17,18 @@ from airflow.sdk.exceptions import (
 )
 
 from cg_pipelines.airflow.spec import ConsumerGroupDag
+from cg_pipelines.airflow.trigger import backlog_round
 from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.errors import failure_report, one_line, trim_traceback
+from cg_pipelines.core.triggers import RetryWait, TickPlan
 from cg_pipelines.engine.rebuild import rebuild_partition
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.runner import run_partition
 from cg_pipelines.jetstream.admin import get_elastic
 from cg_pipelines.sinks.delta import DeltaSink
 
-__all__ = ["DRAIN_TASK", "MODES", "dispatch", "drain", "drain_task_id", "partitions_of_events",
-           "route", "run_metadata"]
+__all__ = ["DRAIN_TASK", "MODES", "backlog_now", "dispatch", "drain", "drain_task_id", "held_back",
+           "partitions_of_events", "route", "run_metadata"]
 
 DRAIN_TASK = "drain_p{p}"
 """The task id of partition ``p``'s drain task."""
@@ -53,10 +55,41 @@ def partitions_of_events(extras: Iterable[Mapping[str, Any]], partitions: int) -
     return sorted(found)
 
 
-def dispatch(spec: ConsumerGroupDag, backlog_asset: Any, context: Mapping[str, Any]) -> list[str]:
+def held_back(spec: ConsumerGroupDag, records: Mapping[int, Any], code: str, now: float
+              ) -> tuple[list[int], list[str]]:
+    """The partitions not to start a run of, and core's reason line for each
+    (:meth:`~cg_pipelines.core.triggers.TickPlan.reason_lines`). ``records``: ``{partition: the
+    drain task's record}`` (:func:`drain` writes one per try); ``now``: Unix seconds. Pure.
+
+    - **given up on**: the last run's final try (``max_failures`` tries) failed under ``code``;
+      no run starts until a run succeeds (one triggered by hand) or new code is loaded;
+    - **in progress**: a run was dispatched (``queued``, written by :func:`dispatch`), a try
+      is running, or a try failed with tries left (Airflow retries it), and the record is
+      younger than ``run_timeout_s + max_backoff_s`` (an older one is a lost run: it is
+      started again).
+    """
+    waits, busy = [], []
+    fresh_s = spec.run_timeout_s + spec.retry.max_backoff_s
+    for p, rec in sorted(records.items()):
+        if not isinstance(rec, dict):
+            continue
+        state, at = rec.get("state"), float(rec.get("at") or 0.0)
+        if state == "failed" and rec.get("final") and rec.get("code") == code:
+            waits.append(RetryWait(p, int(rec.get("try") or 0), 0.0, str(rec.get("error", ""))))
+        elif (state in ("queued", "running") or (state == "failed" and not rec.get("final"))
+              ) and now - at < fresh_s:
+            busy.append(p)
+    plan = TickPlan(exhausted=waits, in_progress=busy)
+    return [w.partition for w in waits] + busy, plan.reason_lines(spec.retry)
+
+
+def dispatch(spec: ConsumerGroupDag, backlog_asset: Any, table_asset: Any,
+             context: Mapping[str, Any]) -> list[str]:
     """The dispatch task: one partitioned event on ``backlog_asset`` per partition the
-    triggering events name, so the scheduler makes one worker Dag run per key. Returns the
-    keys.
+    triggering events name, except those given up on or in progress (:func:`held_back`,
+    from the drain tasks' records in ``table_asset``'s asset state store; the reasons go to
+    the log), so
+    the scheduler makes one worker Dag run per key. Returns the keys.
 
     Raises:
         AirflowSkipException: no partition to run (a task that succeeds emits an unpartitioned
@@ -65,11 +98,50 @@ def dispatch(spec: ConsumerGroupDag, backlog_asset: Any, context: Mapping[str, A
     events = context["triggering_asset_events"]
     extras = [dict(ev.extra or {}) for evs in events.values() for ev in evs]
     parts = partitions_of_events(extras, spec.partitions)
+    if parts:  # events are hints: only partitions with backlog now (a run may have drained it)
+        now_pending = set(backlog_now(spec))
+        parts = [p for p in parts if p in now_pending]
+    store = context["asset_state_store"][table_asset]
+    code, now = spec.code_version(), time.time()
+    gone, reasons = held_back(spec, {p: store.get(record_key(p)) for p in parts}, code, now)
+    for line in reasons:
+        print(line)  # the task log: why a partition with backlog is not run
+    parts = [p for p in parts if p not in gone]
     if not parts:
-        raise AirflowSkipException("no partition with backlog in the triggering events")
+        raise AirflowSkipException("no partition to run" + (f": {'; '.join(reasons)}"
+                                                            if reasons else ""))
+    for p in parts:  # in progress from now on: a repeated event does not start a second run
+        store.set(record_key(p), {"state": "queued", "try": 0, "final": False, "code": code,
+                                  "at": now})
     keys = [spec.partition_key(p) for p in parts]
     context["outlet_events"][backlog_asset].add_partitions(keys)
     return keys
+
+
+def backlog_now(spec: ConsumerGroupDag) -> list[int]:
+    """The served partitions with at least ``min_pending`` pending messages now (one bounded
+    NATS read, :func:`~cg_pipelines.airflow.trigger.backlog_round`).
+
+    Raises:
+        GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError: as reading
+            fails (the dispatch task fails; the next event tries again).
+    """
+    async def read() -> list[int]:
+        nc = await spec.nats.connect()
+        try:
+            reqs = await backlog_round(
+                nc, spec.stream, spec.group, min_pending=spec.min_pending,
+                members=list(spec.members) if spec.members is not None else None)
+            return [r.partition for r in reqs]
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def record_key(partition: int) -> str:
+    """The asset state store key of partition ``partition``'s drain record (``p<partition>``)."""
+    return f"p{partition}"
 
 
 def route(spec: ConsumerGroupDag, context: Mapping[str, Any]) -> str:
@@ -154,14 +226,41 @@ def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
         finally:
             await nc.close()
 
+    store = context["asset_state_store"][table_asset]
+    ti = context.get("ti")
+    tries = int(getattr(ti, "try_number", 1) or 1)
+    base = {"run_id": run_id, "try": tries, "code": spec.code_version(), "mode": mode,
+            "final": tries >= spec.retry.max_failures}
+    store.set(record_key(partition), {**base, "state": "running", "at": time.time()})
     started = time.monotonic()
     try:
-        owner, revision, result = asyncio.run(go())
-    except AirflowException:
+        try:
+            owner, revision, result = asyncio.run(go())
+        except AirflowException:
+            raise
+        except Exception as e:
+            text, _ = failure_report(e, f"{spec.stream}.{spec.group}", partition)
+            raise AirflowException(text) from trim_traceback(e)
+        out = _finish(spec, partition, mode, owner, revision, result, sink, started)
+    except AirflowException as e:
+        store.set(record_key(partition), {
+            **base, "state": "failed", "at": time.time(),
+            "final": base["final"] or isinstance(e, AirflowFailException),
+            "error": one_line(str(e).split("\n")[0], 500)})
         raise
-    except Exception as e:
-        text, _ = failure_report(e, f"{spec.stream}.{spec.group}", partition)
-        raise AirflowException(text) from trim_traceback(e)
+    store.set(record_key(partition), {**base, "state": "succeeded", "at": time.time()})
+    context["outlet_events"][table_asset].extra = out
+    print(summary_line(partition, out))  # the task log
+    return out
+
+
+def _finish(spec: ConsumerGroupDag, partition: int, mode: str, owner: str, revision: int,
+            result: RunResult, sink: DeltaSink, started: float) -> dict[str, Any]:
+    """The run's metadata with the table's figures.
+
+    Raises:
+        AirflowException: the run halted at a message, or was ``held`` (nothing processed).
+    """
     md = run_metadata(spec, partition, mode, owner, revision, result, sink.versions_written)
     md["task_seconds"] = round(time.monotonic() - started, 3)
     if result.status == "halted":
@@ -177,8 +276,6 @@ def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
         stats = sink.stats(partition)
         md.update({"table_rows": stats.rows, "partition_rows": stats.partition_rows,
                    "table_version": stats.version})
-    context["outlet_events"][table_asset].extra = md
-    print(summary_line(partition, md))  # the task log
     return md
 
 

@@ -40,7 +40,7 @@ from cg_pipelines.jetstream.connect import ConnectOptions
 
 globals().update(build_dags([ConsumerGroupDag(
     {name!r}, {stream!r}, "g", 4, {processor}, {table!r},
-    nats=ConnectOptions({url!r}), recheck_s=1.0, repeat_s=600.0,
+    nats=ConnectOptions({url!r}), recheck_s=1.0, repeat_s={repeat_s},
     retry=RetryPolicy(max_failures=4, backoff_s=1.0, max_backoff_s=4.0),
     engine=EngineOptions(batch_max_msgs={batch}, ack_wait_s=1.5, priority_timeout_s=1.5,
                          hold_wait_s=3.0))]))
@@ -49,9 +49,9 @@ globals().update(build_dags([ConsumerGroupDag(
 
 def dag_file(name: str, stream: str, table: Path, url: str, *, batch: int = 20_000,
              processor: str = "keyed.processor()",
-             imports: str = "from tests.support import keyed") -> str:
+             imports: str = "from tests.support import keyed", repeat_s: float = 600.0) -> str:
     return DAG_FILE.format(name=name, stream=stream, table=str(table), url=url, batch=batch,
-                           processor=processor, imports=imports)
+                           processor=processor, imports=imports, repeat_s=repeat_s)
 
 
 def table_of(path: Path, evs: list[tuple[str, int]]) -> pd.DataFrame:
@@ -181,7 +181,8 @@ async def test_failing_partition_is_retried_with_backoff_then_stops(
     await h.publish(js, stream, evs, len(evs))
     write_dag_file(airflow.dags, name, dag_file(
         name, stream, table, nats_server.url, processor=f"killable.failing({evs[0][0]!r})",
-        imports="from tests.airflow import killable").replace("max_failures=4", "max_failures=3"))
+        imports="from tests.airflow import killable", repeat_s=10.0,
+    ).replace("max_failures=4", "max_failures=3"))
 
     runs = await wait_for(lambda: ended(airflow, name, 1), RUN_TIMEOUT_S,
                           "the failing run to end")
@@ -192,7 +193,25 @@ async def test_failing_partition_is_retried_with_backoff_then_stops(
             zip(tries, tries[1:], strict=False)]
     assert gaps[0] >= 1.0 and gaps[1] >= 2.0, gaps  # core's backoff: 1 s, then 2 s
 
-    # It stops: new backlog elsewhere runs, partition 1's unchanged backlog is not run again.
+    # It stops: the trigger announces partition 1's backlog again (repeat_s), and the dispatcher
+    # gives up on it with core's reason in its log; no second run of g-1 starts.
+    failed_at = when(runs[0]["end_date"])
+    dispatch = f"{name}__dispatch"
+
+    def gave_up() -> bool:
+        for r in airflow.dag_runs(dispatch):
+            if r["state"] != "success" or when(r["start_date"]) < failed_at:
+                continue
+            [ti] = airflow.task_instances(dispatch, r["dag_run_id"])
+            if ti["state"] == "skipped":
+                log = airflow.task_log(dispatch, r["dag_run_id"], "dispatch", 1)
+                assert "failed 3 time(s) in a row, the limit (3)" in log, log[-2000:]
+                assert "poisoned key" in log, log[-2000:]
+                return True
+        return False
+
+    await wait_for(gave_up, RUN_TIMEOUT_S, "a dispatch run after the failure giving up")
+    # New backlog elsewhere still runs; partition 1 has still one (failed) run.
     more = h.events_on({2}, prefix="z")
     await h.publish(js, stream, more, len(evs) + len(more))
     runs = await wait_for(lambda: ended(airflow, name, 2), RUN_TIMEOUT_S, "partition 2's run")

@@ -13,7 +13,7 @@ import pytest
 from nats.js import JetStreamContext
 
 from cg_pipelines.airflow import ConsumerGroupDag, CoreRetryPolicy, NatsBacklogTrigger, build_dags
-from cg_pipelines.airflow.tasks import partitions_of_events
+from cg_pipelines.airflow.tasks import held_back, partitions_of_events
 from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.triggers import RetryPolicy
 from cg_pipelines.jetstream.connect import ConnectOptions
@@ -154,3 +154,31 @@ def test_the_example_dag_file_parses(tmp_path: Path) -> None:
     bag = DagBag(str(tmp_path))
     assert bag.import_errors == {}
     assert sorted(bag.dags) == ["legs", "legs__dispatch"]
+
+
+def test_held_back_partitions_follow_core_rule() -> None:
+    s = spec(retry=RetryPolicy(max_failures=3, backoff_s=1.0, max_backoff_s=4.0),
+             run_timeout_s=60.0)
+    now = 1000.0
+    records = {
+        0: {"state": "failed", "final": True, "try": 3, "code": "v1", "error": "ValueError: x",
+            "at": 10.0},
+        1: {"state": "failed", "final": False, "try": 2, "code": "v1", "at": 990.0},  # retried
+        2: {"state": "failed", "final": True, "try": 3, "code": "v0", "at": 990.0},  # old code
+        3: {"state": "succeeded", "try": 1, "code": "v1", "at": 999.0},
+        4: None,
+        5: {"state": "running", "final": False, "try": 1, "code": "v1", "at": 980.0},
+        6: {"state": "running", "final": False, "try": 1, "code": "v1", "at": 900.0},  # lost
+        7: {"state": "running", "final": True, "try": 3, "code": "v1", "at": 999.0},
+        8: {"state": "queued", "final": False, "try": 0, "code": "v1", "at": 999.0},
+        9: {"state": "queued", "final": False, "try": 0, "code": "v1", "at": 100.0},  # lost
+    }
+    gone, reasons = held_back(s, records, "v1", now)
+    assert gone == [0, 1, 5, 7, 8]
+    assert reasons == [
+        "partition 0: failed 3 time(s) in a row, the limit (3); not retried until a run "
+        "succeeds or new code is loaded; last error: ValueError: x",
+        "partition 1: a run is already queued or in progress",
+        "partition 5: a run is already queued or in progress",
+        "partition 7: a run is already queued or in progress",
+        "partition 8: a run is already queued or in progress"]

@@ -180,6 +180,15 @@ class AirflowStack:
         got = self.api("GET", f"/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/tries")
         return sorted(got["task_instances"], key=lambda t: t["try_number"])
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+        """One try's task log, as text (one JSON record a line)."""
+        quoted = urllib.request.quote(run_id, safe="")
+        got = self.api("GET", f"/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/logs/"
+                              f"{try_number}?full_content=true")
+        content = got.get("content") if isinstance(got, dict) else got
+        return "\n".join(json.dumps(c) if not isinstance(c, str) else c
+                         for c in (content or []))
+
     def asset_events(self, name: str) -> list[dict[str, Any]]:
         """The events of asset ``name`` (oldest first)."""
         assets = self.api("GET", f"/assets?name_pattern={urllib.request.quote(name)}")["assets"]
