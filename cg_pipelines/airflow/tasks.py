@@ -1,6 +1,8 @@
 """The bodies of the Dags' tasks, thin over the engine and core: :func:`dispatch` (backlog
-events to partitioned asset events), :func:`route` (the run's key to its partition's task) and
-:func:`drain` (one partition run through the engine, its figures as the asset event's extra).
+events to partitioned asset events, minus the partitions :func:`held_back` keeps back: queued,
+running, up for retry or given up on), :func:`route` (the run's key to its partition's task)
+and :func:`drain` (one partition run through the engine, its figures as the asset event's
+extra, one record per try in the table asset's state store).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from cg_pipelines.jetstream.admin import get_elastic
 from cg_pipelines.sinks.delta import DeltaSink
 
 __all__ = ["DRAIN_TASK", "MODES", "backlog_now", "dispatch", "drain", "drain_task_id", "held_back",
-           "partitions_of_events", "route", "run_metadata"]
+           "partitions_of_events", "record_key", "route", "run_metadata", "run_mode",
+           "summary_line"]
 
 DRAIN_TASK = "drain_p{p}"
 """The task id of partition ``p``'s drain task."""
@@ -158,6 +161,7 @@ def route(spec: ConsumerGroupDag, context: Mapping[str, Any]) -> str:
 
 
 def _partition_key(context: Mapping[str, Any]) -> str:
+    """The run's ``partition_key``; ``AirflowFailException`` when it has none."""
     key = context.get("partition_key") or getattr(context.get("dag_run"), "partition_key", None)
     if not key:
         raise _no_retry("this run has no partition_key: trigger it with one (REST "
