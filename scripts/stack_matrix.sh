@@ -100,16 +100,18 @@ deptry_area() {  # <name> <allowed extras> <exclude regex: everything outside th
 }
 TOP='cg_pipelines/[a-z_]+\.py$'
 NOT_ICEBERG=$(ls cg_pipelines/dagster/*.py cg_pipelines/sinks/*.py | grep -v /iceberg | sed 's/\./\\./g' | paste -sd'|')
-deptry_area core "" "cg_pipelines/(dagster|spark|testing|local)/|cg_pipelines/sinks/iceberg"
+deptry_area core "" "cg_pipelines/(dagster|airflow|spark|testing|local)/|cg_pipelines/sinks/iceberg"
 deptry_area dagster "dagster" \
-  "cg_pipelines/(core|engine|jetstream|cli|spark|testing|local|sinks)/|cg_pipelines/dagster/iceberg\.py|$TOP"
-deptry_area spark "spark" "cg_pipelines/(core|engine|jetstream|cli|dagster|testing|local|sinks)/|$TOP"
+  "cg_pipelines/(core|engine|jetstream|cli|airflow|spark|testing|local|sinks)/|cg_pipelines/dagster/iceberg\.py|$TOP"
+deptry_area airflow "airflow" \
+  "cg_pipelines/(core|engine|jetstream|cli|dagster|spark|testing|local|sinks)/|$TOP"
+deptry_area spark "spark" "cg_pipelines/(core|engine|jetstream|cli|dagster|airflow|testing|local|sinks)/|$TOP"
 deptry_area iceberg "iceberg dagster" \
-  "cg_pipelines/(core|engine|jetstream|cli|spark|testing|local)/|$TOP|$NOT_ICEBERG"
+  "cg_pipelines/(core|engine|jetstream|cli|airflow|spark|testing|local)/|$TOP|$NOT_ICEBERG"
 deptry_area testing "testing" \
-  "cg_pipelines/(core|engine|jetstream|cli|spark|dagster|sinks)/|cg_pipelines/local/spark_cluster\.py|$TOP"
+  "cg_pipelines/(core|engine|jetstream|cli|airflow|spark|dagster|sinks)/|cg_pipelines/local/spark_cluster\.py|$TOP"
 deptry_area local-spark "spark" \
-  "cg_pipelines/(core|engine|jetstream|cli|spark|dagster|sinks|testing)/|cg_pipelines/local/(__init__|nats_server|postgres)\.py|$TOP"
+  "cg_pipelines/(core|engine|jetstream|cli|airflow|spark|dagster|sinks|testing)/|cg_pipelines/local/(__init__|nats_server|postgres)\.py|$TOP"
 [ "${ENDS[*]}" != deptry ] || exit 0   # `stack_matrix.sh deptry`: this step only
 
 # 1. The distributions, once.

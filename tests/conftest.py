@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -37,6 +38,9 @@ _COUNTER = itertools.count()
 SESSION_TOKEN_VAR = "CG_TEST_SESSION_TOKEN"
 """Environment variable every process the suite starts inherits (one token per session)."""
 _SESSION_TOKEN = os.environ.setdefault(SESSION_TOKEN_VAR, uuid.uuid4().hex)
+# ``import airflow`` writes $AIRFLOW_HOME/airflow.cfg and logs/ (default ~/airflow): tests that
+# import cg_pipelines.airflow (or walk the package) use a throwaway home instead.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="cg-airflow-home-"))
 LEFTOVER_GRACE_S = 10.0
 """Seconds a process may take to exit after the session's fixtures stopped it."""
 _LEFTOVERS: list[str] = []

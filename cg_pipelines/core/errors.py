@@ -36,7 +36,14 @@ that every exception class the package defines is named in this list.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import os
+import threading
+import types
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 
 class CgError(Exception):
@@ -249,3 +256,51 @@ class PartitionRunError(CgError, RuntimeError):
             if isinstance(got, PartitionRunError):
                 return got
         return None
+
+
+def failure_report(error: BaseException, groups: str, partition: int
+                   ) -> tuple[str, dict[str, Any]]:
+    """The text and facts of a failed partition run, for any orchestrator: the text's first
+    line is the cause (``<type>: <message>``), then the partition facts of the engine's
+    :class:`PartitionRunError` (or that nothing was leased); ``groups`` names the inputs
+    (``"<stream>.<group>, ..."``). The facts: ``partition``, ``cause_type``, ``cause``, and
+    from a :class:`PartitionRunError` ``inflight_first_seq``/``inflight_last_seq``,
+    ``committed_through``, ``acknowledged_through`` (stream sequences). Pure."""
+    pre = PartitionRunError.of(error)
+    facts: dict[str, Any] = {"partition": partition, "cause_type": type(error).__name__,
+                             "cause": cause_text(error)}
+    if pre is None:
+        return (f"{cause_text(error)}\npartition {partition} of {groups}: the run failed "
+                "before it leased anything; nothing was committed or acknowledged"), facts
+    if pre.inflight is not None:
+        facts["inflight_first_seq"], facts["inflight_last_seq"] = pre.inflight
+    if pre.committed_through is not None:
+        facts["committed_through"] = pre.committed_through
+    facts["acknowledged_through"] = pre.acknowledged_through
+    return pre.description(), facts
+
+
+_PLUMBING = tuple(str(Path(str(m.__file__)).parent) + os.sep
+                  for m in (asyncio, concurrent.futures)) + (
+    threading.__file__, str(Path(__file__).parents[1]) + os.sep)
+
+
+def trim_traceback(error: BaseException) -> BaseException:
+    """``error`` with its traceback cut to the user's frames (outside ``asyncio``,
+    ``concurrent.futures``, ``threading`` and this library; if none, outside the first
+    three). Returns ``error``."""
+    frames: list[types.TracebackType] = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    keep = [f for f in frames if not f.tb_frame.f_code.co_filename.startswith(_PLUMBING)]
+    if not keep:
+        keep = [f for f in frames
+                if not f.tb_frame.f_code.co_filename.startswith(_PLUMBING[:-1])] or frames
+    if len(keep) == len(frames):
+        return error
+    trimmed: types.TracebackType | None = None
+    for f in reversed(keep):
+        trimmed = types.TracebackType(trimmed, f.tb_frame, f.tb_lasti, f.tb_lineno)
+    return error.with_traceback(trimmed)

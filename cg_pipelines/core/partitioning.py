@@ -13,9 +13,37 @@ filter is not sourced at all. With no partitioning filter the whole subject is h
 from __future__ import annotations
 
 from cg_pipelines.core.config import ElasticConfig
+from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.subjects import partition_for
 
-__all__ = ["SubjectPartitioner", "subject_matches"]
+__all__ = ["SubjectPartitioner", "partition_key", "partition_keys", "partition_of",
+           "subject_matches"]
+
+
+def partition_key(prefix: str, partition: int) -> str:
+    """The orchestrator's partition key of group partition ``partition``: ``<prefix><p>``
+    (Dagster partition key, Airflow ``partition_key``; e.g. ``legs-3``)."""
+    return f"{prefix}{partition}"
+
+
+def partition_keys(prefix: str, partitions: int) -> list[str]:
+    """All ``partitions`` keys (:func:`partition_key`), in partition order."""
+    return [partition_key(prefix, p) for p in range(partitions)]
+
+
+def partition_of(prefix: str, key: str, partitions: int, name: str) -> int:
+    """The partition of key ``key`` (``<prefix><p>``, ``0 <= p < partitions``, no leading
+    zeros); ``name`` names the asset or Dag in the error.
+
+    Raises:
+        ConfigError: ``key`` is not one of the ``partitions`` keys with ``prefix``.
+    """
+    tail = key[len(prefix):] if key.startswith(prefix) else ""
+    if not tail.isdigit() or int(tail) >= partitions or str(int(tail)) != tail:
+        raise ConfigError("partition_key", f"{key!r} is not a partition key of "
+                          f"{name} ({partition_key(prefix, 0)} .. "
+                          f"{partition_key(prefix, partitions - 1)})")
+    return int(tail)
 
 
 def subject_matches(subject: str, filter_subject: str) -> bool:

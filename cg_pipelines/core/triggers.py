@@ -21,9 +21,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from cg_pipelines.core.assignment import moved_partitions, owners
 from cg_pipelines.core.errors import ConfigError, DecodeError, UsageError
@@ -488,3 +488,84 @@ def drop_repeated_requests(
         out.append(r)
         keep[r.partition] = (r.run_key, now)
     return out, dropped, keep
+
+
+def dead_slot(partitions: int, index: int, partition: int) -> int:
+    """The key of input ``index``'s partition in a cursor's ``dead_letters``
+    (``index * partitions + partition``: the partition itself for one input)."""
+    return index * partitions + partition
+
+
+def merge_backlog(by_input: Mapping[str, Sequence[PartitionBacklog]],
+                  last_seqs: Mapping[str, int]) -> list[PartitionBacklog]:
+    """The backlog per partition over the inputs (one input's as it is): ``pending`` summed,
+    ``age_s`` the oldest, ``first_seq`` the sum of each input's next unprocessed sequence (its
+    first pending one, or its work queue's last + 1, ``last_seqs``): it changes exactly when
+    some input's first pending message does, so the run key does."""
+    names = list(by_input)
+    if len(names) == 1:
+        return list(by_input[names[0]])
+    out = []
+    for i, first in enumerate(by_input[names[0]]):
+        rows = [by_input[n][i] for n in names]
+        pending = sum(r.pending for r in rows)
+        if pending == 0:
+            out.append(PartitionBacklog(first.partition, 0, None, 0.0))
+            continue
+        token = sum(r.first_seq if r.first_seq is not None else last_seqs.get(n, 0) + 1
+                    for n, r in zip(names, rows, strict=True))
+        times = [r.first_time_s for r in rows if r.pending and r.first_time_s is not None]
+        out.append(PartitionBacklog(first.partition, pending, token,
+                                    max(r.age_s for r in rows), min(times, default=None)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RunFact:
+    """One unsuccessful run of a partition as an orchestrator recorded it.
+
+    Attributes:
+        run_id: the orchestrator's run id.
+        state: ``"in_progress"`` (queued or running) or ``"failed"`` (failed or canceled).
+        created_at: when the run was created (Unix seconds).
+        ended_at: when a failed run ended (Unix seconds; ``None`` if unknown).
+        code: the code version the run was made with (``None`` if not recorded).
+        error: the failed run's error, one line (``""`` if not read).
+    """
+
+    run_id: str
+    state: Literal["in_progress", "failed"]
+    created_at: float
+    ended_at: float | None = None
+    code: str | None = None
+    error: str = ""
+
+
+def runs_from_facts(facts: Iterable[RunFact], code: str, *, succeeded_at: float = 0.0,
+                    error_of: Callable[[RunFact], str] | None = None) -> PartitionRuns:
+    """A partition's :class:`PartitionRuns` from its unsuccessful runs, **newest first**: the
+    consecutive failures under ``code`` (counting stops at a run created at or before the
+    newest success ``succeeded_at``, Unix seconds, and at a failure under another code), and
+    whether a run is in progress. ``error_of`` reads the newest counted failure's error (only
+    called when there is one; default: its ``error``). Pure (``error_of`` aside)."""
+    failures, newest = 0, None
+    in_progress = failed_before = False
+    counting = True
+    for fact in facts:
+        if fact.state == "in_progress":
+            in_progress = True
+            continue
+        if fact.created_at <= succeeded_at:
+            break
+        failed_before = True
+        if counting and fact.code == code:
+            failures += 1
+            newest = newest or fact
+        else:
+            counting = False
+    if newest is None:
+        return PartitionRuns(in_progress=in_progress, failed_before=failed_before)
+    return PartitionRuns(
+        failures=failures, last_failed_at=newest.ended_at,
+        last_error=error_of(newest) if error_of is not None else newest.error,
+        in_progress=in_progress, failed_before=True)

@@ -29,7 +29,7 @@ from dagster import (
 
 from cg_pipelines.core.errors import one_line
 from cg_pipelines.core.liveness import LOST_RUN_GRACE_S, RunSighting, judge_run
-from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy
+from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy, RunFact, runs_from_facts
 
 __all__ = ["CHECK_MODE", "CODE_TAG", "HEARTBEAT_TAG", "MODE_TAG", "WORKER_TAG", "CheckState",
            "Probe", "Suspect", "check_states", "fail_lost_runs", "finished_runs",
@@ -208,40 +208,28 @@ def partition_runs(instance: DagsterInstance, partition_keys: dict[int, str], co
                                         rec.create_timestamp.timestamp())
     cache = errors if errors is not None else {}
     used: set[str] = set()
+
+    def error_of(fact: RunFact) -> str:
+        used.add(fact.run_id)
+        if fact.run_id not in cache:
+            cache[fact.run_id] = _error_of(instance, fact.run_id)
+        return cache[fact.run_id]
+
     out: dict[int, PartitionRuns] = {}
     for key, p in keys.items():
-        failures, newest = 0, None
-        in_progress = failed_before = False
-        counting = True
-        since = succeeded_at.get(key, 0.0)
-        for rec in by_key.get(key, []):  # newest first
-            run = rec.dagster_run
-            if run.status in _QUEUED:
-                in_progress = True
-                continue
-            if rec.create_timestamp.timestamp() <= since:
-                break
-            failed_before = True
-            if counting and run.tags.get(CODE_TAG) == code:
-                failures += 1
-                newest = newest or rec
-            else:
-                counting = False
-        if failures == 0:
-            out[p] = PartitionRuns(in_progress=in_progress, failed_before=failed_before)
-            continue
-        assert newest is not None
-        run_id = newest.dagster_run.run_id
-        used.add(run_id)
-        if run_id not in cache:
-            cache[run_id] = _error_of(instance, run_id)
-        out[p] = PartitionRuns(
-            failures=failures,
-            last_failed_at=newest.end_time or newest.update_timestamp.timestamp(),
-            last_error=cache[run_id], in_progress=in_progress, failed_before=True)
+        out[p] = runs_from_facts((_fact(rec) for rec in by_key.get(key, [])), code,
+                                 succeeded_at=succeeded_at.get(key, 0.0), error_of=error_of)
     for run_id in [r for r in cache if r not in used]:
         del cache[run_id]
     return out
+
+
+def _fact(rec: RunRecord) -> RunFact:
+    """A run record as :class:`~cg_pipelines.core.triggers.RunFact` (unsuccessful runs only)."""
+    run = rec.dagster_run
+    return RunFact(run.run_id, "in_progress" if run.status in _QUEUED else "failed",
+                   rec.create_timestamp.timestamp(),
+                   rec.end_time or rec.update_timestamp.timestamp(), run.tags.get(CODE_TAG))
 
 
 def _error_of(instance: DagsterInstance, run_id: str) -> str:

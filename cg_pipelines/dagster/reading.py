@@ -5,13 +5,14 @@ that may hold messages (:mod:`cg_pipelines.jetstream.backlog`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cg_pipelines.core.assignment import assignment
 from cg_pipelines.core.config import ElasticConfig, dlq_stream_name, work_queue_stream_name
-from cg_pipelines.core.triggers import PartitionBacklog, served_partitions
+from cg_pipelines.core.triggers import PartitionBacklog, merge_backlog, served_partitions
+from cg_pipelines.core.triggers import dead_slot as core_dead_slot
 from cg_pipelines.dagster.resources import NatsResource, PartitionRunsResource
 from cg_pipelines.dagster.spec import StreamAsset, read_configs
 from cg_pipelines.jetstream.api import JetStreamAPI
@@ -27,8 +28,8 @@ __all__ = ["Reading", "dead_slot", "merge_backlog", "read_inputs"]
 
 def dead_slot(spec: StreamAsset, index: int, partition: int) -> int:
     """The key of input ``index``'s partition in the cursor's ``dead_letters``
-    (``index * partitions + partition``: the partition itself for one input)."""
-    return index * spec.partitions + partition
+    (:func:`cg_pipelines.core.triggers.dead_slot` with the spec's partitions)."""
+    return core_dead_slot(spec.partitions, index, partition)
 
 
 @dataclass(frozen=True)
@@ -93,27 +94,3 @@ def read_inputs(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsRe
                        merge_backlog(by_input, lasts), counts, changed)
 
     return nats_res.run(read)
-
-
-def merge_backlog(by_input: Mapping[str, Sequence[PartitionBacklog]],
-                  last_seqs: Mapping[str, int]) -> list[PartitionBacklog]:
-    """The backlog per partition over the inputs (one input's as it is): ``pending`` summed,
-    ``age_s`` the oldest, ``first_seq`` the sum of each input's next unprocessed sequence (its
-    first pending one, or its work queue's last + 1, ``last_seqs``): it changes exactly when
-    some input's first pending message does, so the run key does."""
-    names = list(by_input)
-    if len(names) == 1:
-        return list(by_input[names[0]])
-    out = []
-    for i, first in enumerate(by_input[names[0]]):
-        rows = [by_input[n][i] for n in names]
-        pending = sum(r.pending for r in rows)
-        if pending == 0:
-            out.append(PartitionBacklog(first.partition, 0, None, 0.0))
-            continue
-        token = sum(r.first_seq if r.first_seq is not None else last_seqs.get(n, 0) + 1
-                    for n, r in zip(names, rows, strict=True))
-        times = [r.first_time_s for r in rows if r.pending and r.first_time_s is not None]
-        out.append(PartitionBacklog(first.partition, pending, token,
-                                    max(r.age_s for r in rows), min(times, default=None)))
-    return out

@@ -6,16 +6,10 @@ stay the last line. It keeps a heartbeat in NATS and tags its worker (:func:`run
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
-import os
-import threading
 import time
-import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from dagster import (
@@ -36,7 +30,7 @@ from dagster import (
 from pydantic import Field as PydanticField
 
 from cg_pipelines.core.assignment import assignment, owners
-from cg_pipelines.core.errors import PartitionRunError, cause_text
+from cg_pipelines.core.errors import failure_report, trim_traceback
 from cg_pipelines.dagster.checks import failed_run_checks, run_check_results
 from cg_pipelines.dagster.history import CODE_TAG, HEARTBEAT_TAG, MODE_TAG, run_worker_tags
 from cg_pipelines.dagster.resources import (
@@ -389,44 +383,8 @@ def table_metadata(sink: TableSink, partition: int, table: str) -> dict[str, Any
 def run_failure(error: Exception, spec: StreamAsset, partition: int) -> Failure:
     """The ``Failure`` of a failed run: the cause first (``<type>: <message>``), then the
     partition facts of the engine's :class:`~cg_pipelines.core.errors.PartitionRunError` (or
-    that nothing was leased), also as metadata fields."""
-    pre = PartitionRunError.of(error)
-    md: dict[str, Any] = {"partition": partition, "cause_type": type(error).__name__,
-                          "cause": cause_text(error)}
-    if pre is None:
-        groups = ", ".join(f"{i.stream}.{i.group}" for i in spec.inputs)
-        return Failure(f"{cause_text(error)}\npartition {partition} of {groups}: the run "
-                       "failed before it leased anything; nothing was committed or "
-                       "acknowledged", metadata=md)
-    if pre.inflight is not None:
-        md["inflight_first_seq"], md["inflight_last_seq"] = pre.inflight
-    if pre.committed_through is not None:
-        md["committed_through"] = pre.committed_through
-    md["acknowledged_through"] = pre.acknowledged_through
-    return Failure(pre.description(), metadata=md)
-
-
-_PLUMBING = tuple(str(Path(str(m.__file__)).parent) + os.sep
-                  for m in (asyncio, concurrent.futures)) + (
-    threading.__file__, str(Path(__file__).parents[1]) + os.sep)
-
-
-def trim_traceback(error: BaseException) -> BaseException:
-    """``error`` with its traceback cut to the user's frames (outside ``asyncio``,
-    ``concurrent.futures``, ``threading`` and this library; if none, outside the first
-    three). Returns ``error``."""
-    frames: list[types.TracebackType] = []
-    tb = error.__traceback__
-    while tb is not None:
-        frames.append(tb)
-        tb = tb.tb_next
-    keep = [f for f in frames if not f.tb_frame.f_code.co_filename.startswith(_PLUMBING)]
-    if not keep:
-        keep = [f for f in frames
-                if not f.tb_frame.f_code.co_filename.startswith(_PLUMBING[:-1])] or frames
-    if len(keep) == len(frames):
-        return error
-    trimmed: types.TracebackType | None = None
-    for f in reversed(keep):
-        trimmed = types.TracebackType(trimmed, f.tb_frame, f.tb_lasti, f.tb_lineno)
-    return error.with_traceback(trimmed)
+    that nothing was leased), also as metadata fields
+    (:func:`~cg_pipelines.core.errors.failure_report`)."""
+    text, md = failure_report(error, ", ".join(f"{i.stream}.{i.group}" for i in spec.inputs),
+                              partition)
+    return Failure(text, metadata=md)

@@ -20,6 +20,7 @@ from cg_pipelines.core.copartition import SetGroup, check_copartitioned
 from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
 from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.lag import DEFAULT_LAG_PER_DAY, DEFAULT_LAG_REFRESH_S
+from cg_pipelines.core.partitioning import partition_key, partition_keys, partition_of
 from cg_pipelines.core.record import SEQ_COLUMN
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.core.write import Append, Merge
@@ -199,11 +200,11 @@ class StreamAsset:
 
     def partition_key(self, partition: int) -> str:
         """Dagster partition key of partition ``partition``."""
-        return f"{self.effective_partition_key_prefix}{partition}"
+        return partition_key(self.effective_partition_key_prefix, partition)
 
     def partition_keys(self) -> list[str]:
         """All partition keys, in partition order."""
-        return [self.partition_key(p) for p in range(self.partitions)]
+        return partition_keys(self.effective_partition_key_prefix, self.partitions)
 
     def partition_of(self, key: str) -> int:
         """The partition of Dagster partition ``key``.
@@ -211,13 +212,8 @@ class StreamAsset:
         Raises:
             ConfigError: not one of this asset's keys.
         """
-        prefix = self.effective_partition_key_prefix
-        tail = key[len(prefix):] if key.startswith(prefix) else ""
-        if not tail.isdigit() or int(tail) >= self.partitions or str(int(tail)) != tail:
-            raise ConfigError("partition_key", f"{key!r} is not a partition key of "
-                              f"{self.name} ({self.partition_key(0)} .. "
-                              f"{self.partition_key(self.partitions - 1)})")
-        return int(tail)
+        return partition_of(self.effective_partition_key_prefix, key, self.partitions,
+                            self.name)
 
     def per_input(self, check: str, inp: JoinInput) -> str:
         """The name of check ``check`` about input ``inp``: ``check`` itself for one input,

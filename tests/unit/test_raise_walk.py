@@ -53,6 +53,14 @@ ALLOWED_CLASSES: dict[tuple[str, str], tuple[str, str]] = {
     ("dagster._core.definitions.events", "Failure"):
         ("dagster/", "Dagster shows a step's Failure (description, metadata) in the UI; only "
                      "Failure does"),
+    ("airflow.sdk.exceptions", "AirflowException"):
+        ("airflow/", "a failed Airflow task: the task log and the UI show its text (the cause "
+                     "first); Airflow retries it as the task's retries say"),
+    ("airflow.sdk.exceptions", "AirflowFailException"):
+        ("airflow/", "Airflow fails the task without retrying only on this class (a wrong "
+                     "partition key, an owner served elsewhere)"),
+    ("airflow.sdk.exceptions", "AirflowSkipException"):
+        ("airflow/", "Airflow marks a task skipped (no asset event) only on this class"),
     ("pyiceberg.exceptions", "CommitFailedException"):
         ("sinks/", "pyiceberg's own commit-conflict signal, which its callers and the fence "
                    "expect"),

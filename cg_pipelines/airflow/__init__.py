@@ -1,0 +1,23 @@
+"""Airflow 3 as the orchestrator (extra ``airflow``): one Dag run per consumer-group partition
+with backlog, the partition as the run's ``partition_key``, started by a NATS backlog trigger
+in the triggerer; the same engine, table and guarantees as the Dagster integration.
+
+A Dag file::
+
+    from cg_pipelines.airflow import ConsumerGroupDag, build_dags
+    globals().update(build_dags([ConsumerGroupDag("legs", "flights", "legs", 8,
+                                                  legs_processor(), "/data/legs")]))
+
+Move a group between Dagster and Airflow by stopping one before starting the other; if both
+run by mistake, the engine's lease and fence make the second driver harmless (it gets ``held``
+runs or fenced commits, never double effects).
+"""
+
+from cg_pipelines.airflow.dags import build_dags, dispatch_dag_id
+from cg_pipelines.airflow.retry import CoreRetryPolicy
+from cg_pipelines.airflow.spec import ConsumerGroupDag
+from cg_pipelines.airflow.tasks import drain_task_id, run_metadata
+from cg_pipelines.airflow.trigger import NatsBacklogTrigger
+
+__all__ = ["ConsumerGroupDag", "CoreRetryPolicy", "NatsBacklogTrigger", "build_dags",
+           "dispatch_dag_id", "drain_task_id", "run_metadata"]

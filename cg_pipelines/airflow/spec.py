@@ -1,0 +1,153 @@
+"""What a user declares for one consumer group driven by Airflow (:class:`ConsumerGroupDag`),
+checked when it is made: the group, its partitions, the processor, the table and how runs are
+retried. :func:`~cg_pipelines.airflow.dags.build_dags` turns it into Dags."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
+
+from cg_pipelines.core.errors import ConfigError
+from cg_pipelines.core.fingerprint import code_version
+from cg_pipelines.core.partitioning import partition_key, partition_keys, partition_of
+from cg_pipelines.core.triggers import REPEAT_REQUEST_S, RetryPolicy
+from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.processor import Processor
+from cg_pipelines.jetstream.connect import ConnectOptions
+
+__all__ = ["ConsumerGroupDag"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+"""An Airflow Dag id (letters, digits, ``_``, ``.``, ``-``); also the table asset's name."""
+
+
+@dataclass(frozen=True)
+class ConsumerGroupDag:
+    """One elastic consumer group, processed by Airflow: one Dag run per partition with
+    backlog, the partition as the run's ``partition_key``.
+
+    Args:
+        name: the worker Dag's id and the table asset's name (letters, digits, ``_.-``).
+        stream, group: the origin stream and the elastic group (created beforehand, e.g. with
+            ``cg elastic create``).
+        partitions: the group's partitions (its ``max_members``), ``>= 1``.
+        processor: the processing step (an :class:`~cg_pipelines.engine.processor.Processor`,
+            e.g. an ``ArrowProcessor``), the same object a Dagster deployment uses.
+        table_uri: the Delta table's root (a local directory or ``s3://bucket/path``).
+        write: :class:`~cg_pipelines.core.write.Append` (default) or
+            :class:`~cg_pipelines.core.write.Merge`.
+        storage_options: delta-rs object store options of ``table_uri`` (S3 keys ...).
+        nats: how to reach NATS. Only ``servers`` without credentials and file paths
+            (``creds``, ``nkey_seed``, ``tls_*``) are allowed: the backlog trigger's arguments
+            are stored in Airflow's database, and a password or token there would be a secret
+            at rest.
+        members: the members whose partitions this deployment runs (``None``: every member).
+        retry: core's retry rule (:class:`~cg_pipelines.core.triggers.RetryPolicy`): a run is
+            tried ``max_failures`` times, the ``k``-th retry after
+            ``min(backoff_s * 2**(k-1), max_backoff_s)`` seconds (Airflow's own retry delay,
+            which adds a deterministic jitter of up to the same again), then the run fails.
+        engine: the engine's options (batch sizes, ack wait, ...).
+        recheck_s: seconds between two backlog reads of the trigger (> 0).
+        repeat_s: seconds before the trigger announces an unchanged backlog again (its run
+            may have been lost or failed; > 0).
+        min_pending: a partition runs once it has this many pending messages (>= 1).
+        run_timeout_s: a drain task's Airflow ``execution_timeout``, seconds (> 0).
+        partition_key_prefix: run keys are ``<prefix><p>``; default ``"<group>-"`` (the
+            Dagster keys of the same group).
+        tags: the Dags' tags.
+        code: the code version (default: a digest of the processor, the group and the
+            partitions); a partition given up on runs again once it changes.
+
+    Raises:
+        ConfigError: a field out of range, a bad name, or a secret in ``nats``.
+    """
+
+    name: str
+    stream: str
+    group: str
+    partitions: int
+    processor: Processor
+    table_uri: str
+    _: KW_ONLY
+    write: Append | Merge = field(default_factory=Append)
+    storage_options: dict[str, str] | None = None
+    nats: ConnectOptions = field(default_factory=ConnectOptions)
+    members: tuple[str, ...] | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    recheck_s: float = 30.0
+    repeat_s: float = REPEAT_REQUEST_S
+    min_pending: int = 1
+    run_timeout_s: float = 3600.0
+    partition_key_prefix: str | None = None
+    tags: tuple[str, ...] = ("cg_pipelines",)
+    code: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name) or len(self.name) > 200:
+            raise ConfigError("name", f"{self.name!r} is not a Dag id (letters, digits, _.-; "
+                                      "at most 200 characters)")
+        for what, value in (("stream", self.stream), ("group", self.group)):
+            if not value or any(c in value for c in " .*>"):
+                raise ConfigError(what, f"{value!r} is not a NATS name")
+        if self.partitions < 1:
+            raise ConfigError("partitions", f"must be >= 1, got {self.partitions}")
+        if not self.table_uri:
+            raise ConfigError("table_uri", "must not be empty")
+        for what, num in (("recheck_s", self.recheck_s), ("repeat_s", self.repeat_s),
+                          ("run_timeout_s", self.run_timeout_s)):
+            if not num > 0:
+                raise ConfigError(what, f"must be > 0 seconds, got {num!r}")
+        if self.min_pending < 1:
+            raise ConfigError("min_pending", f"must be >= 1, got {self.min_pending}")
+        if self.nats.user or self.nats.password or self.nats.token or "@" in self.nats.servers:
+            raise ConfigError("nats", "user, password, token and URL credentials would be "
+                              "stored in Airflow's database with the trigger's arguments: use "
+                              "a creds file (creds=) or an NKey seed file (nkey_seed=)")
+        if self.members is not None and not self.members:
+            raise ConfigError("members", "an empty tuple serves nothing (None: every member)")
+
+    @property
+    def prefix(self) -> str:
+        """The partition key prefix in effect (``"<group>-"`` unless given)."""
+        return f"{self.group}-" if self.partition_key_prefix is None \
+            else self.partition_key_prefix
+
+    def partition_key(self, partition: int) -> str:
+        """The Airflow ``partition_key`` of partition ``partition`` (``<prefix><p>``)."""
+        return partition_key(self.prefix, partition)
+
+    def partition_keys(self) -> list[str]:
+        """All partition keys, in partition order."""
+        return partition_keys(self.prefix, self.partitions)
+
+    def partition_of(self, key: str) -> int:
+        """The partition of ``partition_key`` ``key``.
+
+        Raises:
+            ConfigError: not one of this Dag's keys.
+        """
+        return partition_of(self.prefix, key, self.partitions, self.name)
+
+    def code_version(self) -> str:
+        """``code_version`` when declared, else a digest of the processor (code and settings),
+        the group and the partition count (:func:`~cg_pipelines.core.fingerprint.code_version`,
+        as the Dagster layer computes it): failures under older code do not count."""
+        if self.code is not None:
+            return self.code
+        return code_version(self.processor, self.stream, self.group, self.partitions)
+
+    @property
+    def title(self) -> str:
+        """``consumer group <stream>.<group>`` (what messages call the input)."""
+        return f"consumer group {self.stream}.{self.group}"
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """The non-secret :class:`~cg_pipelines.jetstream.connect.ConnectOptions` fields, as
+        JSON values (the trigger's arguments)."""
+        o = self.nats
+        return {"servers": o.servers, "creds": o.creds, "tls_ca": o.tls_ca,
+                "tls_cert": o.tls_cert, "tls_key": o.tls_key, "nkey_seed": o.nkey_seed,
+                "connect_timeout": o.connect_timeout, "name": o.name}

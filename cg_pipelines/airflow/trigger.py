@@ -1,0 +1,128 @@
+"""The NATS backlog trigger (:class:`NatsBacklogTrigger`): runs in Airflow's triggerer, on its
+event loop, and announces the partitions of one consumer group that have backlog.
+
+Each round reads the group's config (so the served partitions follow membership) and the
+backlog of those partitions (:func:`~cg_pipelines.jetstream.backlog.partition_backlog`, a
+bounded number of requests), applies core's rules (:func:`~cg_pipelines.core.triggers.
+backlog_requests`, :func:`~cg_pipelines.core.triggers.drop_repeated_requests`) and yields one
+event naming exactly the partitions newly found with backlog; then it waits ``recheck_s``
+seconds on the event loop (``asyncio.sleep``: no busy polling). Events are hints: the drain task
+reads NATS again, so a stale or repeated event costs one empty run at most."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import nats.errors
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+from nats.aio.client import Client
+
+from cg_pipelines.core.assignment import assignment
+from cg_pipelines.core.errors import CgError, one_line
+from cg_pipelines.core.triggers import (
+    BacklogRequest,
+    backlog_requests,
+    drop_repeated_requests,
+    served_partitions,
+)
+from cg_pipelines.jetstream.admin import get_elastic
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.backlog import partition_backlog
+from cg_pipelines.jetstream.connect import ConnectOptions
+
+__all__ = ["NatsBacklogTrigger", "backlog_round"]
+
+log = logging.getLogger(__name__)
+
+ROUND_ERRORS = (CgError, TimeoutError, OSError, nats.errors.Error)
+"""What a round logs and waits out instead of ending the trigger."""
+
+
+async def backlog_round(nc: Client, stream: str, group: str, *, members: list[str] | None,
+                        min_pending: int, timeout_s: float = 5.0) -> list[BacklogRequest]:
+    """One read: the served partitions with at least ``min_pending`` pending messages, as
+    core's :class:`~cg_pipelines.core.triggers.BacklogRequest` (run key
+    ``<group>:<p>:<first pending seq>``), in partition order. ``members``: the served
+    members (``None``: all); ``timeout_s``: seconds per request.
+
+    Raises:
+        GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError: as reading
+            fails (all in :data:`ROUND_ERRORS`).
+    """
+    config = await get_elastic(nc.jetstream(timeout=timeout_s), stream, group,
+                               timeout=timeout_s)
+    served = served_partitions(assignment(config.config), members)
+    async with JetStreamAPI(nc, timeout=timeout_s) as api:
+        backlog = await partition_backlog(api, stream, group, served)
+    return backlog_requests(group, backlog, min_pending=min_pending)
+
+
+class NatsBacklogTrigger(BaseEventTrigger):
+    """Yields ``TriggerEvent({"stream", "group", "partitions": [p, ...], "run_keys": {p: key},
+    "at": unix seconds})`` whenever partitions of ``stream``/``group`` have a backlog not
+    announced in the last ``repeat_s`` seconds (a new first pending sequence is a new
+    announcement). Never raises from :meth:`run`: NATS errors are logged and retried after
+    ``recheck_s`` seconds.
+
+    Args (all JSON: Airflow stores them, and they are the watcher's identity):
+        stream, group: the elastic group.
+        connect: :class:`~cg_pipelines.jetstream.connect.ConnectOptions` fields without
+            secrets (:meth:`~cg_pipelines.airflow.spec.ConsumerGroupDag.connect_kwargs`).
+        members: served members, ``None`` for all.
+        min_pending: pending messages that make a partition run (>= 1).
+        recheck_s: seconds between reads; repeat_s: seconds before an unchanged backlog is
+            announced again; timeout_s: seconds per NATS request.
+    """
+
+    def __init__(self, stream: str, group: str, connect: dict[str, Any], *,
+                 members: list[str] | None = None, min_pending: int = 1,
+                 recheck_s: float = 30.0, repeat_s: float = 300.0, timeout_s: float = 5.0,
+                 ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.stream, self.group, self.connect = stream, group, dict(connect)
+        self.members = list(members) if members is not None else None
+        self.min_pending, self.recheck_s, self.repeat_s = min_pending, recheck_s, repeat_s
+        self.timeout_s = timeout_s
+        self._clock: Callable[[], float] = time.time
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """``(classpath, kwargs)``: how the triggerer makes this trigger again."""
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "stream": self.stream, "group": self.group, "connect": self.connect,
+            "members": self.members, "min_pending": self.min_pending,
+            "recheck_s": self.recheck_s, "repeat_s": self.repeat_s,
+            "timeout_s": self.timeout_s})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Read, announce, wait ``recheck_s``; forever (the triggerer cancels it)."""
+        announced: dict[int, tuple[str, float]] = {}
+        nc: Client | None = None
+        try:
+            while True:
+                try:
+                    if nc is None or nc.is_closed:
+                        nc = await ConnectOptions(**self.connect).connect()
+                    reqs = await backlog_round(nc, self.stream, self.group,
+                                               members=self.members,
+                                               min_pending=self.min_pending,
+                                               timeout_s=self.timeout_s)
+                    now = self._clock()
+                    fresh, _, announced = drop_repeated_requests(
+                        reqs, announced, [r.partition for r in reqs], now, self.repeat_s)
+                    if fresh:
+                        yield TriggerEvent({  # type: ignore[no-untyped-call]
+                            "stream": self.stream, "group": self.group,
+                            "partitions": [r.partition for r in fresh],
+                            "run_keys": {str(r.partition): r.run_key for r in fresh},
+                            "at": now})
+                except ROUND_ERRORS as e:
+                    log.warning("backlog of %s.%s not read: %s: %s", self.stream, self.group,
+                                type(e).__name__, one_line(str(e), 300))
+                await asyncio.sleep(self.recheck_s)
+        finally:
+            if nc is not None and not nc.is_closed:
+                await nc.close()
