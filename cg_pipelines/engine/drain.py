@@ -66,7 +66,7 @@ from cg_pipelines.engine.side import Side
 from cg_pipelines.engine.step import BatchStep, Output
 from cg_pipelines.sinks.base import FenceConflictError, MaintainedSink
 
-__all__ = ["Drain"]
+__all__ = ["Drain", "merge_figures"]
 
 _STOPS = ("fenced", "halted", "handed_over")
 """Statuses that end a run at once."""
@@ -76,9 +76,30 @@ class Drain:
     """The run loop over ``sides`` (see the module docstring), in the run's order: the first
     side's app id records the commits and its snapshot serves state reads. ``step`` processes
     the batches; ``hook`` gets the run's joint steps (``processed``, ``committed``), the sides'
-    own contexts their per-side steps (``leased``, ``read``, ``purged``, ``acked``)."""
+    own contexts their per-side steps (``leased``, ``read``, ``purged``, ``acked``).
 
-    def __init__(self, sides: Sequence[Side], step: BatchStep, hook: Hook | None) -> None:
+    ``independent``: the sides are partitions of one group that end on their own (a run over
+    several partitions, :func:`~cg_pipelines.engine.runner.run_partitions`), not inputs that
+    must be held together (a co-partitioned run):
+
+    * a side another run holds is not processed and holds up no other side (its status
+      ``held`` in its :class:`~cg_pipelines.engine.result.SideResult`); the run is ``held``
+      only when every side is;
+    * a side's ending (drained, handed over) ends that side only; each side's status is its
+      own (a side still going when the run stops carries the run's ``fenced``/``halted``);
+    * a batch's messages are shared out among the sides still leased (each side reads at most
+      its share of the batch size, at least one message);
+    * a commit fences and records only the sides with messages in the batch (a side it leaves
+      untouched may be another run's by then; :func:`~cg_pipelines.engine.commit.
+      commit_batch`);
+    * a fence conflict stops the run as for any run (nothing acknowledged that was not
+      committed): the conflicting side's lease is left to expire, every other side's is put
+      back at once (nak), since its batch was not committed either;
+    * the sink's upkeep runs for every side that committed.
+    """
+
+    def __init__(self, sides: Sequence[Side], step: BatchStep, hook: Hook | None, *,
+                 independent: bool = False) -> None:
         self.sides = list(sides)
         self.by_name = {s.name: s for s in self.sides}
         #: the order leases are taken in (two runs never hold one lease each of the same two)
@@ -87,6 +108,7 @@ class Drain:
         self.first = self.sides[0].ctx
         self.res, self.opt, self.sink = self.first.res, self.first.opt, self.first.sink
         self.proc, self.hook = step, hook
+        self.independent = independent
 
     def _step(self, name: str, **info: object) -> None:
         if self.hook is not None:
@@ -95,14 +117,18 @@ class Drain:
     def _size(self) -> int:
         """The next read's batch size (adaptive when ``adaptive_max_msgs`` is set)."""
         o = self.opt
-        return next_batch_size(self.first.cost, o.batch_max_msgs,
+        size = next_batch_size(self.first.cost, o.batch_max_msgs,
                                o.adaptive_max_msgs or o.batch_max_msgs)
+        if not self.independent:
+            return size
+        live = sum(1 for s in self.sides if s.lease is not None) or 1
+        return max(1, -(-size // live))
 
     async def run(self) -> None:
         """Lease every side, then steps 1-7 batch after batch until the run ends."""
         for side in self.leasing:
             await side.start()
-            if self.res.status == "held":
+            if not self.independent and self.res.status == "held":
                 if len(self.sides) > 1:
                     self.res.detail = f"input {side.name}: {self.res.detail}"
                 for s in self.sides:
@@ -115,6 +141,38 @@ class Drain:
                 await side.drop_prefetch()
                 if side.lease is not None:
                     await side.holder.release(side.lease)
+        if self.independent:
+            self._end_sides()
+
+    def _end_sides(self) -> None:
+        """Independent sides: each side's status (a side with none yet carries the run's stop
+        status, or ``drained``/``empty``), then the run's: its stop status, else ``held`` when
+        every side is held, ``limit`` when a side stopped at a limit, ``drained`` when a side
+        was leased, else ``empty``; the detail names the sides held or handed over."""
+        res = self.res
+        stopped = res.status in _STOPS
+        for s in self.sides:
+            side = s.ctx.side
+            if side.status is None:
+                if stopped:
+                    side.status = res.status
+                    side.detail = side.detail or f"stopped with the run: {res.detail}"
+                else:
+                    side.status = "drained" if s.holder.was_pinned else "empty"
+        statuses = [s.ctx.side.status for s in self.sides]
+        if not stopped:
+            if all(st == "held" for st in statuses):
+                res.status = "held"
+            elif "limit" in statuses:
+                res.status = "limit"
+            elif any(s.holder.was_pinned for s in self.sides):
+                res.status = "drained"
+            else:
+                res.status = "empty"
+        notes = [f"partition {s.ctx.partition} {s.ctx.side.status}: {s.ctx.side.detail}"
+                 for s in self.sides if s.ctx.side.status in ("held", "handed_over")]
+        if notes and not stopped:
+            res.detail = "; ".join(notes)
 
     async def _loop(self) -> None:
         while True:
@@ -127,11 +185,15 @@ class Drain:
                 # table's upkeep first, while the leases are still held).
                 await self._maintain()
                 for s in live:
+                    if self.independent:
+                        s.ctx.end("drained" if s.late() else "limit")
                     await s.put_back()
                 self.res.status = "drained" if late else "limit"
                 return
             for s in live:
                 if s.late():
+                    if self.independent:
+                        s.ctx.end("drained")
                     await s.put_back()
             watermarks = await self._watermarks()
             if watermarks is None or await self._executor_batch(watermarks):
@@ -153,8 +215,13 @@ class Drain:
         if self.res.commits == 0 or not isinstance(sink, MaintainedSink):
             return
         t = time.monotonic()
-        self.res.maintenance = await asyncio.to_thread(
-            sink.maintain, self.first.partition, self.first.app_id)
+        if not self.independent:
+            self.res.maintenance = await asyncio.to_thread(
+                sink.maintain, self.first.partition, self.first.app_id)
+        else:  # every side that committed; figures summed (words: the distinct ones)
+            figures = [await asyncio.to_thread(sink.maintain, s.ctx.partition, s.ctx.app_id)
+                       for s in self.sides if s.ctx.side.last_seq is not None]
+            self.res.maintenance = merge_figures(figures)
         self.first.timed("maintain", t)
 
     async def _watermarks(self) -> dict[str, int] | None:
@@ -164,6 +231,9 @@ class Drain:
         out: dict[str, int] = {}
         for side in self.sides:
             c = side.ctx
+            if self.independent and side.lease is None:
+                out[side.name] = c.side.watermark  # not read: not in the next batch
+                continue
             out[side.name] = c.side.watermark = await asyncio.to_thread(
                 self.sink.watermark, c.app_id)
             c.watermark_read = True
@@ -240,15 +310,22 @@ class Drain:
         """Step 5: commit (fenced), count. True: the run stops (fenced; status set)."""
         res, t = self.res, time.monotonic()
         try:
-            await commit_batch(self.sides, prep, watermarks)
+            await commit_batch(self.sides, prep, watermarks, independent=self.independent)
         except FenceConflictError as e:
             res.fence_conflicts += 1
             res.status = "fenced"
             res.detail = f"{e}; a newer holder owns this range, stopping"
             # Stop renewing the leases (nobody else holds them): left unacknowledged, they are
-            # redelivered to the partitions' next run after the ack wait.
+            # redelivered to the partitions' next run after the ack wait. Independent sides
+            # other than the conflicting one are this run's alone: put back at once.
             for side in self.sides:
-                if side.lease is not None:
+                if self.independent and side.ctx.app_id == e.app_id:
+                    side.ctx.end("fenced", res.detail)
+                if side.lease is None:
+                    continue
+                if self.independent and side.ctx.app_id != e.app_id:
+                    await side.put_back()
+                else:
                     await side.holder.release(side.lease)
             return True
         self.first.timed("commit", t)
@@ -447,3 +524,23 @@ class Drain:
             if pending is not None:  # an error or cancellation: let the commit finish first
                 with contextlib.suppress(BaseException):
                     await pending
+
+
+def merge_figures(figures: Sequence[Mapping[str, int | float | str]]
+                  ) -> dict[str, int | float | str]:
+    """The upkeep figures of several sides as one dict: numbers summed, words (``"no"``,
+    ``"yes"``, an error) the distinct ones joined by ``"; "``; ``sides``: how many."""
+    out: dict[str, int | float | str] = {}
+    words: dict[str, list[str]] = {}
+    for f in figures:
+        for k, v in f.items():
+            if isinstance(v, str):
+                if v not in words.setdefault(k, []):
+                    words[k].append(v)
+            else:
+                prev = out.get(k, 0)
+                out[k] = (prev if isinstance(prev, (int, float)) else 0) + v
+    out.update({k: "; ".join(v) for k, v in words.items()})
+    if figures:
+        out["sides"] = len(figures)
+    return out

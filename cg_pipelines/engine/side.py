@@ -261,8 +261,9 @@ class Side:
         note for ``cg halt skip`` (best effort: the halt stands without it)."""
         c = self.ctx
         c.side.halted_at = bad.seq
-        c.res.status = "halted"
-        c.res.detail = f"halted at sequence {bad.seq}: {bad.reason}"
+        detail = f"halted at sequence {bad.seq}: {bad.reason}"
+        c.end("halted", detail)
+        c.res.status, c.res.detail = "halted", detail  # a halt stops the whole run
         await self.ensure_dlq()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(record_halt(
