@@ -55,7 +55,7 @@ from nats.aio.client import Client
 
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.write import Merge
-from cg_pipelines.engine.context import open_run
+from cg_pipelines.engine.context import check_sink, open_run
 from cg_pipelines.engine.drain import Drain
 from cg_pipelines.engine.lease import LeaseHolder, guard_all, guard_each, lease_consumer_name
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
@@ -229,6 +229,7 @@ async def run_partitions(
             with a batch in flight.
     """
     parts = check_partitions(partitions)
+    check_sink(sink)
     if len(parts) > 1 and sink.table_format == "iceberg" and isinstance(sink.write, Merge):
         raise EngineConfigError(
             "a run over several partitions commits rows of several partitions at once, which "

@@ -1,0 +1,257 @@
+"""Runs over a range of partitions of one group (``run_partitions``, issue 51's first slice)
+against a real nats-server, real Delta tables and the memory sink.
+
+Each test checks the contract of a one-partition run, per partition: per-key stream order,
+each effect committed exactly once, nothing acknowledged before its commit, nothing lost
+(table == pandas reference, work queue empty afterwards); and the ownership rule of a range
+run: a partition another run holds is not processed by it and holds up no other partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from nats.js.api import StreamConfig
+
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.subjects import partition_for
+from cg_pipelines.engine.coverage_log import DeltaLogCoverage
+from cg_pipelines.engine.lease import ensure_lease_consumer, lease_consumer_name
+from cg_pipelines.engine.options import EngineOptions
+from cg_pipelines.engine.runner import run_partition, run_partitions
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.reconcile import reconcile_group
+from cg_pipelines.sinks.base import app_id_for
+from cg_pipelines.sinks.delta import DeltaSink
+from cg_pipelines.sinks.storage import table_filesystem
+from cg_pipelines.testing import MemorySink
+from tests.support import keyed
+
+N = 4  # partitions
+FAST = dict(ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=6.0)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _setup(js, stream: str, evs: list[tuple[str, int]], n: int = N) -> JetStreamAPI:
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"], allow_direct=True))
+    await admin.create_elastic(js, stream, "g", ElasticConfig(
+        n, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
+    await keyed.publish(js, stream, evs)
+    api = JetStreamAPI.from_js(js)
+    for _ in range(200):
+        if (await api.stream_info(f"{stream}-g"))["state"]["messages"] >= len(evs):
+            return api
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{stream}-g did not receive {len(evs)} messages")
+
+
+def _by_partition(evs: list[tuple[str, int]], n: int = N) -> dict[int, list[tuple[str, int]]]:
+    out: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for k, v in evs:
+        out[partition_for([k], n)].append((k, v))
+    return out
+
+
+async def _left(api: JetStreamAPI, wq: str, partition: int | None = None) -> int:
+    if partition is None:
+        return int((await api.stream_info(wq))["state"]["messages"])
+    info = await api.stream_info(wq, subjects_filter=f"{partition}.>")
+    return sum(int(c) for c in (info["state"].get("subjects") or {}).values())
+
+
+async def test_range_run_equals_single_runs(nc, js, unique_name, tmp_path) -> None:
+    """One run over 4 partitions commits exactly what 4 one-partition runs commit (the same
+    rows, each partition's rows with its own ``_partition``, its own watermark), and a rerun
+    finds every partition empty."""
+    evs = keyed.events(n_keys=29, n_events=1600)
+    per = _by_partition(evs)
+    ranged, single = f"{unique_name}_r", f"{unique_name}_s"
+    api = await _setup(js, ranged, evs)
+    await _setup(js, single, evs)
+    opts = EngineOptions(batch_max_msgs=120, **FAST)
+    sink = DeltaSink(str(tmp_path / "range"))
+    steps: list[tuple[str, dict]] = []
+    r = await run_partitions(nc, ranged, "g", range(N), keyed.processor(), sink, opts,
+                             hook=lambda s, i: steps.append((s, i)))
+    assert r.status == "drained" and r.fence_conflicts == 0, r
+    assert r.processed == len(evs) and r.commits > 1
+    for p in range(N):
+        side = r.inputs[app_id_for(ranged, "g", p)]
+        assert (side.partition, side.status, side.processed) == (p, "drained", len(per[p]))
+        assert sink.watermark(app_id_for(ranged, "g", p)) == side.last_seq
+    # per-side steps name their partition; a joint commit moved several partitions at once
+    assert {i["partition"] for s, i in steps if s == "read"} == set(range(N))
+    assert any(sum(v is not None for v in i["ranges"].values()) > 1
+               for s, i in steps if s == "committed")
+    table = sink.read()
+    assert keyed.mismatches(table, evs) is None
+    assert all(partition_for([k], N) == p for k, p in zip(
+        table["key"].to_pylist(), table["_partition"].to_pylist(), strict=True))
+    assert await _left(api, f"{ranged}-g") == 0
+
+    ref = DeltaSink(str(tmp_path / "single"))
+    for p in range(N):
+        one = await run_partition(nc, single, "g", p, keyed.processor(), ref, opts)
+        assert one.status == "drained" and one.processed == len(per[p])
+    cols = ["_partition", "key", "n", "count", "prev_n"]
+    assert (keyed.table_frame(table).equals(keyed.table_frame(ref.read()))
+            and table.select(cols).sort_by([("key", "ascending"), ("count", "ascending")])
+            .equals(ref.read().select(cols).sort_by([("key", "ascending"),
+                                                      ("count", "ascending")])))
+
+    again = await run_partitions(nc, ranged, "g", range(N), keyed.processor(), sink, opts)
+    assert again.status == "empty" and again.processed == 0
+    assert {s.status for s in again.inputs.values()} == {"empty"}
+
+
+async def test_held_partition_is_skipped_then_finished(nc, js, unique_name) -> None:
+    """Partition 2's lease is held elsewhere (pinned, its message delivered, not acked): a
+    range run over 0..3 drains 0, 1 and 3, reports 2 ``held`` and leaves it untouched (no row,
+    no watermark, every message queued); once the holder lets go, a later range run finishes
+    it."""
+    stream = unique_name
+    evs = keyed.events(n_keys=19, n_events=800)
+    per = _by_partition(evs)
+    api = await _setup(js, stream, evs)
+    wq, held = f"{stream}-g", 2
+    slow_lease = dict(ack_wait_s=30.0, priority_timeout_s=30.0)  # the holder keeps it
+    opts = EngineOptions(batch_max_msgs=100, hold_wait_s=0.5, **slow_lease)
+    await ensure_lease_consumer(api, wq, held, opts)
+    got = await api.pull(wq, lease_consumer_name(held), batch=1, expires_s=2.0)
+    assert got.messages and got.pin_id
+    sink = MemorySink()
+    t0 = time.monotonic()
+    r = await run_partitions(nc, stream, "g", range(N), keyed.processor(), sink, opts)
+    side = r.inputs[app_id_for(stream, "g", held)]
+    assert side.status == "held" and side.processed == 0, side
+    assert "held by another instance" in side.detail
+    assert r.status == "drained" and f"partition {held} held" in r.detail, r
+    assert {p: s.status for p, s in enumerate(r.inputs.values())} == {
+        0: "drained", 1: "drained", 2: "held", 3: "drained"}
+    assert r.processed == len(evs) - len(per[held])
+    assert time.monotonic() - t0 < 20  # never waited for the holder beyond hold_wait_s
+    others = [e for p in range(N) if p != held for e in per[p]]
+    assert keyed.mismatches(sink.rows(), others) is None
+    assert sink.watermark(app_id_for(stream, "g", held)) == 0
+    assert await _left(api, wq, held) == len(per[held]) == await _left(api, wq)
+
+    await got.messages[0].nak()  # the holder lets go
+    await api.unpin(wq, lease_consumer_name(held))
+    r2 = await run_partitions(nc, stream, "g", range(N), keyed.processor(), sink, opts)
+    assert r2.status == "drained" and r2.processed == len(per[held]), r2
+    assert [s.status for s in r2.inputs.values()] == ["empty", "empty", "drained", "empty"]
+    assert keyed.mismatches(sink.rows(), evs) is None
+    assert await _left(api, wq) == 0
+
+
+async def test_concurrent_single_run_keeps_its_partition(nc, js, unique_name) -> None:
+    """A slow one-partition run holds partition 1 while a range run over 0..3 starts: the range
+    run drains the other three, the single run drains its own; no fence conflict, no key
+    processed twice (table == reference), work queue empty."""
+    stream = unique_name
+    evs = keyed.events(n_keys=17, n_events=700)
+    per = _by_partition(evs)
+    api = await _setup(js, stream, evs)
+    sink = MemorySink()
+    slow = keyed.processor()
+    orig = slow.transform
+
+    def slow_transform(table, ctx):
+        time.sleep(0.1)
+        return orig(table, ctx)
+
+    slow.transform = slow_transform
+    committed = asyncio.Event()
+    single = asyncio.create_task(run_partition(
+        nc, stream, "g", 1, slow, sink, EngineOptions(batch_max_msgs=10, **FAST),
+        hook=lambda s, i: committed.set() if s == "committed" else None))
+    await committed.wait()
+    r = await run_partitions(nc, stream, "g", range(N), keyed.processor(), sink,
+                             EngineOptions(batch_max_msgs=60, **{**FAST, "hold_wait_s": 0.5}))
+    one = await single
+    assert r.inputs[app_id_for(stream, "g", 1)].status == "held", r
+    assert r.processed == len(evs) - len(per[1]) and r.fence_conflicts == 0
+    assert one.status == "drained" and one.processed == len(per[1]) and one.fence_conflicts == 0
+    assert keyed.mismatches(sink.rows(), evs) is None
+    assert await _left(api, f"{stream}-g") == 0
+
+
+def _worker(url: str, stream: str, parts: str, uri: str, step: str, at: int,
+            batch: int = 60) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "tests/support/range_worker.py"), url, stream, "g",
+         parts, uri, str(batch), str(FAST["ack_wait_s"]), step, str(at), "KILL"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("step", ["read", "committed", "purged"])
+async def test_kill_mid_range_run(nats_server, nc, js, unique_name, tmp_path, step) -> None:
+    """SIGKILL a range run's process at its 3rd ``read`` (a side's batch read, its commit not
+    made), ``committed`` (a joint commit made, nothing of it purged or acked) or ``purged``
+    (one side purged, not acked): for every partition, nothing is gone from the work queue that
+    its committed watermark does not cover, and the table holds exactly the committed
+    messages; a rerun finishes with the reference table and an empty work queue."""
+    stream = unique_name
+    evs = keyed.events(n_keys=17, n_events=600)
+    per = _by_partition(evs)
+    api = await _setup(js, stream, evs)
+    wq, uri = f"{stream}-g", str(tmp_path / "t")
+    proc = _worker(nats_server.url, stream, ",".join(map(str, range(N))), uri, step, at=3)
+    out, err = await asyncio.to_thread(proc.communicate, timeout=90)
+    assert proc.returncode == -signal.SIGKILL, (out, err)
+    sink = DeltaSink(uri)
+    rows = sink.read() if sink.exists() else None
+    # the work queue's sequences are the origin's here: message i is evs[i - 1]
+    parts = [partition_for([k], N) for k, _ in evs]
+    for p in range(N):
+        wm = sink.watermark(app_id_for(stream, "g", p))
+        committed = sum(1 for i, q in enumerate(parts, 1) if q == p and i <= wm)
+        left = await _left(api, wq, p)
+        assert left >= len(per[p]) - committed, (p, wm, left)  # nothing settled uncommitted
+        got = 0 if rows is None else sum(1 for x in rows["_partition"].to_pylist() if x == p)
+        assert got == committed, (p, got, committed)
+    r = await run_partitions(nc, stream, "g", range(N), keyed.processor(), sink,
+                             EngineOptions(batch_max_msgs=60, **FAST))
+    assert r.status == "drained" and r.fence_conflicts == 0, r
+    assert keyed.mismatches(sink.read(), evs) is None
+    assert await _left(api, wq) == 0
+
+
+async def test_reconcile_reads_range_commits_per_partition(nc, js, unique_name,
+                                                           tmp_path) -> None:
+    """A range run's joint commits record each partition's coverage under its own partition:
+    the coverage log returns one entry per partition per commit, covering exactly that
+    partition's origin sequences, and the reconcile check finds every message covered."""
+    stream = unique_name
+    evs = keyed.events(n_keys=23, n_events=900)
+    api = await _setup(js, stream, evs)
+    sink = DeltaSink(str(tmp_path / "t"))
+    r = await run_partitions(nc, stream, "g", range(N), keyed.processor(), sink,
+                             EngineOptions(batch_max_msgs=200, **FAST))
+    assert r.status == "drained" and r.processed == len(evs)
+    fs = table_filesystem(sink.uri, {})
+    assert fs is not None
+    log = DeltaLogCoverage(fs, stream, "g")
+    commits, _, done = log.read(-1, 10_000)
+    assert done
+    covered: dict[int, list[int]] = defaultdict(list)
+    versions: dict[int, set[int]] = defaultdict(set)
+    for c in commits:
+        assert c.seqs is not None
+        covered[c.partition].extend(c.seqs.tolist())
+        versions[c.version].add(c.partition)
+    want: dict[int, list[int]] = defaultdict(list)
+    for seq, (k, _) in enumerate(evs, 1):
+        want[partition_for([k], N)].append(seq)
+    assert {p: sorted(s) for p, s in covered.items()} == dict(want)
+    assert max(len(ps) for ps in versions.values()) > 1  # joint commits were read per entry
+    rep = await reconcile_group(js, api, stream, "g", coverage=log, from_seq=1, grace_s=0)
+    assert rep.ok and rep.expected == len(evs) == rep.in_table, rep.text()
