@@ -71,6 +71,9 @@ __all__ = ["Drain", "merge_figures"]
 _STOPS = ("fenced", "halted", "handed_over")
 """Statuses that end a run at once."""
 
+START_AT_ONCE = 32
+"""Independent sides started (stream info, consumer info, first lease pull) at a time."""
+
 
 class Drain:
     """The run loop over ``sides`` (see the module docstring), in the run's order: the first
@@ -82,9 +85,10 @@ class Drain:
     several partitions, :func:`~cg_pipelines.engine.runner.run_partitions`), not inputs that
     must be held together (a co-partitioned run):
 
-    * a side another run holds is not processed and holds up no other side (its status
-      ``held`` in its :class:`~cg_pipelines.engine.result.SideResult`); the run is ``held``
-      only when every side is;
+    * the sides are started (first lease taken) at once, not one after the other: a side
+      another run holds is not processed and holds up no other side (its status ``held`` in
+      its :class:`~cg_pipelines.engine.result.SideResult`; the sides held cost one
+      ``hold_wait_s`` together); the run is ``held`` only when every side is;
     * a side's ending (drained, handed over) ends that side only; each side's status is its
       own (a side still going when the run stops carries the run's ``fenced``/``halted``);
     * a batch's messages are shared out among the sides still leased (each side reads at most
@@ -126,9 +130,11 @@ class Drain:
 
     async def run(self) -> None:
         """Lease every side, then steps 1-7 batch after batch until the run ends."""
-        for side in self.leasing:
+        if self.independent:
+            await self._start_all()
+        for side in self.leasing if not self.independent else ():
             await side.start()
-            if not self.independent and self.res.status == "held":
+            if self.res.status == "held":
                 if len(self.sides) > 1:
                     self.res.detail = f"input {side.name}: {self.res.detail}"
                 for s in self.sides:
@@ -143,6 +149,26 @@ class Drain:
                     await side.holder.release(side.lease)
         if self.independent:
             self._end_sides()
+
+    async def _start_all(self) -> None:
+        """Independent sides: start every side at once (at most :data:`START_AT_ONCE` at a
+        time), so held sides cost one ``hold_wait_s``, not one each. On a failure the other
+        starts are cancelled and waited for before it propagates (no lease is taken after the
+        run gave its leases back)."""
+        gate = asyncio.Semaphore(START_AT_ONCE)
+
+        async def start(side: Side) -> None:
+            async with gate:
+                await side.start()
+
+        tasks = [asyncio.create_task(start(s)) for s in self.leasing]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait(tasks)
+            raise
 
     def _end_sides(self) -> None:
         """Independent sides: each side's status (a side with none yet carries the run's stop

@@ -10,6 +10,8 @@ run: a partition another run holds is not processed by it and holds up no other 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -184,12 +186,79 @@ async def test_concurrent_single_run_keeps_its_partition(nc, js, unique_name) ->
     assert await _left(api, f"{stream}-g") == 0
 
 
+async def test_held_sides_wait_together(nc, js, unique_name) -> None:
+    """Three of four partitions held elsewhere: the run waits ``hold_wait_s`` for them once,
+    not once each (the sides start at once), and drains the fourth."""
+    stream = unique_name
+    evs = keyed.events(n_keys=11, n_events=200)
+    per = _by_partition(evs)
+    api = await _setup(js, stream, evs)
+    wq = f"{stream}-g"
+    opts = EngineOptions(batch_max_msgs=100, ack_wait_s=30.0, priority_timeout_s=30.0,
+                         hold_wait_s=3.0)
+    held = []
+    for p in (0, 1, 2):
+        await ensure_lease_consumer(api, wq, p, opts)
+        got = await api.pull(wq, lease_consumer_name(p), batch=1, expires_s=2.0)
+        assert got.messages
+        held.append(got.messages[0])
+    t0 = time.monotonic()
+    r = await run_partitions(nc, stream, "g", range(N), keyed.processor(), MemorySink(), opts)
+    elapsed = time.monotonic() - t0
+    assert [s.status for s in r.inputs.values()] == ["held", "held", "held", "drained"], r
+    assert r.processed == len(per[3]) and r.status == "drained"
+    assert elapsed < 3 * opts.hold_wait_s, elapsed  # one after the other: >= 9 s
+    for p, m in zip((0, 1, 2), held, strict=True):
+        await m.nak()
+        await api.unpin(wq, lease_consumer_name(p))
+
+
 def _worker(url: str, stream: str, parts: str, uri: str, step: str, at: int,
-            batch: int = 60) -> subprocess.Popen:
+            batch: int = 60, sig: str = "KILL") -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(ROOT / "tests/support/range_worker.py"), url, stream, "g",
-         parts, uri, str(batch), str(FAST["ack_wait_s"]), step, str(at), "KILL"],
+         parts, uri, str(batch), str(FAST["ack_wait_s"]), step, str(at), sig],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("at", [1, 2])
+async def test_zombie_range_run_is_fenced(nats_server, nc, js, unique_name, tmp_path,
+                                          at) -> None:
+    """A range run paused (SIGSTOP) past its pin timeout and ack wait once its ``at``-th batch
+    is processed; one-partition runs take every partition over and drain them; resumed, the
+    zombie never commits after the takeover: paused before its first commit, that commit is
+    refused (status ``fenced``: a joint commit fenced on each partition in it); later, it is
+    refused or finds its leases gone. The table equals the reference, the work queue is
+    empty."""
+    stream = unique_name
+    evs = keyed.events(n_keys=13, n_events=500)
+    api = await _setup(js, stream, evs)
+    uri = str(tmp_path / "t")
+    zombie = _worker(nats_server.url, stream, ",".join(map(str, range(N))), uri, "processed",
+                     at=at, sig="STOP")
+    for _ in range(600):
+        state = Path(f"/proc/{zombie.pid}/stat").read_text().split()[2]
+        if state == "T":
+            break
+        await asyncio.sleep(0.05)
+    assert state == "T", "worker never paused"
+    try:
+        sink = DeltaSink(uri)
+        for p in range(N):
+            r = await run_partition(nc, stream, "g", p, keyed.processor(), sink,
+                                    EngineOptions(batch_max_msgs=40, **FAST))
+            assert r.status in ("drained", "empty") and r.fence_conflicts == 0, r
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+    out, err = await asyncio.to_thread(zombie.communicate, timeout=60)
+    zr = json.loads(out.strip().splitlines()[-1])
+    assert zr["status"] in (("fenced",) if at == 1 else ("fenced", "drained", "handed_over")), \
+        (zr, err)
+    if zr["status"] == "fenced":
+        assert zr["fence_conflicts"] == 1 and zr["commits"] == at - 1, (zr, err)
+        assert "fenced" in {s["status"] for s in zr["inputs"].values()}, zr
+    assert keyed.mismatches(sink.read(), evs) is None
+    assert await _left(api, f"{stream}-g") == 0
 
 
 @pytest.mark.parametrize("step", ["read", "committed", "purged"])
