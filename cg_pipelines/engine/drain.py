@@ -99,7 +99,10 @@ class Drain:
     * a fence conflict stops the run as for any run (nothing acknowledged that was not
       committed): the conflicting side's lease is left to expire, every other side's is put
       back at once (nak), since its batch was not committed either;
-    * the sink's upkeep runs for every side that committed.
+    * the sink's upkeep runs for every side that committed;
+    * a side that is done (drained, or its next message arrived after the run started) gives
+      its pin up at once when its holder says so (``unpin_when_drained``), not when the run
+      ends.
     """
 
     def __init__(self, sides: Sequence[Side], step: BatchStep, hook: Hook | None, *,
@@ -221,6 +224,8 @@ class Drain:
                     if self.independent:
                         s.ctx.end("drained")
                     await s.put_back()
+                    if s.holder.unpin_when_drained:
+                        await s.holder.unpin_now()
             watermarks = await self._watermarks()
             if watermarks is None or await self._executor_batch(watermarks):
                 continue

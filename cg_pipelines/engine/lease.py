@@ -147,6 +147,10 @@ class LeaseHolder:
         self.ctx, self.cname = ctx, cname
         self.was_pinned = False  # a lease (so the pin) was held at some point
         self.current: Lease | None = None  # the newest lease taken (nak'ed on failure)
+        #: give the pin up as soon as the partition is drained, not when the run ends (a side
+        #: of a run over several partitions: the others may go on for long)
+        self.unpin_when_drained = False
+        self.unpinned = False  # the pin was given up early (the run's end leaves it alone)
 
     # ------------------------------------------------------------------ the run around it
 
@@ -189,7 +193,7 @@ class LeaseHolder:
             for msg in lease.msgs:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(msg.nak(), timeout)
-        if self.was_pinned:
+        if self.was_pinned and not self.unpinned:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self.ctx.api.unpin(self.ctx.read_stream, self.cname),
                                        timeout)
@@ -198,8 +202,21 @@ class LeaseHolder:
         """A run that held the pin and ended on its own gives the pin up, so the next run of
         the partition (another deployment after a membership change, say) is pinned at once
         instead of after ``priority_timeout_s``. Best effort: the pin times out anyway."""
-        if not self.was_pinned or self.ctx.status in ("handed_over", "held"):
+        if not self.was_pinned or self.unpinned or self.ctx.status in ("handed_over", "held"):
             return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ctx.api.unpin(self.ctx.read_stream, self.cname),
+                                   self.ctx.opt.timeout_s)
+
+    async def unpin_now(self) -> None:
+        """Give the pin up now (best effort, as :meth:`unpin`): the partition is drained and
+        this run will not pull from it again, so the next run of it (a one-partition run, a
+        run over another range) is pinned at once instead of after ``priority_timeout_s``.
+        Called only while the pin is this run's (its last pull carried the pin id and was
+        answered "nothing left"); the run's end then leaves the pin alone."""
+        if not self.was_pinned or self.unpinned:
+            return
+        self.unpinned = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ctx.api.unpin(self.ctx.read_stream, self.cname),
                                    self.ctx.opt.timeout_s)
@@ -293,6 +310,8 @@ class LeaseHolder:
             return self.hold(got.messages[0], got.pin_id)
         if got.status in (None, 404, 408):
             self.ctx.end("drained")
+            if self.unpin_when_drained:
+                await self.unpin_now()
         else:
             got.raise_for_status()
         return None

@@ -190,7 +190,9 @@ async def run_partitions(
 
     Ownership: a partition another run holds (a one-partition run, a run over another range)
     is not processed and holds up no other partition: its side is ``held`` and the run drains
-    the others; no key is processed by two runs (one holder per lease, fenced commits).
+    the others; no key is processed by two runs (one holder per lease, fenced commits). A
+    partition drained while the others go on is given up at once (its pin released), so its
+    next run need not wait for this one to end.
 
     A fence conflict (another holder committed a partition of the batch) stops the whole run
     (status ``fenced``): nothing of the refused batch was acknowledged; the other partitions'
@@ -241,6 +243,8 @@ async def run_partitions(
     for c in ctxs:
         c.independent = True
     sides = [Side(c, LeaseHolder(c, lease_consumer_name(c.partition))) for c in ctxs]
+    for s in sides:
+        s.holder.unpin_when_drained = True
     loop = Drain(sides, RangeStep(ctxs), hook, independent=True)
     await guard_each([s.holder for s in loop.leasing], loop.run)
     return loop.res

@@ -30,6 +30,7 @@ from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.runner import run_partition, run_partitions
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
+from cg_pipelines.jetstream.api_admin import pinned_client_id
 from cg_pipelines.jetstream.reconcile import reconcile_group
 from cg_pipelines.sinks.base import app_id_for
 from cg_pipelines.sinks.delta import DeltaSink
@@ -211,6 +212,61 @@ async def test_held_sides_wait_together(nc, js, unique_name) -> None:
     for p, m in zip((0, 1, 2), held, strict=True):
         await m.nak()
         await api.unpin(wq, lease_consumer_name(p))
+
+
+async def test_drained_partition_is_given_up_while_the_run_goes_on(nc, js, unique_name
+                                                                   ) -> None:
+    """Partition 0 of a range run over 0..1 is drained while partition 1 (slow) goes on: its
+    pin is released at once (not after the pin timeout, 30 s here, nor at the run's end), so a
+    one-partition run of 0 takes the messages that arrived since, while the range run is still
+    running; each is committed once."""
+    stream = unique_name
+    evs = keyed.events(n_keys=11, n_events=300)
+    api = await _setup(js, stream, evs, n=2)
+    wq = f"{stream}-g"
+    last0 = max(i for i, (k, _) in enumerate(evs, 1) if partition_for([k], 2) == 0)
+    proc = keyed.processor()
+    orig = proc.transform
+
+    def slow_one(table, ctx):
+        if ctx.partition == 1:
+            time.sleep(0.3)
+        return orig(table, ctx)
+
+    proc.transform = slow_one
+    opts = EngineOptions(batch_max_msgs=20, ack_wait_s=30.0, priority_timeout_s=30.0,
+                         hold_wait_s=1.0)
+    done0 = asyncio.Event()
+
+    def hook(step: str, info: dict) -> None:
+        if step == "acked" and info["partition"] == 0 and info["last_seq"] == last0:
+            done0.set()
+
+    sink = MemorySink()
+    ranged = asyncio.create_task(run_partitions(nc, stream, "g", [0, 1], proc, sink, opts,
+                                                hook=hook))
+    await asyncio.wait_for(done0.wait(), 60)
+    for _ in range(100):  # the pin goes with the side's last (empty) pull
+        if pinned_client_id(await api.consumer_info(wq, lease_consumer_name(0))) is None:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("partition 0 still pinned after it was drained")
+    keys0 = [k for k in (f"k{i}" for i in range(11)) if partition_for([k], 2) == 0]
+    more = [(keys0[i % len(keys0)], 100_000 + i) for i in range(5)]
+    await keyed.publish(js, stream, more)
+    for _ in range(200):
+        if (await api.stream_info(wq))["state"]["last_seq"] >= len(evs) + len(more):
+            break
+        await asyncio.sleep(0.05)
+    one = await run_partition(nc, stream, "g", 0, keyed.processor(), sink, opts)
+    assert one.status == "drained" and one.processed == len(more), one
+    assert not ranged.done()  # partition 1 still going
+    r = await ranged
+    assert [s.status for s in r.inputs.values()] == ["drained", "drained"], r
+    assert r.fence_conflicts == 0 and r.processed == len(evs)
+    assert keyed.mismatches(sink.rows(), evs + more) is None
+    assert await _left(api, wq) == 0
 
 
 def _worker(url: str, stream: str, parts: str, uri: str, step: str, at: int,
