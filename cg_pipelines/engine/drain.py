@@ -99,7 +99,7 @@ class Drain:
     * a fence conflict stops the run as for any run (nothing acknowledged that was not
       committed): the conflicting side's lease is left to expire, every other side's is put
       back at once (nak), since its batch was not committed either;
-    * the sink's upkeep runs for every side that committed;
+    * the sink's upkeep runs for every side that committed (and was not handed over);
     * a side that is done (drained, or its next message arrived after the run started) gives
       its pin up at once when its holder says so (``unpin_when_drained``), not when the run
       ends.
@@ -249,9 +249,11 @@ class Drain:
         if not self.independent:
             self.res.maintenance = await asyncio.to_thread(
                 sink.maintain, self.first.partition, self.first.app_id)
-        else:  # every side that committed; figures summed (words: the distinct ones)
+        else:  # every side that committed and is still this run's; figures summed (words:
+            # the distinct ones)
             figures = [await asyncio.to_thread(sink.maintain, s.ctx.partition, s.ctx.app_id)
-                       for s in self.sides if s.ctx.side.last_seq is not None]
+                       for s in self.sides if s.ctx.side.last_seq is not None
+                       and s.ctx.side.status != "handed_over"]
             self.res.maintenance = merge_figures(figures)
         self.first.timed("maintain", t)
 
