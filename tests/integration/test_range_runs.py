@@ -24,6 +24,7 @@ from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.core.subjects import partition_for
+from cg_pipelines.core.write import Merge
 from cg_pipelines.engine.coverage_log import DeltaLogCoverage
 from cg_pipelines.engine.lease import ensure_lease_consumer, lease_consumer_name
 from cg_pipelines.engine.options import EngineOptions
@@ -113,6 +114,25 @@ async def test_range_run_equals_single_runs(nc, js, unique_name, tmp_path) -> No
     again = await run_partitions(nc, ranged, "g", range(N), keyed.processor(), sink, opts)
     assert again.status == "empty" and again.processed == 0
     assert {s.status for s in again.inputs.values()} == {"empty"}
+
+
+async def test_range_run_in_merge_mode(nc, js, unique_name, tmp_path) -> None:
+    """Delta Merge mode: a joint commit merges the rows of several partitions at once (each
+    key matched within its partition), and the table holds each key's last row, its count
+    continuing across batches from the per-partition state."""
+    evs = keyed.events(n_keys=21, n_events=900)
+    api = await _setup(js, unique_name, evs)
+    sink = DeltaSink(str(tmp_path / "t"), write=Merge("key", order_by="seq"))
+    r = await run_partitions(nc, unique_name, "g", range(N), keyed.processor(), sink,
+                             EngineOptions(batch_max_msgs=80, **FAST))
+    assert r.status == "drained" and r.processed == len(evs) and r.commits > 1, r
+    want = keyed.reference(evs).groupby("key").tail(1).set_index("key")
+    got = sink.read().to_pandas().set_index("key").sort_index()
+    assert len(got) == len(want)
+    assert (got["count"] == want["count"].reindex(got.index)).all()
+    assert (got["n"] == want["n"].reindex(got.index)).all()
+    assert all(partition_for([k], N) == p for k, p in got["_partition"].items())
+    assert await _left(api, f"{unique_name}-g") == 0
 
 
 async def test_held_partition_is_skipped_then_finished(nc, js, unique_name) -> None:
