@@ -185,15 +185,16 @@ class LeaseHolder:
 
     async def give_back(self) -> None:
         """After a failure: nak the messages of the lease still held (so they are delivered
-        again at once, not after the ack wait) and unpin. Best effort and bounded: with NATS
-        gone the ack wait and pin timeout do the same later."""
+        again at once, not after the ack wait) and unpin (unless the pin was given up already
+        or moved to another instance: the unpin would take it from that one). Best effort and
+        bounded: with NATS gone the ack wait and pin timeout do the same later."""
         lease, timeout = self.current, self.ctx.opt.timeout_s
         if lease is not None:
             await self.release(lease)
             for msg in lease.msgs:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(msg.nak(), timeout)
-        if self.was_pinned and not self.unpinned:
+        if self.was_pinned and not self.unpinned and self.ctx.status != "handed_over":
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self.ctx.api.unpin(self.ctx.read_stream, self.cname),
                                        timeout)
@@ -303,6 +304,8 @@ class LeaseHolder:
             repin = await self.repin()
             if repin.pull is not None:
                 return self.hold(repin.pull.messages[0], repin.pull.pin_id)
+            if self.unpin_when_drained:
+                self.unpinned = True  # the pin is gone: nothing to give up, now or later
             self.ctx.end("handed_over" if repin.outcome == "handed_over" else "drained",
                          repin.detail or None)
             return None
