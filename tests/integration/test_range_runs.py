@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from nats.js.api import StreamConfig
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, dlq_stream_name
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.core.write import Merge
 from cg_pipelines.engine.coverage_log import DeltaLogCoverage
@@ -133,6 +133,76 @@ async def test_range_run_in_merge_mode(nc, js, unique_name, tmp_path) -> None:
     assert (got["n"] == want["n"].reindex(got.index)).all()
     assert all(partition_for([k], N) == p for k, p in got["_partition"].items())
     assert await _left(api, f"{unique_name}-g") == 0
+
+
+async def _bad_setup(js, stream: str) -> tuple[JetStreamAPI, list, list[bytes], int, dict]:
+    """4 partitions of keyed events with 3 bad payloads on a key of partition ``bad_p``:
+    (api, good events, subjects/payloads published, bad_p, {work-queue seq: payload})."""
+    evs = keyed.events(n_keys=13, n_events=400)
+    bad_p = partition_for([evs[0][0]], N)
+    bad_key = evs[0][0]
+    msgs = [(f"{stream}.{k}", json.dumps({"key": k, "n": n}).encode()) for k, n in evs]
+    bad = {60: b"{not json", 150: b"", 151: b'{"key": "x", "n": "y"}'}
+    for i, data in sorted(bad.items()):
+        msgs.insert(i, (f"{stream}.{bad_key}", data))
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
+    await admin.create_elastic(js, stream, "g", ElasticConfig(
+        N, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
+    for subject, data in msgs:
+        await js.publish(subject, data)
+    api = JetStreamAPI.from_js(js)
+    for _ in range(200):
+        if (await api.stream_info(f"{stream}-g"))["state"]["messages"] >= len(msgs):
+            break
+        await asyncio.sleep(0.05)
+    return api, evs, msgs, bad_p, {i + 1: d for i, d in bad.items()}
+
+
+async def test_bad_input_dead_lettered_per_partition(nc, js, unique_name) -> None:
+    """``dlq``: the bad messages of one partition go to the group's DLQ, counted on that
+    partition's side only; the other partitions and the good messages are unaffected."""
+    stream = unique_name
+    api, evs, msgs, bad_p, bad = await _bad_setup(js, stream)
+    sink = MemorySink()
+    r = await run_partitions(nc, stream, "g", range(N), keyed.processor(), sink,
+                             EngineOptions(batch_max_msgs=80, **FAST))
+    assert r.status == "drained" and r.dead_lettered == len(bad) and r.processed == len(evs)
+    assert {s.partition: s.dead_lettered for s in r.inputs.values()} == {
+        p: len(bad) if p == bad_p else 0 for p in range(N)}
+    assert keyed.mismatches(sink.rows(), evs) is None
+    dlq = dlq_stream_name(stream, "g")
+    stored = await api.direct_get_batch(dlq, 1, f"{dlq}.>", 100)
+    assert [int(m.headers["Cg-Sequence"]) for m in stored] == sorted(bad)
+    assert await _left(api, f"{stream}-g") == 0
+
+
+async def test_halt_stops_the_range_run_at_the_bad_message(nc, js, unique_name) -> None:
+    """``halt``: the run stops at the first bad message of its partition (status ``halted``,
+    that side ``halted`` at its sequence); nothing after it in that partition is committed, the
+    bad message stays first in its partition; in every partition nothing is acknowledged that
+    is not committed and the table holds exactly each partition's committed prefix."""
+    stream = unique_name
+    api, evs, msgs, bad_p, bad = await _bad_setup(js, stream)
+    sink = MemorySink()
+    opts = EngineOptions(batch_max_msgs=80, dead_letter_policy="halt", **FAST)
+    r = await run_partitions(nc, stream, "g", range(N), keyed.processor(), sink, opts)
+    first_bad = min(bad)
+    side = r.inputs[app_id_for(stream, "g", bad_p)]
+    assert r.status == "halted" and r.halted_at == first_bad, r
+    assert side.status == "halted" and side.halted_at == first_bad
+    assert sink.watermark(app_id_for(stream, "g", bad_p)) < first_bad
+    wq = f"{stream}-g"
+    committed: list[tuple[str, int]] = []
+    for p in range(N):
+        wm = sink.watermark(app_id_for(stream, "g", p))
+        mine = [(seq, m) for seq, m in enumerate(msgs, 1)
+                if partition_for([m[0].split(".", 1)[1]], N) == p]
+        done = [m for seq, m in mine if seq <= wm]
+        assert await _left(api, wq, p) == len(mine) - len(done), p
+        committed += [(json.loads(d)["key"], json.loads(d)["n"]) for _, d in done]
+    assert keyed.mismatches(sink.rows(), committed) is None
+    first = await api.direct_get_batch(wq, 1, f"{bad_p}.>", 1)
+    assert first[0].data == bad[first_bad]
 
 
 async def test_held_partition_is_skipped_then_finished(nc, js, unique_name) -> None:
