@@ -15,7 +15,8 @@ engine's default options but ``--batch``:
   among the partitions still leased).
 
 Contenders alternate order from round to round; each table's row count is checked (a broken
-run cannot look fast). Prints each contender's median wall seconds, msg/s and commits, where
+run cannot look fast). Prints each contender's median wall seconds, msg/s, commits, this
+process's and the nats-server's CPU (µs per message, from ``/proc``), where
 the time went (the run's own ``timings``: read, process, commit, settle, watermark... summed
 over the sides, medians; the pipelined steps overlap, so they do not add up to the wall
 time), then per k ``run over <k> partitions / run over 1 partition (same messages): <x>``
@@ -89,20 +90,31 @@ async def make_stream(nc: nats.NATS, stream: str, groups: dict[str, int], n: int
         await api.close()
 
 
-async def contender(nc: nats.NATS, stream: str, group: str, k: int, uri: str, batch: int
-                    ) -> tuple[float, RunResult, int]:
-    """One drain: (wall seconds, result, rows in its table)."""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process, seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+async def contender(nc: nats.NATS, stream: str, group: str, k: int, uri: str, batch: int,
+                    server_pid: int) -> tuple[float, RunResult, int, float, float]:
+    """One drain: (wall seconds, result, rows in its table, client CPU s, server CPU s)."""
     sink = DeltaSink(uri)
     proc = ArrowProcessor(DECODER, transform)
     opts = EngineOptions(batch_max_msgs=batch)
+    c0, s0 = cpu_s(os.getpid()), cpu_s(server_pid)
     t = time.perf_counter()
     if k == 1:
         res = await run_partition(nc, stream, group, 0, proc, sink, opts)
     else:
         res = await run_partitions(nc, stream, group, range(k), proc, sink, opts)
     seconds = time.perf_counter() - t
+    client, server = cpu_s(os.getpid()) - c0, cpu_s(server_pid) - s0
     assert res.status == "drained", (group, res.status, res.detail)
-    return seconds, res, sink.read(columns=["key"]).num_rows
+    return seconds, res, sink.read(columns=["key"]).num_rows, client, server
 
 
 def name_of(k: int) -> str:
@@ -115,6 +127,7 @@ async def main(args: argparse.Namespace) -> None:
     secs: dict[int, list[float]] = {k: [] for k in ks}
     commits: dict[int, list[int]] = {k: [] for k in ks}
     timings: dict[int, dict[str, list[float]]] = {k: {} for k in ks}
+    cpu: dict[int, tuple[list[float], list[float]]] = {k: ([], []) for k in ks}
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats", port=0) as srv:
         nc = await nats.connect(srv.url)
         try:
@@ -126,8 +139,10 @@ async def main(args: argparse.Namespace) -> None:
                 if r % 2:
                     order.reverse()
                 for g, k in order:
-                    s, res, rows = await contender(nc, stream, g, k, f"{tmp}/{stream}{g}",
-                                                   args.batch)
+                    s, res, rows, cc, sc = await contender(
+                        nc, stream, g, k, f"{tmp}/{stream}{g}", args.batch, srv.pid or 0)
+                    cpu[k][0].append(cc / args.messages * 1e6)
+                    cpu[k][1].append(sc / args.messages * 1e6)
                     assert rows == args.messages == res.processed, \
                         f"{g}: {rows} rows, {res.processed} processed, expected {args.messages}"
                     secs[k].append(s)
@@ -146,6 +161,8 @@ async def main(args: argparse.Namespace) -> None:
                           for step, v in sorted(timings[k].items()))
         print(f"{name_of(k)}: {s:.2f} s, {args.messages / s:,.0f} msg/s "
               f"({statistics.median(commits[k]):.0f} commits); seconds in: {steps}")
+        print(f"  {name_of(k)} CPU: client {statistics.median(cpu[k][0]):.1f} µs/msg, "
+              f"nats-server {statistics.median(cpu[k][1]):.1f} µs/msg")
     one = statistics.median(secs[1])
     for k in args.partitions:
         print(f"run over {k} partitions / run over 1 partition (same messages): "
