@@ -88,7 +88,8 @@ class Drain:
     * the sides are started (first lease taken) at once, not one after the other: a side
       another run holds is not processed and holds up no other side (its status ``held`` in
       its :class:`~cg_pipelines.engine.result.SideResult`; the sides held cost one
-      ``hold_wait_s`` together); the run is ``held`` only when every side is;
+      ``hold_wait_s`` together); the run is ``held`` only when no side was leased and a
+      side is held;
     * a side's ending (drained, handed over) ends that side only; each side's status is its
       own (a side still going when the run stops carries the run's ``fenced``/``halted``);
     * a batch's messages are shared out among the sides still leased (each side reads at most
@@ -175,9 +176,9 @@ class Drain:
 
     def _end_sides(self) -> None:
         """Independent sides: each side's status (a side with none yet carries the run's stop
-        status, or ``drained``/``empty``), then the run's: its stop status, else ``held`` when
-        every side is held, ``limit`` when a side stopped at a limit, ``drained`` when a side
-        was leased, else ``empty``; the detail names the sides held or handed over."""
+        status, or ``drained``/``empty``), then the run's: its stop status, else ``limit`` when
+        a side stopped at a limit, ``drained`` when a side was leased, ``held`` when none was
+        and a side is held, else ``empty``; the detail names the sides held or handed over."""
         res = self.res
         stopped = res.status in _STOPS
         for s in self.sides:
@@ -190,14 +191,12 @@ class Drain:
                     side.status = "drained" if s.holder.was_pinned else "empty"
         statuses = [s.ctx.side.status for s in self.sides]
         if not stopped:
-            if all(st == "held" for st in statuses):
-                res.status = "held"
-            elif "limit" in statuses:
+            if "limit" in statuses:
                 res.status = "limit"
             elif any(s.holder.was_pinned for s in self.sides):
                 res.status = "drained"
-            else:
-                res.status = "empty"
+            else:  # nothing leased: held when a side has a backlog another run holds
+                res.status = "held" if "held" in statuses else "empty"
         notes = [f"partition {s.ctx.partition} {s.ctx.side.status}: {s.ctx.side.detail}"
                  for s in self.sides if s.ctx.side.status in ("held", "handed_over")]
         if notes and not stopped:

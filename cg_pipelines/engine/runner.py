@@ -214,9 +214,10 @@ async def run_partitions(
         id ``<stream>/<group>/<p>``, with its own ``status`` (``held``, ``empty``,
         ``drained``, ``limit``, ``handed_over``; ``fenced``/``halted`` when the run stopped
         with it) and ``detail``. The run's ``status``: ``fenced``/``halted`` when it stopped,
-        else ``held`` when every partition is held, ``limit`` when a limit stopped a partition,
-        ``drained`` when one was leased, ``empty`` otherwise; ``detail`` names the partitions
-        held or handed over. Counts are summed over the partitions.
+        else ``limit`` when a limit stopped a partition, ``drained`` when one was leased
+        (others may be held: read ``inputs``), ``held`` when none was and one is held,
+        ``empty`` otherwise; ``detail`` names the partitions held or handed over. Counts are
+        summed over the partitions.
 
     Raises:
         UsageError: ``partitions`` is empty, repeats one, or holds a negative number or a

@@ -236,6 +236,11 @@ async def test_held_partition_is_skipped_then_finished(nc, js, unique_name) -> N
     assert sink.watermark(app_id_for(stream, "g", held)) == 0
     assert await _left(api, wq, held) == len(per[held]) == await _left(api, wq)
 
+    # nothing to lease but a partition held elsewhere: the run is held, not empty
+    r1 = await run_partitions(nc, stream, "g", [0, held], keyed.processor(), sink, opts)
+    assert r1.status == "held" and r1.processed == 0, r1
+    assert [s.status for s in r1.inputs.values()] == ["empty", "held"]
+
     await got.messages[0].nak()  # the holder lets go
     await api.unpin(wq, lease_consumer_name(held))
     r2 = await run_partitions(nc, stream, "g", range(N), keyed.processor(), sink, opts)
