@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, dlq_stream_name
@@ -114,6 +115,28 @@ async def test_range_run_equals_single_runs(nc, js, unique_name, tmp_path) -> No
     again = await run_partitions(nc, ranged, "g", range(N), keyed.processor(), sink, opts)
     assert again.status == "empty" and again.processed == 0
     assert {s.status for s in again.inputs.values()} == {"empty"}
+
+
+async def test_range_of_one_partition_commits_as_a_partition_run(nc, js, unique_name,
+                                                                 tmp_path) -> None:
+    """``run_partitions`` over one partition commits what ``run_partition`` commits: the same
+    one-side lineage (``cg.partition``, ``cg.coverage``; no ``cg.join``), the same rows."""
+    evs = keyed.events(n_keys=9, n_events=300)
+    api = await _setup(js, unique_name, evs, n=2)
+    sink = DeltaSink(str(tmp_path / "t"))
+    opts = EngineOptions(batch_max_msgs=50, **FAST)
+    r0 = await run_partitions(nc, unique_name, "g", [0], keyed.processor(), sink, opts)
+    r1 = await run_partition(nc, unique_name, "g", 1, keyed.processor(), sink, opts)
+    assert (r0.status, r1.status) == ("drained", "drained") and r0.commits > 1
+    assert r0.inputs[app_id_for(unique_name, "g", 0)].status == "drained"
+    assert keyed.mismatches(sink.read(), evs) is None
+    infos = [h for h in DeltaTable(sink.uri).history() if h.get("cg.operation") == "append"]
+    assert len(infos) == r0.commits + r1.commits
+    for h in infos:
+        assert "cg.join" not in h and h["cg.partition"] in ("0", "1") and "cg.coverage" in h
+        assert {k for k in h if k.startswith("cg.")} == {
+            k for k in infos[-1] if k.startswith("cg.")}
+    assert await _left(api, f"{unique_name}-g") == 0
 
 
 async def test_range_run_in_merge_mode(nc, js, unique_name, tmp_path) -> None:
