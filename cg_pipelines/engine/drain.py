@@ -197,6 +197,12 @@ class Drain:
                 res.status = "drained"
             else:  # nothing leased: held when a side has a backlog another run holds
                 res.status = "held" if "held" in statuses else "empty"
+        if len(self.sides) == 1:  # a run over one partition ends as its partition does
+            side = self.sides[0].ctx.side
+            if not stopped:
+                res.status = side.status or res.status
+                res.detail = side.detail or res.detail
+            return
         notes = [f"partition {s.ctx.partition} {s.ctx.side.status}: {s.ctx.side.detail}"
                  for s in self.sides if s.ctx.side.status in ("held", "handed_over")]
         if notes and not stopped:
@@ -249,11 +255,14 @@ class Drain:
             self.res.maintenance = await asyncio.to_thread(
                 sink.maintain, self.first.partition, self.first.app_id)
         else:  # every side that committed and is still this run's; figures summed (words:
-            # the distinct ones)
-            figures = [await asyncio.to_thread(sink.maintain, s.ctx.partition, s.ctx.app_id)
-                       for s in self.sides if s.ctx.side.last_seq is not None
-                       and s.ctx.side.status != "handed_over"]
-            self.res.maintenance = merge_figures(figures)
+            # the distinct ones; one side's as they are)
+            sides = [s.ctx for s in self.sides if s.ctx.side.last_seq is not None
+                     and s.ctx.side.status != "handed_over"]
+            if not sides:
+                return
+            figures = [await asyncio.to_thread(sink.maintain, c.partition, c.app_id)
+                       for c in sides]
+            self.res.maintenance = figures[0] if len(self.sides) == 1 else merge_figures(figures)
         self.first.timed("maintain", t)
 
     async def _watermarks(self) -> dict[str, int] | None:
@@ -398,7 +407,9 @@ class Drain:
             side.ctx.step("acked", first_seq=span.first, last_seq=span.last)
             if take_next:
                 await side.next()
-                if self.res.status == "handed_over":
+                if self.res.status == "handed_over" or (
+                        self.independent and side.ctx.side.status == "handed_over"
+                        and all(s.lease is None for s in self.sides)):
                     return True
         if prep.halted:
             # A bad message is now its partition's first: leave it for an operator.

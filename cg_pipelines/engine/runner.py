@@ -47,13 +47,15 @@ over one partition (:func:`run_partition`), several partitions of one group
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Sequence
+from numbers import Integral
 from typing import cast
 
 from nats.aio.client import Client
 
-from cg_pipelines.core.errors import UsageError
+from cg_pipelines.core.errors import ConfigError, UsageError
 from cg_pipelines.core.write import Merge
 from cg_pipelines.engine.context import check_sink, open_run
 from cg_pipelines.engine.drain import Drain
@@ -62,7 +64,7 @@ from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.engine.processor import Processor
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.side import Side
-from cg_pipelines.engine.step import BatchStep, RangeStep, SingleStep
+from cg_pipelines.engine.step import BatchStep, RangeStep
 from cg_pipelines.jetstream.connect import ConnectOptions
 from cg_pipelines.sinks.base import TableSink
 
@@ -99,7 +101,8 @@ async def run_partition(
     hook: Hook | None = None,
     connect: ConnectOptions | None = None,
 ) -> RunResult:
-    """Drain one partition of an elastic group with lease-and-range (see module docstring).
+    """Drain one partition of an elastic group with lease-and-range (see module docstring):
+    :func:`run_partitions` over ``[partition]`` (the run loop over one side).
 
     Args:
         nc: a connected nats-py client.
@@ -133,29 +136,29 @@ async def run_partition(
     attached (``PartitionRunError.of(exc)``): the partition, the sequences in flight and what
     was committed and acknowledged, the exception as its cause.
     """
-    ctx = open_run(nc, stream, group, partition, processor, sink, options, hook,
-                   connect=connect)
-    side = Side(ctx, LeaseHolder(ctx, lease_consumer_name(partition)))
-    return await run_sides([side], SingleStep(ctx), hook)
+    if partition < 0:  # as every entry point says it (open_run)
+        raise ConfigError("partition", f"must be >= 0, got {partition}")
+    return await run_partitions(nc, stream, group, [partition], processor, sink, options,
+                                hook=hook, connect=connect)
 
 
 def check_partitions(partitions: Sequence[int]) -> list[int]:
     """``partitions`` as a list, checked before anything is sent or read.
 
     Raises:
-        UsageError: empty, not integers (``bool`` included), negative, or repeated (each is
-            named).
+        UsageError: empty, not integers (``bool`` included), or repeated (each is named).
+        ConfigError: a partition is negative (as every entry point says it).
     """
     parts = list(partitions) if not isinstance(partitions, (str, bytes)) else [partitions]
     if not parts:
         raise UsageError("partitions: a run needs one partition or more, got none")
-    bad = [p for p in parts if not isinstance(p, int) or isinstance(p, bool)]
+    bad = [p for p in parts if not isinstance(p, Integral) or isinstance(p, bool)]
     if bad:
         raise UsageError(f"partitions must be integers, got {bad[:5]!r}")
-    ints = cast(list[int], parts)
+    ints = [operator.index(cast(int, p)) for p in parts]  # numpy integers become ints
     negative = [p for p in ints if p < 0]
     if negative:
-        raise UsageError(f"partitions must be >= 0, got {negative[:5]}")
+        raise ConfigError("partitions", f"must be >= 0, got {negative[:5]}")
     repeated = sorted(p for p, n in Counter(ints).items() if n > 1)
     if repeated:
         raise UsageError(f"partitions must be distinct, repeated: {repeated[:5]}")
@@ -190,9 +193,14 @@ async def run_partitions(
 
     Ownership: a partition another run holds (a one-partition run, a run over another range)
     is not processed and holds up no other partition: its side is ``held`` and the run drains
-    the others; no key is processed by two runs (one holder per lease, fenced commits). A
-    partition drained while the others go on is given up at once (its pin released), so its
-    next run need not wait for this one to end.
+    the others; no key is processed by two runs (one holder per lease, fenced commits). Over
+    several partitions, one drained while the others go on is given up at once (its pin
+    released), so its next run need not wait for this one to end; the sink's upkeep of it
+    still runs at the run's end (see ``notes/RANGE_RUNS.md``: the upkeep contract says "while
+    the lease is held"; the upkeep only does less on a snapshot another holder moved past).
+
+    Over one partition this is :func:`run_partition`'s run exactly (it calls this):
+    the same commits and lineage, statuses, pin and upkeep order, executor read.
 
     A fence conflict (another holder committed a partition of the batch) stops the whole run
     (status ``fenced``): nothing of the refused batch was acknowledged; the other partitions'
@@ -220,8 +228,9 @@ async def run_partitions(
         summed over the partitions.
 
     Raises:
-        UsageError: ``partitions`` is empty, repeats one, or holds a negative number or a
-            non-integer (before anything is sent or read).
+        UsageError: ``partitions`` is empty, repeats one, or holds a non-integer (before
+            anything is sent or read).
+        ConfigError: a partition is negative (before anything is sent or read).
         EngineConfigError: ``sink`` is not a table sink, or an Iceberg sink in Merge mode with
             more than one partition (before any I/O); or a lease consumer cannot be created
             as required.
@@ -244,8 +253,8 @@ async def run_partitions(
     for c in ctxs:
         c.independent = True
     sides = [Side(c, LeaseHolder(c, lease_consumer_name(c.partition))) for c in ctxs]
-    for s in sides:
-        s.holder.unpin_when_drained = True
+    for s in sides:  # one partition: its pin goes at the end, after the upkeep, as ever
+        s.holder.unpin_when_drained = len(sides) > 1
     loop = Drain(sides, RangeStep(ctxs), hook, independent=True)
     await guard_each([s.holder for s in loop.leasing], loop.run)
     return loop.res

@@ -256,3 +256,21 @@ class RangeStep(BatchStep):
             raise ContractError(f"the transform's outputs for partitions "
                                 f"{[s.ctx.partition for s in self.steps.values()]} cannot be "
                                 f"concatenated (columns of different types): {e}") from e
+
+    def _only(self) -> SingleStep | None:
+        """The one side's step when the run has one side, else None."""
+        return next(iter(self.steps.values())) if len(self.steps) == 1 else None
+
+    def range_processor(self) -> RangeProcessor | None:
+        """A run over one partition: its step's (:meth:`SingleStep.range_processor`, the
+        executor read); over several, None (not used)."""
+        only = self._only()
+        return only.range_processor() if only is not None else None
+
+    def process_range(self, source: Mapping[str, str], first: int, last: int
+                      ) -> RangeProcessed:
+        """The one side's :meth:`SingleStep.process_range`."""
+        only = self._only()
+        assert only is not None
+        only.mode = self.mode
+        return only.process_range(source, first, last)

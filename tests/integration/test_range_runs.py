@@ -429,7 +429,7 @@ async def test_zombie_range_run_is_fenced(nats_server, nc, js, unique_name, tmp_
     assert zr["status"] in (("fenced",) if at == 1 else ("fenced", "drained", "handed_over")), \
         (zr, err)
     if zr["status"] == "fenced":
-        assert zr["fence_conflicts"] == 1 and zr["commits"] == at - 1, (zr, err)
+        assert zr["fence_conflicts"] == 1 and zr["commits"] <= at - 1, (zr, err)
         assert "fenced" in {s["status"] for s in zr["inputs"].values()}, zr
     assert keyed.mismatches(sink.read(), evs) is None
     assert await _left(api, f"{stream}-g") == 0
