@@ -23,9 +23,21 @@ time), then per k ``run over <k> partitions / run over 1 partition (same message
 (the ratio of median wall times; the issue's target is <= 1.25), and the load average before
 and after.
 
+With ``--read-paths`` it first measures, per k, the read alone of a k-partition work queue
+holding the same messages (a group ``r<k>`` no run drains), interleaved, median msg/s: the
+candidate read paths for the next step of issue 51 (see ``notes/RANGE_RUNS.md``):
+
+- ``filtered, one partition after another``: what a range run's sides do now (batched direct
+  get per partition, ``next_by_subj "<p>.>"``, ranges of ``--batch / k``), one at a time;
+- ``filtered, all partitions at once``: the same requests, all in flight together;
+- ``unfiltered, split here``: ONE batched direct get over the work queue (``">"``, ranges of
+  ``--batch``), each range split by partition on the client (the subject's first token);
+- the reference: the same unfiltered read of a 1-partition group of the same messages (what a
+  run over one partition reads).
+
 Run: ``.venv/bin/python bench/range_runs.py [--messages 100000] [--keys 10000]
-[--partitions 8,32] [--rounds 3] [--batch 20000]``; ``--smoke``: 2,000 messages, k = 4, one
-round (checks the script runs, in seconds; figures meaningless).
+[--partitions 8,32] [--rounds 3] [--batch 20000] [--read-paths]``; ``--smoke``: 2,000
+messages, k = 4, one round (checks the script runs, in seconds; figures meaningless).
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ from pathlib import Path
 
 import nats
 import pyarrow as pa
+import pyarrow.compute as pc
 from nats.js.api import StreamConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -55,6 +68,7 @@ from cg_pipelines.engine.result import RunResult
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.publish import publish_many
+from cg_pipelines.jetstream.rangeread import read_range
 from cg_pipelines.local.nats_server import NatsServer
 from cg_pipelines.sinks.delta import DeltaSink
 
@@ -117,6 +131,74 @@ async def contender(nc: nats.NATS, stream: str, group: str, k: int, uri: str, ba
     return seconds, res, sink.read(columns=["key"]).num_rows, client, server
 
 
+async def read_filtered(nc: nats.NATS, wq: str, k: int, n: int, batch: int, together: bool
+                        ) -> int:
+    """Every partition of ``wq`` read with its own filter, ranges of ``batch // k``."""
+    size = max(1, batch // k)
+
+    async def one(p: int) -> int:
+        seq, got = 1, 0
+        while True:
+            r = await read_range(nc, wq, seq, filter_subject=f"{p}.>", prefix=f"{p}.",
+                                 max_msgs=size, last_seq=n, drop_nats_headers=True)
+            got += r.num_rows
+            if r.ended or not r.num_rows:
+                return got
+            seq = r.next_seq
+
+    if together:
+        return sum(await asyncio.gather(*(one(p) for p in range(k))))
+    return sum([await one(p) for p in range(k)])
+
+
+async def read_unfiltered(nc: nats.NATS, wq: str, k: int, n: int, batch: int) -> int:
+    """The whole of ``wq`` in ranges of ``batch``, each split by partition here."""
+    seq, got = 1, 0
+    while True:
+        r = await read_range(nc, wq, seq, filter_subject=">", max_msgs=batch, last_seq=n,
+                             drop_nats_headers=True)
+        if r.num_rows:
+            t = r.table(origin=True)
+            part = pc.utf8_slice_codeunits(t["subject"], 0, 3)  # "<p>." (p < 100 here)
+            for p in range(k):
+                got += t.filter(pc.starts_with(part, f"{p}.")).num_rows
+        if r.ended or not r.num_rows:
+            return got
+        seq = r.next_seq
+
+
+async def read_paths(nc: nats.NATS, ks: list[int], args: argparse.Namespace) -> None:
+    """The ``--read-paths`` figures (see the module docstring)."""
+    names = ("filtered, one partition after another", "filtered, all partitions at once",
+             "unfiltered, split here", "one partition's read (1-partition group, reference)")
+    for k in ks:
+        rates: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(args.rounds):
+            stream = f"X{k}r{r}"
+            await make_stream(nc, stream, {f"r{k}": k, "r1": 1}, args.messages, args.keys,
+                              seed=r)
+            order = list(names) if r % 2 == 0 else list(reversed(names))
+            for name in order:
+                t = time.perf_counter()
+                if name == names[3]:
+                    got = await read_unfiltered(nc, f"{stream}-r1", 1, args.messages,
+                                                args.batch)
+                elif name == names[2]:
+                    got = await read_unfiltered(nc, f"{stream}-r{k}", k, args.messages,
+                                                args.batch)
+                else:
+                    got = await read_filtered(nc, f"{stream}-r{k}", k, args.messages,
+                                              args.batch, together=name == names[1])
+                assert got == args.messages, (name, got)
+                rates[name].append(args.messages / (time.perf_counter() - t))
+            await nc.jetstream().delete_stream(f"{stream}-r{k}")
+            await nc.jetstream().delete_stream(f"{stream}-r1")
+            await nc.jetstream().delete_stream(stream)
+        for name in names:
+            print(f"read path, {k} partitions, {name}: "
+                  f"{statistics.median(rates[name]):,.0f} msg/s", flush=True)
+
+
 def name_of(k: int) -> str:
     return f"run over {k} partition{'s' if k > 1 else ''}"
 
@@ -131,6 +213,8 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats", port=0) as srv:
         nc = await nats.connect(srv.url)
         try:
+            if args.read_paths:
+                await read_paths(nc, args.partitions, args)
             for r in range(args.rounds):
                 stream = f"R{r}"
                 groups = {("one" if k == 1 else f"p{k}"): k for k in ks}
@@ -178,6 +262,8 @@ if __name__ == "__main__":
                     default=[8, 32], help="The k to measure, comma-separated.")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=20_000, help="Messages per batch in all.")
+    ap.add_argument("--read-paths", action="store_true",
+                    help="First measure the candidate read paths alone.")
     ap.add_argument("--smoke", action="store_true", help="2,000 messages, k = 4, one round")
     args = ap.parse_args()
     if args.smoke:
