@@ -98,6 +98,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := with_token(SESSION_TOKEN_VAR, _SESSION_TOKEN)) and time.monotonic() < deadline:
         time.sleep(0.5)  # poll interval (deadline: LEFTOVER_GRACE_S)
+    # Dagster's compute-log capture tails a run's log files with `tail -F`; when a test kills a
+    # run worker with SIGKILL, Dagster's own watcher ends those tails on its next poll, which a
+    # loaded machine can push past the grace: killed here, not counted as ours.
+    tails = [(pid, cmd) for pid, cmd in left
+             if cmd.startswith("tail -F ") and "/compute_logs/" in cmd]
+    kill([pid for pid, _ in tails], signal.SIGKILL)
+    left = [p for p in left if p not in tails]
     if left:
         _LEFTOVERS.extend(f"{pid} {cmd}" for pid, cmd in left)
         kill([pid for pid, _ in left], signal.SIGKILL)

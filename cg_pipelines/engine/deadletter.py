@@ -107,13 +107,24 @@ async def ensure_dlq_stream(
 
 async def group_replicas(api: JetStreamAPI, stream: str, group: str) -> int:
     """The replica count a group's streams should carry: the origin stream's, else its
-    work-queue stream's, else 1 (neither readable)."""
+    work-queue stream's, else 1 when neither exists (both answer 404).
+
+    Raises:
+        JetStreamError: neither stream could be read for another reason (a timeout, 503 while
+            a leader is elected): guessing 1 there would create an R1 stream on a cluster
+            that the caller never raises again, so the caller retries instead.
+    """
+    last: JetStreamError | None = None
     for name in (stream, work_queue_stream_name(stream, group)):
         try:
             info = await api.stream_info(name)
-        except JetStreamError:
+        except JetStreamError as e:
+            if e.status != 404:
+                last = e
             continue
         return max(1, int((info.get("config") or {}).get("num_replicas") or 1))
+    if last is not None:
+        raise last
     return 1
 
 

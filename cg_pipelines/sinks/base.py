@@ -372,11 +372,8 @@ def with_partition_column(table: pa.Table | None, partition: int) -> pa.Table | 
                                pa.array(np.full(table.num_rows, partition, np.int64)))
 
 
-TABLE_SINK_MEMBERS: tuple[str, ...] = (
-    "uri", "write", "versions_written", "last_rows_written", "watermark", "watermarks",
-    "commit", "last_rows", "replace_partition", "exists", "stats", "read_partitions")
-"""The names :class:`TableSink` requires, in its order (tests check this against the
-protocol)."""
+TABLE_SINK_MEMBERS: tuple[str, ...] = tuple(n for n in vars(TableSink) if not n.startswith("_"))
+"""The names :class:`TableSink` requires, in its order (read from the protocol itself)."""
 
 
 def missing_members(sink: object) -> list[str]:

@@ -20,7 +20,7 @@ def test_spark_dataframe_input(spark: SparkSession, tmp_path: Path) -> None:
     for p, version in ((0, 3), (2, 5)):
         rows = pa.table({"key": [f"k{p}", f"k{p}x"], "n": [p, p + 1],
                          "_partition": pa.array([p, p], pa.int64())})
-        sink.commit(rows, f"S/g/{p}", version, 0)
+        sink.commit(rows, {f"S/g/{p}": (0, version)})
     io = DeltaTableIOManager(warehouse=warehouse,
                              spark=SparkResource(master="local[2]", stop_on_teardown=False))
     got: dict[str, DataFrame] = {}
