@@ -12,8 +12,11 @@ fenced by the watermarks read):
 2. **Read.** Each leased side's stored messages from ``max(lease, watermark + 1)`` on, in
    order, up to the batch limits (the adaptive size, :func:`~cg_pipelines.core.batching.
    next_batch_size`) and never past that side's last sequence at the start of the run: one
-   batched direct get per side, nothing consumed. A partition holding 90 % of its work queue
-   or more is read unfiltered. An empty read is believed only when the stream leader agrees.
+   batched direct get per side, nothing consumed; a partition holding 90 % of its work queue
+   or more is read unfiltered. The partitions of a run over several that hold 90 % of the work
+   queue together are read with ONE unfiltered direct get split by partition
+   (:mod:`~cg_pipelines.engine.reads`). A read that misses a lease is believed only when the
+   stream leader agrees.
 3. **Process.** One call of the run's processing step with every side's batch
    (:class:`~cg_pipelines.engine.step.BatchStep`; a side with nothing gets an empty batch),
    the output held to the contract. Under ``halt`` each side with a bad message is cut before
@@ -26,7 +29,8 @@ fenced by the watermarks read):
    stop (status ``fenced``).
 6. **Settle.** For each side with messages in the batch: release the lease's keep-alive,
    purge the partition below ``last + 1`` and ack the lease (a static group acks each
-   delivered message instead). A halted side stops the run here.
+   delivered message instead); the partitions of a run over several settle concurrently,
+   each in that order. A halted side stops the run here.
 7. **Next.** Pull each settled side's next message as its next lease and go on from 1.
 
 Pipelining: batch k+1 is read (prefetched) and processed while batch k commits, settles and
@@ -56,12 +60,12 @@ import pyarrow.compute as pc
 
 from cg_pipelines.core.batching import next_batch_size
 from cg_pipelines.core.errors import InvariantError
-from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.engine.commit import Prepared, Span, commit_batch, span_info, spans_of
 from cg_pipelines.engine.executor_read import check_range
 from cg_pipelines.engine.lease import Lease
 from cg_pipelines.engine.options import Hook
 from cg_pipelines.engine.processor import DeadLetter
+from cg_pipelines.engine.reads import Reads, Window, at_once
 from cg_pipelines.engine.side import Side
 from cg_pipelines.engine.step import BatchStep, Output
 from cg_pipelines.sinks.base import FenceConflictError, MaintainedSink
@@ -70,9 +74,6 @@ __all__ = ["Drain", "merge_figures"]
 
 _STOPS = ("fenced", "halted", "handed_over")
 """Statuses that end a run at once."""
-
-START_AT_ONCE = 32
-"""Independent sides started (stream info, consumer info, first lease pull) at a time."""
 
 
 class Drain:
@@ -85,7 +86,8 @@ class Drain:
     several partitions, :func:`~cg_pipelines.engine.runner.run_partitions`), not inputs that
     must be held together (a co-partitioned run):
 
-    * the sides are started (first lease taken) at once, not one after the other: a side
+    * the sides are started (first lease taken), read and settled at once (at most
+      :data:`~cg_pipelines.engine.reads.AT_ONCE` at a time), not one after the other: a side
       another run holds is not processed and holds up no other side (its status ``held`` in
       its :class:`~cg_pipelines.engine.result.SideResult`; the sides held cost one
       ``hold_wait_s`` together); the run is ``held`` only when no side was leased and a
@@ -93,7 +95,9 @@ class Drain:
     * a side's ending (drained, handed over) ends that side only; each side's status is its
       own (a side still going when the run stops carries the run's ``fenced``/``halted``);
     * a batch's messages are shared out among the sides still leased (each side reads at most
-      its share of the batch size, at least one message);
+      its share of the batch size, at least one message), or, when the sides leased hold 90 %
+      of the work queue, read with one unfiltered read split by partition
+      (:mod:`~cg_pipelines.engine.reads`);
     * a commit fences and records only the sides with messages in the batch (a side it leaves
       untouched may be another run's by then; :func:`~cg_pipelines.engine.commit.
       commit_batch`);
@@ -117,25 +121,24 @@ class Drain:
         self.res, self.opt, self.sink = self.first.res, self.first.opt, self.first.sink
         self.proc, self.hook = step, hook
         self.independent = independent
+        self.reads = Reads(self.sides, independent=independent)
 
     def _step(self, name: str, **info: object) -> None:
         if self.hook is not None:
             self.hook(name, info)
 
     def _size(self) -> int:
-        """The next read's batch size (adaptive when ``adaptive_max_msgs`` is set)."""
+        """The next read's batch size, all sides (adaptive when ``adaptive_max_msgs`` is
+        set)."""
         o = self.opt
-        size = next_batch_size(self.first.cost, o.batch_max_msgs,
+        return next_batch_size(self.first.cost, o.batch_max_msgs,
                                o.adaptive_max_msgs or o.batch_max_msgs)
-        if not self.independent:
-            return size
-        live = sum(1 for s in self.sides if s.lease is not None) or 1
-        return max(1, -(-size // live))
 
     async def run(self) -> None:
         """Lease every side, then steps 1-7 batch after batch until the run ends."""
         if self.independent:
             await self._start_all()
+            self.reads.choose()
         for side in self.leasing if not self.independent else ():
             await side.start()
             if self.res.status == "held":
@@ -147,32 +150,19 @@ class Drain:
         try:
             await self._loop()
         finally:
+            await self.reads.drop()
             for side in self.sides:
-                await side.drop_prefetch()
                 if side.lease is not None:
                     await side.holder.release(side.lease)
         if self.independent:
             self._end_sides()
 
     async def _start_all(self) -> None:
-        """Independent sides: start every side at once (at most :data:`START_AT_ONCE` at a
-        time), so held sides cost one ``hold_wait_s``, not one each. On a failure the other
-        starts are cancelled and waited for before it propagates (no lease is taken after the
-        run gave its leases back)."""
-        gate = asyncio.Semaphore(START_AT_ONCE)
-
-        async def start(side: Side) -> None:
-            async with gate:
-                await side.start()
-
-        tasks = [asyncio.create_task(start(s)) for s in self.leasing]
-        try:
-            await asyncio.gather(*tasks)
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.wait(tasks)
-            raise
+        """Independent sides: start every side at once (:func:`~cg_pipelines.engine.reads.
+        at_once`), so held sides cost one ``hold_wait_s``, not one each. On a failure the
+        other starts are cancelled and waited for before it propagates (no lease is taken
+        after the run gave its leases back)."""
+        await at_once(self.leasing, Side.start)
 
     def _end_sides(self) -> None:
         """Independent sides: each side's status (a side with none yet carries the run's stop
@@ -234,9 +224,9 @@ class Drain:
             watermarks = await self._watermarks()
             if watermarks is None or await self._executor_batch(watermarks):
                 continue
-            batches = await self._read(watermarks)
-            if batches is not None:
-                await self._pipeline(batches, watermarks)
+            window = await self.reads.first(watermarks, self._size())
+            if window is not None:
+                await self._pipeline(window, watermarks)
         if self.res.status not in _STOPS:
             pinned = any(s.holder.was_pinned for s in self.sides)
             self.res.status = "drained" if pinned else "empty"
@@ -285,26 +275,6 @@ class Drain:
                 await side.skip_committed(out[side.name])
                 skipped = True
         return None if skipped else out
-
-    async def _read(self, watermarks: Mapping[str, int]) -> dict[str, pa.Table] | None:
-        """Step 2 for every leased side (or the range read ahead); None when a side's read
-        was empty: its lease was settled (purged after a commit, crash before the ack) or the
-        range must be read again (a replica behind the leader): the caller decides again."""
-        size = self._size()
-        batches: dict[str, pa.Table] = {}
-        for side in self.sides:
-            if side.lease is None:
-                batches[side.name] = RECORD_SCHEMA.empty_table()
-                continue
-            from_seq = max(side.lease.seq, watermarks[side.name] + 1)
-            records = await side.take_read(from_seq, size)
-            if records.num_rows == 0:
-                if not await side.stale_empty_read(from_seq, side.start_last):
-                    await side.holder.ack(side.lease)
-                    await side.next()
-                return None
-            batches[side.name] = records
-        return batches
 
     async def _process(self, batches: Mapping[str, pa.Table]) -> Output:
         t = time.monotonic()
@@ -390,32 +360,44 @@ class Drain:
         return False
 
     async def _settle(self, prep: Prepared, take_next: bool) -> bool:
-        """Steps 6-7 for each side with messages in the committed ``prep``, in leasing order:
-        settle (no keep-alive pull may be waiting when a lease is acked), then, with
-        ``take_next``, its next lease. True: the run stops (halted, handed over; status
-        set)."""
-        for side in self.leasing:
-            span = prep.spans.get(side.name)
-            if span is None:
-                continue
-            t = time.monotonic()
-            await side.settled(span.first, span.last)
-            self.first.timed("settle", t)
-            if prep.halted:
-                side.lease = None  # acknowledged: the run stops below
-                continue
-            side.ctx.step("acked", first_seq=span.first, last_seq=span.last)
-            if take_next:
-                await side.next()
-                if self.res.status == "handed_over" or (
-                        self.independent and side.ctx.side.status == "handed_over"
-                        and all(s.lease is None for s in self.sides)):
+        """Steps 6-7 for each side with messages in the committed ``prep``, in leasing order
+        (the sides of a run over several partitions concurrently,
+        :func:`~cg_pipelines.engine.reads.at_once`): :meth:`_settle_side`. True: the run stops
+        (halted, handed over; status set)."""
+        sides = [s for s in self.leasing if s.name in prep.spans]
+        if self.independent and len(sides) > 1:
+            await at_once(sides, lambda s: self._settle_side(s, prep, take_next))
+            stop = (take_next and not prep.halted and all(s.lease is None for s in self.sides)
+                    and any(s.ctx.side.status == "handed_over" for s in sides))
+        else:
+            stop = False
+            for side in sides:
+                await self._settle_side(side, prep, take_next)
+                if take_next and not prep.halted and (
+                        self.res.status == "handed_over" or (
+                            self.independent and side.ctx.side.status == "handed_over"
+                            and all(s.lease is None for s in self.sides))):
                     return True
         if prep.halted:
             # A bad message is now its partition's first: leave it for an operator.
             await self._halt(prep.halted)
             return True
-        return False
+        return stop
+
+    async def _settle_side(self, side: Side, prep: Prepared, take_next: bool) -> None:
+        """Settle ``side``'s part of the committed ``prep`` (release the keep-alive, then
+        purge and ack: no keep-alive pull may be waiting when a lease is acked), then, with
+        ``take_next`` and no halt, take its next lease."""
+        span = prep.spans[side.name]
+        t = time.monotonic()
+        await side.settled(span.first, span.last)
+        self.first.timed("settle", t)
+        if prep.halted:
+            side.lease = None  # acknowledged: the run stops
+            return
+        side.ctx.step("acked", first_seq=span.first, last_seq=span.last)
+        if take_next:
+            await side.next()
 
     async def _halt(self, halted: Mapping[str, DeadLetter]) -> None:
         """Stop at each halted side's bad message: its lease (if still held) given back."""
@@ -488,40 +470,7 @@ class Drain:
         await self._commit_and_next(prep, watermarks)
         return True
 
-    def _continues(self, spans: Mapping[str, Span]) -> bool:
-        """Whether the batch of ``spans`` starts where each side's next lease does (a side
-        without messages in it: no lease, or one that arrived after the run started)."""
-        for side in self.sides:
-            span = spans.get(side.name)
-            if span is None:
-                if side.lease is not None and not side.late():
-                    return False
-            elif side.lease is None or side.lease.seq != span.first:
-                return False
-        return True
-
-    async def _next_batches(self, spans: Mapping[str, Span]) -> dict[str, pa.Table] | None:
-        """The batch after ``spans``: each side's range read ahead from its last + 1 (empty
-        for a side read to its start). None when there is none, or a read ahead came back
-        empty (the outer loop reads again)."""
-        out: dict[str, pa.Table] = {}
-        for side in self.sides:
-            span = spans.get(side.name)
-            if span is None or span.last >= side.start_last:
-                out[side.name] = RECORD_SCHEMA.empty_table()
-                continue
-            prefetch, side.prefetch = side.prefetch, None
-            if prefetch is None or prefetch[0] != span.last + 1:
-                side.prefetch = prefetch
-                return None
-            records = await prefetch[1]
-            if records.num_rows == 0:
-                return None
-            out[side.name] = records
-        return out if any(b.num_rows for b in out.values()) else None
-
-    async def _pipeline(self, batches: dict[str, pa.Table], watermarks: Mapping[str, int]
-                        ) -> None:
+    async def _pipeline(self, window: Window, watermarks: Mapping[str, int]) -> None:
         """Steps 3-7 with commit and settle off the critical path: batch k+1 is processed
         while batch k commits (fenced, in order), purges, acks and the next leases come back.
         The batch after is read meanwhile too. Returns when the outer loop must decide (a
@@ -530,20 +479,19 @@ class Drain:
         wms = watermarks
         try:
             while True:
-                spans = spans_of(batches)
-                size = self._size()
+                spans = spans_of(window.tables)
                 for name, span in spans.items():
                     side = self.by_name[name]
                     side.ctx.inflight = (span.first, span.last)
                     side.ctx.step("read", first_seq=span.first, last_seq=span.last)
-                    side.read_ahead(span.last + 1, size)
+                self.reads.ahead(window, spans, self._size())
                 # 3. Process (while the previous batch commits).
-                prep = await self._prepare(batches)
+                prep = await self._prepare(window.tables)
                 if pending is not None:
                     stop, pending = await pending, None
                     if stop:
                         return
-                    if not self._continues(spans) or self.first.limit_hit():
+                    if not self.reads.lines_up(spans, window) or self.first.limit_hit():
                         # Not where this batch starts (or a limit): drop it, and the state it
                         # added to the cache, and let the outer loop decide.
                         if self.proc.state is not None:
@@ -557,12 +505,12 @@ class Drain:
                 # 5.-7. off the critical path: commit (fenced), settle, next leases.
                 pending = asyncio.create_task(self._commit_and_next(prep, wms))
                 wms = {**wms, **{n: s.last for n, s in prep.spans.items()}}
-                nxt = None if prep.halted else await self._next_batches(spans)
+                nxt = None if prep.halted else await self.reads.following(window, spans)
                 if nxt is None:
                     task, pending = pending, None
                     await task
                     return
-                batches = nxt
+                window = nxt
         finally:
             if pending is not None:  # an error or cancellation: let the commit finish first
                 with contextlib.suppress(BaseException):
