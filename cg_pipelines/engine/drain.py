@@ -359,14 +359,22 @@ class Drain:
                    seconds=time.monotonic() - self.first.t0, **self._ranges(prep.spans))
         return False
 
-    async def _settle(self, prep: Prepared, take_next: bool) -> bool:
+    async def _settle(self, prep: Prepared, take_next: bool, window: Window | None = None
+                      ) -> bool:
         """Steps 6-7 for each side with messages in the committed ``prep``, in leasing order
         (the sides of a run over several partitions concurrently,
-        :func:`~cg_pipelines.engine.reads.at_once`): :meth:`_settle_side`. True: the run stops
-        (halted, handed over; status set)."""
+        :func:`~cg_pipelines.engine.reads.at_once`, after ONE purge of them all when ``prep``
+        is all that a split read ``window`` found, :meth:`~cg_pipelines.engine.reads.SplitRead.
+        purge_below`): :meth:`_settle_side`. True: the run stops (halted, handed over; status
+        set)."""
         sides = [s for s in self.leasing if s.name in prep.spans]
         if self.independent and len(sides) > 1:
-            await at_once(sides, lambda s: self._settle_side(s, prep, take_next))
+            purged = False
+            split = self.reads.split
+            if split is not None and window is not None and not prep.halted:
+                purged = await split.purge_below(
+                    window, sum(r.num_rows for r in prep.records.values()))
+            await at_once(sides, lambda s: self._settle_side(s, prep, take_next, purged))
             stop = (take_next and not prep.halted and all(s.lease is None for s in self.sides)
                     and any(s.ctx.side.status == "handed_over" for s in sides))
         else:
@@ -384,13 +392,14 @@ class Drain:
             return True
         return stop
 
-    async def _settle_side(self, side: Side, prep: Prepared, take_next: bool) -> None:
+    async def _settle_side(self, side: Side, prep: Prepared, take_next: bool,
+                           purged: bool = False) -> None:
         """Settle ``side``'s part of the committed ``prep`` (release the keep-alive, then
-        purge and ack: no keep-alive pull may be waiting when a lease is acked), then, with
-        ``take_next`` and no halt, take its next lease."""
+        purge, unless ``purged`` already, and ack: no keep-alive pull may be waiting when a
+        lease is acked), then, with ``take_next`` and no halt, take its next lease."""
         span = prep.spans[side.name]
         t = time.monotonic()
-        await side.settled(span.first, span.last)
+        await side.settled(span.first, span.last, purged=purged)
         self.first.timed("settle", t)
         if prep.halted:
             side.lease = None  # acknowledged: the run stops
@@ -406,10 +415,12 @@ class Drain:
             await side.put_back()
             await side.halt(bad)
 
-    async def _commit_and_next(self, prep: Prepared, watermarks: Mapping[str, int]) -> bool:
-        """Steps 5-7: :meth:`_commit`, then :meth:`_settle` with each settled side's next
-        lease. True: the run stops (status set)."""
-        return await self._commit(prep, watermarks) or await self._settle(prep, True)
+    async def _commit_and_next(self, prep: Prepared, watermarks: Mapping[str, int],
+                               window: Window | None = None) -> bool:
+        """Steps 5-7: :meth:`_commit`, then :meth:`_settle` (of ``prep`` read as ``window``)
+        with each settled side's next lease. True: the run stops (status set)."""
+        return (await self._commit(prep, watermarks)
+                or await self._settle(prep, True, window))
 
     async def process_and_commit(self, lease: Lease, records: pa.Table, watermark: int
                                  ) -> bool:
@@ -503,7 +514,7 @@ class Drain:
                 # 4. Dead-letter.
                 await self._dead_letter(prep)
                 # 5.-7. off the critical path: commit (fenced), settle, next leases.
-                pending = asyncio.create_task(self._commit_and_next(prep, wms))
+                pending = asyncio.create_task(self._commit_and_next(prep, wms, window))
                 wms = {**wms, **{n: s.last for n, s in prep.spans.items()}}
                 nxt = None if prep.halted else await self.reads.following(window, spans)
                 if nxt is None:

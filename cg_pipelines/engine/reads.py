@@ -31,6 +31,7 @@ messages.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -87,11 +88,15 @@ class Window:
             of its partition from where its read started up to ``through`` is in its records.
         end: a split read's last sequence covered (its next read starts after it); None for
             reads side by side.
+        start: a split read's first sequence (None for reads side by side).
+        read_rows: a split read's messages in ``[start, end]``, all partitions, when it ran.
     """
 
     tables: dict[str, pa.Table]
     through: dict[str, int]
     end: int | None = None
+    start: int | None = None
+    read_rows: int = 0
 
     @property
     def rows(self) -> int:
@@ -135,16 +140,36 @@ class SplitRead:
                 max_bytes=opt.batch_max_bytes, last_seq=self.last, timeout_s=opt.timeout_s,
                 drop_nats_headers=True)
 
-        seq = from_seq
+        seq, rows = from_seq, 0
         while True:
             got = await c.retry.call("read", functools.partial(once, seq))
+            rows += got.num_rows
             window = self.split(got.table(origin=True).cast(RECORD_SCHEMA), got.next_seq - 1)
             if (got.ended or got.next_seq > self.last or any(
                     window.tables[s.name].num_rows for s in self.sides if s.lease is not None)):
                 break
             seq = got.next_seq
         c.timed(timing, t)
-        return window
+        return dataclasses.replace(window, start=from_seq, read_rows=rows)
+
+    async def purge_below(self, window: Window, committed: int) -> bool:
+        """After the commit of ``committed`` messages read as ``window``: purge the work queue
+        below ``window.end + 1`` with ONE unfiltered purge when that removes exactly them,
+        i.e. when they are every message the read found (``window.read_rows``) and the queue
+        holds nothing below ``window.start`` (its first sequence, asked now); sequences below
+        ``end`` only ever go away, so nothing else is there. True: purged (each side then only
+        acks; its seconds in the run's ``timings["purge_split"]``); False: the sides purge their
+        own partitions."""
+        if window.start is None or window.end is None or committed != window.read_rows:
+            return False
+        c = self.ctx
+        info = await c.retry.call("stream info", lambda: c.api.stream_info(c.read_stream))
+        if int(info["state"].get("first_seq") or 0) < window.start:
+            return False
+        end, t = window.end, time.monotonic()
+        await c.retry.call("purge", lambda: c.api.purge(c.read_stream, seq=end + 1))
+        c.timed("purge_split", t)
+        return True
 
     def split(self, table: pa.Table, end: int) -> Window:
         """``table`` (a read of the work queue covering sequences up to ``end``; subjects
@@ -280,7 +305,7 @@ class Reads:
                 t = tables[s.name]
                 tables[s.name] = t.filter(pc.greater_equal(t["seq"], froms[s.name]))
         through = {s.name: got.through.get(s.name, s.start_last) for s in self.sides}
-        window = Window(tables, through, got.end)
+        window = dataclasses.replace(got, tables=tables, through=through)
         if window.rows == 0:  # the read reached the end with nothing of any leased side
             missed = [(s, s.start_last) for s in live]
         else:

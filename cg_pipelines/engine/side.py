@@ -249,12 +249,16 @@ class Side:
         self.ctx.step("purged", last_seq=last)
         await self.holder.ack(lease)
 
-    async def settled(self, first: int, last: int) -> None:
-        """After a commit through ``last``: release the keep-alive, settle (purge and ack),
-        record it."""
+    async def settled(self, first: int, last: int, *, purged: bool = False) -> None:
+        """After a commit through ``last``: release the keep-alive, settle (purge and ack; only
+        ack when the run ``purged`` the range already, with other partitions'), record it."""
         assert self.lease is not None
         await self.holder.release(self.lease)
-        await self.settle(self.lease, last)
+        if purged:
+            self.ctx.step("purged", last_seq=last)
+            await self.holder.ack(self.lease)
+        else:
+            await self.settle(self.lease, last)
         c = self.ctx
         c.settled_through = last
         if c.inflight is not None and c.inflight[1] <= last:

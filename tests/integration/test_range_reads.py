@@ -118,6 +118,7 @@ async def test_split_read_keeps_order_and_drops_nothing(nc, js, unique_name) -> 
                              EngineOptions(batch_max_msgs=300, **FAST), hook=steps)
     assert r.status == "drained" and r.processed == len(evs) and r.fence_conflicts == 0, r
     assert "read_split" in r.timings and "read" not in r.timings, r.timings
+    assert "purge_split" in r.timings, r.timings  # batches purged with one purge
     assert r.commits >= len(evs) // 300
     assert keyed.mismatches(sink.rows(), evs) is None
     for p in range(n):
@@ -191,6 +192,31 @@ async def test_split_read_leaves_other_partitions_alone(nc, js, unique_name) -> 
     for p in (held, outside):
         one = await run_partition(nc, unique_name, "g", p, keyed.processor(), sink, opts)
         assert one.status == "drained" and one.processed == len(_of(evs, n, {p})), one
+    assert keyed.mismatches(sink.rows(), evs) is None
+    assert await _left(api, wq) == 0
+
+
+async def test_one_purge_never_takes_earlier_messages_of_others(nc, js, unique_name) -> None:
+    """Partition 7 (outside the range) has its messages first in the work queue, below every
+    batch of the run over 0..6, and nothing of it inside the batches: purging a batch with ONE
+    unfiltered purge would take them too, so each partition purges its own; all of partition
+    7's messages are still there for its own run."""
+    n, outside = 8, 7
+    first = _events({outside: 12}, n)
+    rest = _events({p: 100 for p in range(outside)}, n)
+    evs = first + rest
+    api = await _setup(js, unique_name, n, evs)
+    wq = f"{unique_name}-g"
+    sink = MemorySink()
+    r = await run_partitions(nc, unique_name, "g", range(outside), keyed.processor(), sink,
+                             EngineOptions(batch_max_msgs=150, **FAST))
+    assert r.status == "drained" and r.processed == len(rest), r
+    assert "read_split" in r.timings and "purge_split" not in r.timings, r.timings
+    assert keyed.mismatches(sink.rows(), rest) is None
+    assert await _left(api, wq, outside) == len(first) == await _left(api, wq)
+    one = await run_partition(nc, unique_name, "g", outside, keyed.processor(), sink,
+                              EngineOptions(batch_max_msgs=150, **FAST))
+    assert one.status == "drained" and one.processed == len(first), one
     assert keyed.mismatches(sink.rows(), evs) is None
     assert await _left(api, wq) == 0
 
