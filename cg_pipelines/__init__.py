@@ -4,9 +4,10 @@ The names most programs need are importable from here:
 
 - decoding and state: :class:`JsonField`, :class:`JsonDecoder`, :class:`BadMessage`,
   :class:`KeyedState`;
-- the engine: :func:`run_partition`, :func:`run_static_partition`, :class:`EngineOptions`,
-  :class:`ArrowProcessor`, :class:`RunResult`; co-partitioned joins: :func:`run_copartitioned`,
-  :class:`JoinInput`, :class:`ArrowJoinProcessor`;
+- the engine: :func:`run_partition`, :func:`run_partitions` (several partitions of a group in
+  one run), :func:`run_static_partition`, :class:`EngineOptions`, :class:`ArrowProcessor`,
+  :class:`RunResult`; co-partitioned joins: :func:`run_copartitioned`, :class:`JoinInput`,
+  :class:`ArrowJoinProcessor`;
 - the sink: :class:`DeltaSink` and its write modes :class:`Append` (the default: the table is
   the history) and :class:`Merge` (a fenced MERGE by key: the table is each key's current
   row); connections: :class:`ConnectOptions`; errors: :class:`CgError`
@@ -41,6 +42,7 @@ EXPORTS = MappingProxyType({
     "Append": "cg_pipelines.core.write",
     "Merge": "cg_pipelines.core.write",
     "run_partition": "cg_pipelines.engine.runner",
+    "run_partitions": "cg_pipelines.engine.runner",
     "run_static_partition": "cg_pipelines.engine.static",
     "EngineOptions": "cg_pipelines.engine.options",
     "ArrowProcessor": "cg_pipelines.engine.processing",

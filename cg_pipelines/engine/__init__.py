@@ -1,6 +1,7 @@
 """The ordered partition engine: lease-and-range drains with fenced, exactly-once commits.
 
-Entry points: :func:`run_partition` (elastic groups), :func:`run_static_partition`,
+Entry points: :func:`run_partition` (elastic groups), :func:`run_partitions` (several
+partitions of one elastic group in one run), :func:`run_static_partition`,
 :func:`rebuild_partition`; co-partitioned sets (several groups, partition p of each in one
 run, one commit): :func:`run_copartitioned`, :func:`rebuild_copartitioned`. One run loop serves
 them all (:mod:`cg_pipelines.engine.drain`, over a run's sides) and one rebuild
@@ -31,7 +32,7 @@ from cg_pipelines.engine.processor import (
 from cg_pipelines.engine.rebuild import RebuildError, rebuild_copartitioned, rebuild_partition
 from cg_pipelines.engine.result import RunResult, RunStatus, SideResult
 from cg_pipelines.engine.retry import NatsUnavailableError
-from cg_pipelines.engine.runner import run_partition
+from cg_pipelines.engine.runner import run_partition, run_partitions
 from cg_pipelines.engine.static import run_static_partition
 
 __all__ = [
@@ -59,5 +60,6 @@ __all__ = [
     "rebuild_partition",
     "run_copartitioned",
     "run_partition",
+    "run_partitions",
     "run_static_partition",
 ]

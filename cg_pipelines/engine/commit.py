@@ -7,7 +7,12 @@ origin marker (:func:`~cg_pipelines.sinks.base.origin_marker`) and the lineage t
 check reads: for one side ``stream``, ``group``, ``partition``, ``first_seq``, ``last_seq``,
 ``last_origin_seq`` and ``cg.coverage`` (:data:`~cg_pipelines.core.coverage.COVERAGE_KEY`);
 for several, ``partition`` and ``cg.join`` (:data:`~cg_pipelines.core.coverage.
-JOIN_LINEAGE_KEY`: the same facts per side as one JSON list). One call of
+JOIN_LINEAGE_KEY`: the same facts per side as one JSON list). A run over several partitions of
+one group (independent sides) fences only the sides with messages in the batch (a side it
+leaves untouched may be another run's by then) and records: for one such side exactly a
+one-side commit; for several ``stream``, ``group``, ``partitions`` (comma-separated) and
+``cg.join`` with each entry's own ``partition`` (no commit-level ``partition``: the reconcile
+check reads each entry's). One call of
 :meth:`TableSink.commit <cg_pipelines.sinks.base.TableSink.commit>` commits them, for one side
 or many.
 """
@@ -95,27 +100,31 @@ class Prepared:
         return encode_seqs(col.to_numpy()) if len(col) else None
 
 
-async def commit_batch(sides: Sequence[Side], prep: Prepared, watermarks: Mapping[str, int]
-                       ) -> None:
+async def commit_batch(sides: Sequence[Side], prep: Prepared, watermarks: Mapping[str, int],
+                       *, independent: bool = False) -> None:
     """Commit ``prep`` once, fenced on every side's watermark read (``watermarks`` by side
-    name), in a worker thread (see the module docstring).
+    name), in a worker thread (see the module docstring). ``independent``: the sides are
+    partitions of one group that end on their own: only those with messages in ``prep`` are
+    fenced and recorded.
 
     Raises:
         FenceConflictError: a side's watermark moved (nothing written).
         The sink's other errors, unchanged.
     """
     sink = sides[0].ctx.sink
+    if independent:
+        sides = [s for s in sides if s.name in prep.spans]
     if len(sides) == 1:
         c = sides[0].ctx
         span = prep.spans[c.name]
         markers = ({origin_marker(c.app_id): span.last_origin}
                    if span.last_origin is not None else None)
-        lineage = {"stream": c.stream, "group": c.group, "partition": c.partition,
-                   "first_seq": span.first, "last_seq": span.last,
-                   "last_origin_seq": span.last_origin, COVERAGE_KEY: prep.coverage(c.name)}
+        one = {"stream": c.stream, "group": c.group, "partition": c.partition,
+               "first_seq": span.first, "last_seq": span.last,
+               "last_origin_seq": span.last_origin, COVERAGE_KEY: prep.coverage(c.name)}
         await asyncio.to_thread(sink.commit, prep.table, {c.app_id: (watermarks[c.name],
                                                                       span.last)},
-                                markers=markers, lineage=lineage)
+                                markers=markers, lineage=one)
         return
     fences: dict[str, tuple[int, int]] = {}
     marks: dict[str, int] = {}
@@ -128,10 +137,18 @@ async def commit_batch(sides: Sequence[Side], prep: Prepared, watermarks: Mappin
             marks[origin_marker(c.app_id)] = s.last_origin
         sides_lineage.append({
             "name": side.name, "stream": c.stream, "group": c.group, "app_id": c.app_id,
+            **({"partition": c.partition} if independent else {}),
             "first_seq": s.first if s else None, "last_seq": s.last if s else None,
             "last_origin_seq": s.last_origin if s else None,
             "coverage": prep.coverage(side.name)})
-    lineage = {"partition": sides[0].ctx.partition,
-               JOIN_LINEAGE_KEY: json.dumps(sides_lineage, separators=(",", ":"))}
+    joint = json.dumps(sides_lineage, separators=(",", ":"))
+    lineage: dict[str, object]
+    if independent:
+        first = sides[0].ctx
+        lineage = {"stream": first.stream, "group": first.group,
+                   "partitions": ",".join(str(s.ctx.partition) for s in sides),
+                   JOIN_LINEAGE_KEY: joint}
+    else:
+        lineage = {"partition": sides[0].ctx.partition, JOIN_LINEAGE_KEY: joint}
     await asyncio.to_thread(sink.commit, prep.table, fences, markers=marks or None,
                             lineage=lineage)

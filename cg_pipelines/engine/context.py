@@ -21,7 +21,7 @@ from cg_pipelines.core.errors import ConfigError, PartitionRunError
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.engine.processor import Processor, with_defaults
-from cg_pipelines.engine.result import RunResult, SideResult
+from cg_pipelines.engine.result import RunResult, RunStatus, SideResult
 from cg_pipelines.engine.retry import Retrier
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream.api import JetStreamAPI
@@ -55,6 +55,8 @@ class RunContext:
             with (given, or known from
             :func:`~cg_pipelines.jetstream.connect.connect_options_of`), or None: what Spark
             executors connect with.
+        independent: the side ends on its own (a run over several partitions of one group):
+            how it ends (:meth:`end`) is its own ``side.status``, not the run's.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class RunContext:
         self.inflight: tuple[int, int] | None = None
         self.watermark_read = False
         self.settled_through = 0
+        self.independent = False
         self.state = state_cache(self.processor, sink, partition, self.app_id)
         self.cost = self.processor.cost_model or CostModel()
         self.retry = Retrier(nc, options.nats_retry_max_s, options.nats_retry_backoff_s,
@@ -97,6 +100,21 @@ class RunContext:
         """Tell the hook (if any) that step ``name`` is done."""
         if self.hook is not None:
             self.hook(name, info)
+
+    def end(self, status: RunStatus, detail: str | None = None) -> None:
+        """Record how the side ended (``detail``: why, None: unchanged): on its own
+        :class:`~cg_pipelines.engine.result.SideResult` when it is ``independent``, else on the
+        run's result (the run ends with it)."""
+        target: SideResult | RunResult = self.side if self.independent else self.res
+        target.status = status
+        if detail is not None:
+            target.detail = detail
+
+    @property
+    def status(self) -> RunStatus | None:
+        """How the side ended so far (:meth:`end`): its own status when ``independent``, else
+        the run's."""
+        return self.side.status if self.independent else self.res.status
 
     def timed(self, key: str, t: float) -> None:
         """Add the seconds since ``t`` (a ``time.monotonic()``) to ``res.timings[key]``."""

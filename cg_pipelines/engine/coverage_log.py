@@ -10,7 +10,9 @@ the versions committed since the last one and no snapshot load. Versions that ar
 group's commits (version 0, a maintenance commit such as OPTIMIZE or VACUUM, another group's
 commit) carry no coverage and are skipped. A co-partitioned commit (``cg.join``) holds one
 entry per input: the group's entry is its coverage, so each input of a set is reconciled on
-the set's table as a group is on its own. A drain commit without ``cg.coverage`` (an executor
+the set's table as a group is on its own. A commit of a run over several partitions of one
+group (``cg.join`` whose entries carry their own ``partition``) holds one entry per partition:
+each is that partition's coverage. A drain commit without ``cg.coverage`` (an executor
 batch, whose records stay on the Spark executors, or a commit of a library before coverage) is
 trusted to cover its partition through its ``cg.last_origin_seq``: not verified.
 
@@ -117,12 +119,10 @@ class DeltaLogCoverage:
                         "often than that, and restart its cursor (cg reconcile --restart)")
                 return out, last, True
             last = v
-            got = self._coverage(v, info)
-            if got is not None:
-                out.append(got)
+            out.extend(self._coverage(v, info))
         return out, last, self._commit_info(last + 1) is None
 
-    def _coverage(self, version: int, info: dict[str, object]) -> CommitCoverage | None:
+    def _coverage(self, version: int, info: dict[str, object]) -> list[CommitCoverage]:
         def get(name: str) -> str | None:
             value = info.get(_PREFIX + name)
             return None if value is None else str(value)
@@ -131,24 +131,26 @@ class DeltaLogCoverage:
         if joint is not None:
             return self._joint_coverage(version, get("partition"), joint)
         if get("stream") != self.stream or get("group") != self.group:
-            return None
+            return []
         part, seqs, through = get("partition"), get(COVERAGE_KEY), get(COVERAGE_THROUGH_KEY)
         if seqs is None and through is None and get("operation") in _DATA_OPERATIONS:
             # a commit without recorded coverage: an executor batch, or a library before
             # coverage; trusted to cover its partition through its last origin sequence
             through = get("last_origin_seq")
         if part is None or (seqs is None and through is None):
-            return None
+            return []
         wq_last = get("last_seq")
-        return CommitCoverage(version, int(part), None if seqs is None else decode_seqs(seqs),
-                              None if through is None else int(through),
-                              None if wq_last is None else int(wq_last))
+        return [CommitCoverage(version, int(part), None if seqs is None else decode_seqs(seqs),
+                               None if through is None else int(through),
+                               None if wq_last is None else int(wq_last))]
 
     def _joint_coverage(self, version: int, part: str | None, joint: str
-                        ) -> CommitCoverage | None:
-        """This group's coverage in a co-partitioned commit (``cg.join``: one entry per
-        input, :data:`~cg_pipelines.core.coverage.JOIN_LINEAGE_KEY`); None when the commit has
-        no entry for the group or its entry settled nothing.
+                        ) -> list[CommitCoverage]:
+        """This group's coverage in a commit over several sides (``cg.join``: one entry per
+        side, :data:`~cg_pipelines.core.coverage.JOIN_LINEAGE_KEY`): of a co-partitioned
+        commit, the group's one entry, of the commit's ``partition``; of a run over several
+        partitions of the group, one per entry, each of its own ``partition``. Empty when the
+        commit has no entry for the group or its entries settled nothing.
 
         Raises:
             DecodeError: ``cg.join`` or the entry's coverage is malformed.
@@ -160,16 +162,20 @@ class DeltaLogCoverage:
         except (ValueError, TypeError) as e:
             raise DecodeError(f"Delta version {version}: cg.{JOIN_LINEAGE_KEY} is not a "
                               f"JSON list of inputs: {e}") from e
-        if not mine or part is None:
-            return None
-        entry = mine[0]
-        seqs, through = entry.get(COVERAGE_KEY), entry.get(COVERAGE_THROUGH_KEY)
-        if seqs is None and through is None:
-            return None
-        wq_last = entry.get("last_seq")
-        return CommitCoverage(version, int(part), None if seqs is None else
-                              decode_seqs(str(seqs)), None if through is None else int(through),
-                              None if wq_last is None else int(wq_last))
+        out: list[CommitCoverage] = []
+        for entry in mine:
+            p = entry.get("partition", part)
+            seqs, through = entry.get(COVERAGE_KEY), entry.get(COVERAGE_THROUGH_KEY)
+            if p is None or (seqs is None and through is None):
+                continue
+            wq_last = entry.get("last_seq")
+            out.append(CommitCoverage(
+                version, int(p), None if seqs is None else decode_seqs(str(seqs)),
+                None if through is None else int(through),
+                None if wq_last is None else int(wq_last)))
+            if "partition" not in entry:
+                break  # a co-partitioned commit: one entry per group
+        return out
 
     def load_cursor(self) -> ReconcileCursor | None:
         """The stored cursor, or None (none yet).

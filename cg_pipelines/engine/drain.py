@@ -12,8 +12,11 @@ fenced by the watermarks read):
 2. **Read.** Each leased side's stored messages from ``max(lease, watermark + 1)`` on, in
    order, up to the batch limits (the adaptive size, :func:`~cg_pipelines.core.batching.
    next_batch_size`) and never past that side's last sequence at the start of the run: one
-   batched direct get per side, nothing consumed. A partition holding 90 % of its work queue
-   or more is read unfiltered. An empty read is believed only when the stream leader agrees.
+   batched direct get per side, nothing consumed; a partition holding 90 % of its work queue
+   or more is read unfiltered. The partitions of a run over several that hold 90 % of the work
+   queue together are read with ONE unfiltered direct get split by partition
+   (:mod:`~cg_pipelines.engine.reads`). A read that misses a lease is believed only when the
+   stream leader agrees.
 3. **Process.** One call of the run's processing step with every side's batch
    (:class:`~cg_pipelines.engine.step.BatchStep`; a side with nothing gets an empty batch),
    the output held to the contract. Under ``halt`` each side with a bad message is cut before
@@ -26,7 +29,8 @@ fenced by the watermarks read):
    stop (status ``fenced``).
 6. **Settle.** For each side with messages in the batch: release the lease's keep-alive,
    purge the partition below ``last + 1`` and ack the lease (a static group acks each
-   delivered message instead). A halted side stops the run here.
+   delivered message instead); the partitions of a run over several settle concurrently,
+   each in that order. A halted side stops the run here.
 7. **Next.** Pull each settled side's next message as its next lease and go on from 1.
 
 Pipelining: batch k+1 is read (prefetched) and processed while batch k commits, settles and
@@ -56,17 +60,17 @@ import pyarrow.compute as pc
 
 from cg_pipelines.core.batching import next_batch_size
 from cg_pipelines.core.errors import InvariantError
-from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.engine.commit import Prepared, Span, commit_batch, span_info, spans_of
 from cg_pipelines.engine.executor_read import check_range
 from cg_pipelines.engine.lease import Lease
 from cg_pipelines.engine.options import Hook
 from cg_pipelines.engine.processor import DeadLetter
+from cg_pipelines.engine.reads import Reads, Window, at_once
 from cg_pipelines.engine.side import Side
 from cg_pipelines.engine.step import BatchStep, Output
 from cg_pipelines.sinks.base import FenceConflictError, MaintainedSink
 
-__all__ = ["Drain"]
+__all__ = ["Drain", "merge_figures"]
 
 _STOPS = ("fenced", "halted", "handed_over")
 """Statuses that end a run at once."""
@@ -76,9 +80,38 @@ class Drain:
     """The run loop over ``sides`` (see the module docstring), in the run's order: the first
     side's app id records the commits and its snapshot serves state reads. ``step`` processes
     the batches; ``hook`` gets the run's joint steps (``processed``, ``committed``), the sides'
-    own contexts their per-side steps (``leased``, ``read``, ``purged``, ``acked``)."""
+    own contexts their per-side steps (``leased``, ``read``, ``purged``, ``acked``).
 
-    def __init__(self, sides: Sequence[Side], step: BatchStep, hook: Hook | None) -> None:
+    ``independent``: the sides are partitions of one group that end on their own (a run over
+    several partitions, :func:`~cg_pipelines.engine.runner.run_partitions`), not inputs that
+    must be held together (a co-partitioned run):
+
+    * the sides are started (first lease taken), read and settled at once (at most
+      :data:`~cg_pipelines.engine.reads.AT_ONCE` at a time), not one after the other: a side
+      another run holds is not processed and holds up no other side (its status ``held`` in
+      its :class:`~cg_pipelines.engine.result.SideResult`; the sides held cost one
+      ``hold_wait_s`` together); the run is ``held`` only when no side was leased and a
+      side is held;
+    * a side's ending (drained, handed over) ends that side only; each side's status is its
+      own (a side still going when the run stops carries the run's ``fenced``/``halted``);
+    * a batch's messages are shared out among the sides still leased (each side reads at most
+      its share of the batch size, at least one message), or, when the sides leased hold 90 %
+      of the work queue, read with one unfiltered read split by partition
+      (:mod:`~cg_pipelines.engine.reads`);
+    * a commit fences and records only the sides with messages in the batch (a side it leaves
+      untouched may be another run's by then; :func:`~cg_pipelines.engine.commit.
+      commit_batch`);
+    * a fence conflict stops the run as for any run (nothing acknowledged that was not
+      committed): the conflicting side's lease is left to expire, every other side's is put
+      back at once (nak), since its batch was not committed either;
+    * the sink's upkeep runs for every side that committed (and was not handed over);
+    * a side that is done (drained, or its next message arrived after the run started) gives
+      its pin up at once when its holder says so (``unpin_when_drained``), not when the run
+      ends.
+    """
+
+    def __init__(self, sides: Sequence[Side], step: BatchStep, hook: Hook | None, *,
+                 independent: bool = False) -> None:
         self.sides = list(sides)
         self.by_name = {s.name: s for s in self.sides}
         #: the order leases are taken in (two runs never hold one lease each of the same two)
@@ -87,20 +120,26 @@ class Drain:
         self.first = self.sides[0].ctx
         self.res, self.opt, self.sink = self.first.res, self.first.opt, self.first.sink
         self.proc, self.hook = step, hook
+        self.independent = independent
+        self.reads = Reads(self.sides, independent=independent)
 
     def _step(self, name: str, **info: object) -> None:
         if self.hook is not None:
             self.hook(name, info)
 
     def _size(self) -> int:
-        """The next read's batch size (adaptive when ``adaptive_max_msgs`` is set)."""
+        """The next read's batch size, all sides (adaptive when ``adaptive_max_msgs`` is
+        set)."""
         o = self.opt
         return next_batch_size(self.first.cost, o.batch_max_msgs,
                                o.adaptive_max_msgs or o.batch_max_msgs)
 
     async def run(self) -> None:
         """Lease every side, then steps 1-7 batch after batch until the run ends."""
-        for side in self.leasing:
+        if self.independent:
+            await self._start_all()
+            self.reads.choose()
+        for side in self.leasing if not self.independent else ():
             await side.start()
             if self.res.status == "held":
                 if len(self.sides) > 1:
@@ -111,10 +150,53 @@ class Drain:
         try:
             await self._loop()
         finally:
+            await self.reads.drop()
             for side in self.sides:
-                await side.drop_prefetch()
                 if side.lease is not None:
                     await side.holder.release(side.lease)
+        if self.independent:
+            self._end_sides()
+
+    async def _start_all(self) -> None:
+        """Independent sides: start every side at once (:func:`~cg_pipelines.engine.reads.
+        at_once`), so held sides cost one ``hold_wait_s``, not one each. On a failure the
+        other starts are cancelled and waited for before it propagates (no lease is taken
+        after the run gave its leases back)."""
+        await at_once(self.leasing, Side.start)
+
+    def _end_sides(self) -> None:
+        """Independent sides: each side's status (a side with none yet carries the run's stop
+        status, or ``drained``/``empty``), then the run's: its stop status, else ``limit`` when
+        a side stopped at a limit, ``drained`` when a side was leased, ``held`` when none was
+        and a side is held, else ``empty``; the detail names the sides held or handed over."""
+        res = self.res
+        stopped = res.status in _STOPS
+        for s in self.sides:
+            side = s.ctx.side
+            if side.status is None:
+                if stopped:
+                    side.status = res.status
+                    side.detail = side.detail or f"stopped with the run: {res.detail}"
+                else:
+                    side.status = "drained" if s.holder.was_pinned else "empty"
+        statuses = [s.ctx.side.status for s in self.sides]
+        if not stopped:
+            if "limit" in statuses:
+                res.status = "limit"
+            elif any(s.holder.was_pinned for s in self.sides):
+                res.status = "drained"
+            else:  # nothing leased: held when a side has a backlog another run holds
+                res.status = "held" if "held" in statuses else "empty"
+        if len(self.sides) == 1:  # a run over one partition ends as its partition does
+            side = self.sides[0].ctx.side
+            if not stopped:
+                res.status = side.status or res.status
+                res.detail = side.detail or res.detail
+            return
+        notes = [f"partition {s.ctx.partition} {s.ctx.side.status}: {s.ctx.side.detail}"
+                 for s in self.sides if s.ctx.side.status in ("held", "handed_over")]
+        if notes and not stopped:
+            res.detail = "; ".join(notes)
 
     async def _loop(self) -> None:
         while True:
@@ -127,18 +209,24 @@ class Drain:
                 # table's upkeep first, while the leases are still held).
                 await self._maintain()
                 for s in live:
+                    if self.independent:
+                        s.ctx.end("drained" if s.late() else "limit")
                     await s.put_back()
                 self.res.status = "drained" if late else "limit"
                 return
             for s in live:
                 if s.late():
+                    if self.independent:
+                        s.ctx.end("drained")
                     await s.put_back()
+                    if s.holder.unpin_when_drained:
+                        await s.holder.unpin_now()
             watermarks = await self._watermarks()
             if watermarks is None or await self._executor_batch(watermarks):
                 continue
-            batches = await self._read(watermarks)
-            if batches is not None:
-                await self._pipeline(batches, watermarks)
+            window = await self.reads.first(watermarks, self._size())
+            if window is not None:
+                await self._pipeline(window, watermarks)
         if self.res.status not in _STOPS:
             pinned = any(s.holder.was_pinned for s in self.sides)
             self.res.status = "drained" if pinned else "empty"
@@ -153,8 +241,18 @@ class Drain:
         if self.res.commits == 0 or not isinstance(sink, MaintainedSink):
             return
         t = time.monotonic()
-        self.res.maintenance = await asyncio.to_thread(
-            sink.maintain, self.first.partition, self.first.app_id)
+        if not self.independent:
+            self.res.maintenance = await asyncio.to_thread(
+                sink.maintain, self.first.partition, self.first.app_id)
+        else:  # every side that committed and is still this run's; figures summed (words:
+            # the distinct ones; one side's as they are)
+            sides = [s.ctx for s in self.sides if s.ctx.side.last_seq is not None
+                     and s.ctx.side.status != "handed_over"]
+            if not sides:
+                return
+            figures = [await asyncio.to_thread(sink.maintain, c.partition, c.app_id)
+                       for c in sides]
+            self.res.maintenance = figures[0] if len(self.sides) == 1 else merge_figures(figures)
         self.first.timed("maintain", t)
 
     async def _watermarks(self) -> dict[str, int] | None:
@@ -164,6 +262,9 @@ class Drain:
         out: dict[str, int] = {}
         for side in self.sides:
             c = side.ctx
+            if self.independent and side.lease is None:
+                out[side.name] = c.side.watermark  # not read: not in the next batch
+                continue
             out[side.name] = c.side.watermark = await asyncio.to_thread(
                 self.sink.watermark, c.app_id)
             c.watermark_read = True
@@ -174,26 +275,6 @@ class Drain:
                 await side.skip_committed(out[side.name])
                 skipped = True
         return None if skipped else out
-
-    async def _read(self, watermarks: Mapping[str, int]) -> dict[str, pa.Table] | None:
-        """Step 2 for every leased side (or the range read ahead); None when a side's read
-        was empty: its lease was settled (purged after a commit, crash before the ack) or the
-        range must be read again (a replica behind the leader): the caller decides again."""
-        size = self._size()
-        batches: dict[str, pa.Table] = {}
-        for side in self.sides:
-            if side.lease is None:
-                batches[side.name] = RECORD_SCHEMA.empty_table()
-                continue
-            from_seq = max(side.lease.seq, watermarks[side.name] + 1)
-            records = await side.take_read(from_seq, size)
-            if records.num_rows == 0:
-                if not await side.stale_empty_read(from_seq, side.start_last):
-                    await side.holder.ack(side.lease)
-                    await side.next()
-                return None
-            batches[side.name] = records
-        return batches
 
     async def _process(self, batches: Mapping[str, pa.Table]) -> Output:
         t = time.monotonic()
@@ -240,15 +321,22 @@ class Drain:
         """Step 5: commit (fenced), count. True: the run stops (fenced; status set)."""
         res, t = self.res, time.monotonic()
         try:
-            await commit_batch(self.sides, prep, watermarks)
+            await commit_batch(self.sides, prep, watermarks, independent=self.independent)
         except FenceConflictError as e:
             res.fence_conflicts += 1
             res.status = "fenced"
             res.detail = f"{e}; a newer holder owns this range, stopping"
             # Stop renewing the leases (nobody else holds them): left unacknowledged, they are
-            # redelivered to the partitions' next run after the ack wait.
+            # redelivered to the partitions' next run after the ack wait. Independent sides
+            # other than the conflicting one are this run's alone: put back at once.
             for side in self.sides:
-                if side.lease is not None:
+                if self.independent and side.ctx.app_id == e.app_id:
+                    side.ctx.end("fenced", res.detail)
+                if side.lease is None:
+                    continue
+                if self.independent and side.ctx.app_id != e.app_id:
+                    await side.put_back()
+                else:
                     await side.holder.release(side.lease)
             return True
         self.first.timed("commit", t)
@@ -271,31 +359,54 @@ class Drain:
                    seconds=time.monotonic() - self.first.t0, **self._ranges(prep.spans))
         return False
 
-    async def _settle(self, prep: Prepared, take_next: bool) -> bool:
-        """Steps 6-7 for each side with messages in the committed ``prep``, in leasing order:
-        settle (no keep-alive pull may be waiting when a lease is acked), then, with
-        ``take_next``, its next lease. True: the run stops (halted, handed over; status
+    async def _settle(self, prep: Prepared, take_next: bool, window: Window | None = None
+                      ) -> bool:
+        """Steps 6-7 for each side with messages in the committed ``prep``, in leasing order
+        (the sides of a run over several partitions concurrently,
+        :func:`~cg_pipelines.engine.reads.at_once`, after ONE purge of them all when ``prep``
+        is all that a split read ``window`` found, :meth:`~cg_pipelines.engine.reads.SplitRead.
+        purge_below`): :meth:`_settle_side`. True: the run stops (halted, handed over; status
         set)."""
-        for side in self.leasing:
-            span = prep.spans.get(side.name)
-            if span is None:
-                continue
-            t = time.monotonic()
-            await side.settled(span.first, span.last)
-            self.first.timed("settle", t)
-            if prep.halted:
-                side.lease = None  # acknowledged: the run stops below
-                continue
-            side.ctx.step("acked", first_seq=span.first, last_seq=span.last)
-            if take_next:
-                await side.next()
-                if self.res.status == "handed_over":
+        sides = [s for s in self.leasing if s.name in prep.spans]
+        if self.independent and len(sides) > 1:
+            purged = False
+            split = self.reads.split
+            if split is not None and window is not None and not prep.halted:
+                purged = await split.purge_below(
+                    window, sum(r.num_rows for r in prep.records.values()))
+            await at_once(sides, lambda s: self._settle_side(s, prep, take_next, purged))
+            stop = (take_next and not prep.halted and all(s.lease is None for s in self.sides)
+                    and any(s.ctx.side.status == "handed_over" for s in sides))
+        else:
+            stop = False
+            for side in sides:
+                await self._settle_side(side, prep, take_next)
+                if take_next and not prep.halted and (
+                        self.res.status == "handed_over" or (
+                            self.independent and side.ctx.side.status == "handed_over"
+                            and all(s.lease is None for s in self.sides))):
                     return True
         if prep.halted:
             # A bad message is now its partition's first: leave it for an operator.
             await self._halt(prep.halted)
             return True
-        return False
+        return stop
+
+    async def _settle_side(self, side: Side, prep: Prepared, take_next: bool,
+                           purged: bool = False) -> None:
+        """Settle ``side``'s part of the committed ``prep`` (release the keep-alive, then
+        purge, unless ``purged`` already, and ack: no keep-alive pull may be waiting when a
+        lease is acked), then, with ``take_next`` and no halt, take its next lease."""
+        span = prep.spans[side.name]
+        t = time.monotonic()
+        await side.settled(span.first, span.last, purged=purged)
+        self.first.timed("settle", t)
+        if prep.halted:
+            side.lease = None  # acknowledged: the run stops
+            return
+        side.ctx.step("acked", first_seq=span.first, last_seq=span.last)
+        if take_next:
+            await side.next()
 
     async def _halt(self, halted: Mapping[str, DeadLetter]) -> None:
         """Stop at each halted side's bad message: its lease (if still held) given back."""
@@ -304,10 +415,12 @@ class Drain:
             await side.put_back()
             await side.halt(bad)
 
-    async def _commit_and_next(self, prep: Prepared, watermarks: Mapping[str, int]) -> bool:
-        """Steps 5-7: :meth:`_commit`, then :meth:`_settle` with each settled side's next
-        lease. True: the run stops (status set)."""
-        return await self._commit(prep, watermarks) or await self._settle(prep, True)
+    async def _commit_and_next(self, prep: Prepared, watermarks: Mapping[str, int],
+                               window: Window | None = None) -> bool:
+        """Steps 5-7: :meth:`_commit`, then :meth:`_settle` (of ``prep`` read as ``window``)
+        with each settled side's next lease. True: the run stops (status set)."""
+        return (await self._commit(prep, watermarks)
+                or await self._settle(prep, True, window))
 
     async def process_and_commit(self, lease: Lease, records: pa.Table, watermark: int
                                  ) -> bool:
@@ -368,40 +481,7 @@ class Drain:
         await self._commit_and_next(prep, watermarks)
         return True
 
-    def _continues(self, spans: Mapping[str, Span]) -> bool:
-        """Whether the batch of ``spans`` starts where each side's next lease does (a side
-        without messages in it: no lease, or one that arrived after the run started)."""
-        for side in self.sides:
-            span = spans.get(side.name)
-            if span is None:
-                if side.lease is not None and not side.late():
-                    return False
-            elif side.lease is None or side.lease.seq != span.first:
-                return False
-        return True
-
-    async def _next_batches(self, spans: Mapping[str, Span]) -> dict[str, pa.Table] | None:
-        """The batch after ``spans``: each side's range read ahead from its last + 1 (empty
-        for a side read to its start). None when there is none, or a read ahead came back
-        empty (the outer loop reads again)."""
-        out: dict[str, pa.Table] = {}
-        for side in self.sides:
-            span = spans.get(side.name)
-            if span is None or span.last >= side.start_last:
-                out[side.name] = RECORD_SCHEMA.empty_table()
-                continue
-            prefetch, side.prefetch = side.prefetch, None
-            if prefetch is None or prefetch[0] != span.last + 1:
-                side.prefetch = prefetch
-                return None
-            records = await prefetch[1]
-            if records.num_rows == 0:
-                return None
-            out[side.name] = records
-        return out if any(b.num_rows for b in out.values()) else None
-
-    async def _pipeline(self, batches: dict[str, pa.Table], watermarks: Mapping[str, int]
-                        ) -> None:
+    async def _pipeline(self, window: Window, watermarks: Mapping[str, int]) -> None:
         """Steps 3-7 with commit and settle off the critical path: batch k+1 is processed
         while batch k commits (fenced, in order), purges, acks and the next leases come back.
         The batch after is read meanwhile too. Returns when the outer loop must decide (a
@@ -410,20 +490,19 @@ class Drain:
         wms = watermarks
         try:
             while True:
-                spans = spans_of(batches)
-                size = self._size()
+                spans = spans_of(window.tables)
                 for name, span in spans.items():
                     side = self.by_name[name]
                     side.ctx.inflight = (span.first, span.last)
                     side.ctx.step("read", first_seq=span.first, last_seq=span.last)
-                    side.read_ahead(span.last + 1, size)
+                self.reads.ahead(window, spans, self._size())
                 # 3. Process (while the previous batch commits).
-                prep = await self._prepare(batches)
+                prep = await self._prepare(window.tables)
                 if pending is not None:
                     stop, pending = await pending, None
                     if stop:
                         return
-                    if not self._continues(spans) or self.first.limit_hit():
+                    if not self.reads.lines_up(spans, window) or self.first.limit_hit():
                         # Not where this batch starts (or a limit): drop it, and the state it
                         # added to the cache, and let the outer loop decide.
                         if self.proc.state is not None:
@@ -435,15 +514,35 @@ class Drain:
                 # 4. Dead-letter.
                 await self._dead_letter(prep)
                 # 5.-7. off the critical path: commit (fenced), settle, next leases.
-                pending = asyncio.create_task(self._commit_and_next(prep, wms))
+                pending = asyncio.create_task(self._commit_and_next(prep, wms, window))
                 wms = {**wms, **{n: s.last for n, s in prep.spans.items()}}
-                nxt = None if prep.halted else await self._next_batches(spans)
+                nxt = None if prep.halted else await self.reads.following(window, spans)
                 if nxt is None:
                     task, pending = pending, None
                     await task
                     return
-                batches = nxt
+                window = nxt
         finally:
             if pending is not None:  # an error or cancellation: let the commit finish first
                 with contextlib.suppress(BaseException):
                     await pending
+
+
+def merge_figures(figures: Sequence[Mapping[str, int | float | str]]
+                  ) -> dict[str, int | float | str]:
+    """The upkeep figures of several sides as one dict: numbers summed, words (``"no"``,
+    ``"yes"``, an error) the distinct ones joined by ``"; "``; ``sides``: how many."""
+    out: dict[str, int | float | str] = {}
+    words: dict[str, list[str]] = {}
+    for f in figures:
+        for k, v in f.items():
+            if isinstance(v, str):
+                if v not in words.setdefault(k, []):
+                    words[k].append(v)
+            else:
+                prev = out.get(k, 0)
+                out[k] = (prev if isinstance(prev, (int, float)) else 0) + v
+    out.update({k: "; ".join(v) for k, v in words.items()})
+    if figures:
+        out["sides"] = len(figures)
+    return out

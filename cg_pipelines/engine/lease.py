@@ -55,6 +55,7 @@ __all__ = [
     "Repin",
     "ensure_lease_consumer",
     "guard_all",
+    "guard_each",
     "lease_consumer_config",
     "lease_consumer_name",
 ]
@@ -138,17 +139,18 @@ class Lease:
 
 class LeaseHolder:
     """Holds a partition's pinned consumer ``cname`` on ``ctx.read_stream`` for one run (see
-    the module docstring). Sets the run's status when the lease decides how it ends (``held``,
-    ``empty``, ``drained``, ``handed_over``)."""
+    the module docstring). Sets the side's status (:meth:`RunContext.end
+    <cg_pipelines.engine.context.RunContext.end>`: the run's, unless the side ends on its own)
+    when the lease decides how it ends (``held``, ``empty``, ``drained``, ``handed_over``)."""
 
     def __init__(self, ctx: RunContext, cname: str) -> None:
         self.ctx, self.cname = ctx, cname
         self.was_pinned = False  # a lease (so the pin) was held at some point
         self.current: Lease | None = None  # the newest lease taken (nak'ed on failure)
-
-    @property
-    def _res(self) -> RunResult:
-        return self.ctx.res
+        #: give the pin up as soon as the partition is drained, not when the run ends (a side
+        #: of a run over several partitions: the others may go on for long)
+        self.unpin_when_drained = False
+        self.unpinned = False  # the pin was given up early (the run's end leaves it alone)
 
     # ------------------------------------------------------------------ the run around it
 
@@ -183,15 +185,16 @@ class LeaseHolder:
 
     async def give_back(self) -> None:
         """After a failure: nak the messages of the lease still held (so they are delivered
-        again at once, not after the ack wait) and unpin. Best effort and bounded: with NATS
-        gone the ack wait and pin timeout do the same later."""
+        again at once, not after the ack wait) and unpin (unless the pin was given up already
+        or moved to another instance: the unpin would take it from that one). Best effort and
+        bounded: with NATS gone the ack wait and pin timeout do the same later."""
         lease, timeout = self.current, self.ctx.opt.timeout_s
         if lease is not None:
             await self.release(lease)
             for msg in lease.msgs:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(msg.nak(), timeout)
-        if self.was_pinned:
+        if self.was_pinned and not self.unpinned and self.ctx.status != "handed_over":
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self.ctx.api.unpin(self.ctx.read_stream, self.cname),
                                        timeout)
@@ -200,8 +203,21 @@ class LeaseHolder:
         """A run that held the pin and ended on its own gives the pin up, so the next run of
         the partition (another deployment after a membership change, say) is pinned at once
         instead of after ``priority_timeout_s``. Best effort: the pin times out anyway."""
-        if not self.was_pinned or self._res.status in ("handed_over", "held"):
+        if not self.was_pinned or self.unpinned or self.ctx.status in ("handed_over", "held"):
             return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ctx.api.unpin(self.ctx.read_stream, self.cname),
+                                   self.ctx.opt.timeout_s)
+
+    async def unpin_now(self) -> None:
+        """Give the pin up now (best effort, as :meth:`unpin`): the partition is drained and
+        this run will not pull from it again, so the next run of it (a one-partition run, a
+        run over another range) is pinned at once instead of after ``priority_timeout_s``.
+        Called only while the pin is this run's (its last pull carried the pin id and was
+        answered "nothing left"); the run's end then leaves the pin alone."""
+        if not self.was_pinned or self.unpinned:
+            return
+        self.unpinned = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ctx.api.unpin(self.ctx.read_stream, self.cname),
                                    self.ctx.opt.timeout_s)
@@ -239,7 +255,7 @@ class LeaseHolder:
                             + int(info.get("num_ack_pending") or 0))
         if self.ctx.pending:
             return True
-        self._res.status = "empty"
+        self.ctx.end("empty")
         return False
 
     async def take(self) -> Lease | None:
@@ -256,18 +272,17 @@ class LeaseHolder:
     async def why_nothing(self) -> None:
         """Set ``held`` (another instance holds the partition) or ``empty`` after a first pull
         that returned nothing."""
-        info, opt, res = await self.info(), self.ctx.opt, self._res
+        info, opt = await self.info(), self.ctx.opt
         if info.get("num_ack_pending") or info.get("num_pending"):
-            res.status = "held"
             holder = pinned_client_id(info)
             who = (f"pinned client {holder}" if holder else
                    f"{int(info.get('num_ack_pending') or 0)} message(s) delivered and not yet "
                    f"acknowledged; an earlier holder's lease returns after the ack wait "
                    f"({opt.ack_wait_s:g} s)")
-            res.detail = (f"partition {self.ctx.partition} held by another instance ({who}; "
-                          f"waited {opt.hold_wait_s:g} s); nothing processed")
+            self.ctx.end("held", f"partition {self.ctx.partition} held by another instance "
+                                 f"({who}; waited {opt.hold_wait_s:g} s); nothing processed")
         else:
-            res.status = "empty"
+            self.ctx.end("empty")
 
     def hold(self, msg: Msg | list[Msg], pin_id: str | None) -> Lease:
         """Hold the delivered ``msg`` (or messages) as the run's lease and start keeping it."""
@@ -289,14 +304,17 @@ class LeaseHolder:
             repin = await self.repin()
             if repin.pull is not None:
                 return self.hold(repin.pull.messages[0], repin.pull.pin_id)
-            self._res.status = "handed_over" if repin.outcome == "handed_over" else "drained"
-            if repin.detail:
-                self._res.detail = repin.detail
+            if self.unpin_when_drained:
+                self.unpinned = True  # the pin is gone: nothing to give up, now or later
+            self.ctx.end("handed_over" if repin.outcome == "handed_over" else "drained",
+                         repin.detail or None)
             return None
         if got.messages:
             return self.hold(got.messages[0], got.pin_id)
         if got.status in (None, 404, 408):
-            self._res.status = "drained"
+            self.ctx.end("drained")
+            if self.unpin_when_drained:
+                await self.unpin_now()
         else:
             got.raise_for_status()
         return None
@@ -444,3 +462,34 @@ async def guard_all(guards: Sequence[tuple[LeaseHolder, Callable[[], Awaitable[N
         await holder.guard(ensure, lambda: nest(k + 1))
 
     await nest(0)
+
+
+async def guard_each(holders: Sequence[LeaseHolder], body: Callable[[], Awaitable[None]]
+                     ) -> None:
+    """:func:`guard_all` for a run over many independent sides, without nesting one guard in
+    another (a run over 256 partitions would nest 256 deep): ensure each holder's consumer in
+    order, run ``body``, then unpin each (in reverse order); on any failure give every holder
+    ensured so far back (reverse order) and re-raise, a :class:`~cg_pipelines.core.errors.
+    PartitionRunError` attached for the side with a batch in flight (else the first). Every
+    side's NATS API is closed on the way out and the run's ``seconds`` set."""
+    ensured: list[LeaseHolder] = []
+    try:
+        for h in holders:
+            ensured.append(h)
+            await h.ensure()
+        await body()
+        for h in reversed(holders):
+            await h.unpin()
+    except BaseException as e:
+        for h in reversed(ensured):
+            await h.give_back()
+        if isinstance(e, Exception) and holders:
+            culprit = next((h for h in holders if h.ctx.inflight is not None), holders[0])
+            culprit.ctx.failure(e).attach()
+        raise
+    finally:
+        for h in holders:
+            await h.ctx.api.close()
+        if holders:
+            first = holders[0].ctx
+            first.res.seconds = time.monotonic() - min(h.ctx.t0 for h in holders)

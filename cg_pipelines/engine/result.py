@@ -37,6 +37,13 @@ class SideResult:
     times the side's pin was gone with no other holder and the run pinned itself again; a
     rebuild's ``messages_read`` (origin messages read) and origin range ``origin_first_seq``
     .. ``origin_last_seq``.
+
+    ``status`` and ``detail``: how this side ended, in a run whose sides end on their own (a
+    run over several partitions of one group, :func:`~cg_pipelines.engine.runner.
+    run_partitions`: ``"held"`` for a partition another run holds, ``"empty"``, ``"drained"``,
+    ``"limit"``, ``"handed_over"``; a side the run stopped with carries the run's
+    ``"fenced"``/``"halted"``); ``None`` and ``""`` in a run whose sides end together (one
+    partition, co-partitioned inputs): read :attr:`RunResult.status` there.
     """
 
     stream: str
@@ -54,6 +61,8 @@ class SideResult:
     messages_read: int = 0
     origin_first_seq: int | None = None
     origin_last_seq: int | None = None
+    status: RunStatus | None = None
+    detail: str = ""
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-able dict of the fields."""

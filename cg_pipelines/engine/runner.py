@@ -41,27 +41,34 @@ step over the sides in :mod:`~cg_pipelines.engine.step`; the commit in
 :mod:`~cg_pipelines.engine.executor_read`; the contracts in
 :mod:`~cg_pipelines.engine.processor` (the processing step), :mod:`~cg_pipelines.sinks.base`
 (the sink) and :mod:`~cg_pipelines.engine.result` (what a run returns). This module runs them
-over one partition (:func:`run_partition`) or any set of sides (:func:`run_sides`).
+over one partition (:func:`run_partition`), several partitions of one group
+(:func:`run_partitions`) or any set of sides (:func:`run_sides`).
 """
 
 from __future__ import annotations
 
+import operator
+from collections import Counter
 from collections.abc import Sequence
+from numbers import Integral
+from typing import cast
 
 from nats.aio.client import Client
 
-from cg_pipelines.engine.context import open_run
+from cg_pipelines.core.errors import ConfigError, UsageError
+from cg_pipelines.core.write import Merge
+from cg_pipelines.engine.context import check_sink, open_run
 from cg_pipelines.engine.drain import Drain
-from cg_pipelines.engine.lease import LeaseHolder, guard_all, lease_consumer_name
-from cg_pipelines.engine.options import EngineOptions, Hook
+from cg_pipelines.engine.lease import LeaseHolder, guard_all, guard_each, lease_consumer_name
+from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.engine.processor import Processor
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.side import Side
-from cg_pipelines.engine.step import BatchStep, SingleStep
+from cg_pipelines.engine.step import BatchStep, RangeStep
 from cg_pipelines.jetstream.connect import ConnectOptions
 from cg_pipelines.sinks.base import TableSink
 
-__all__ = ["run_partition", "run_sides"]
+__all__ = ["check_partitions", "run_partition", "run_partitions", "run_sides"]
 
 
 async def run_sides(sides: Sequence[Side], step: BatchStep, hook: Hook | None) -> RunResult:
@@ -94,7 +101,8 @@ async def run_partition(
     hook: Hook | None = None,
     connect: ConnectOptions | None = None,
 ) -> RunResult:
-    """Drain one partition of an elastic group with lease-and-range (see module docstring).
+    """Drain one partition of an elastic group with lease-and-range (see module docstring):
+    :func:`run_partitions` over ``[partition]`` (the run loop over one side).
 
     Args:
         nc: a connected nats-py client.
@@ -128,7 +136,135 @@ async def run_partition(
     attached (``PartitionRunError.of(exc)``): the partition, the sequences in flight and what
     was committed and acknowledged, the exception as its cause.
     """
-    ctx = open_run(nc, stream, group, partition, processor, sink, options, hook,
-                   connect=connect)
-    side = Side(ctx, LeaseHolder(ctx, lease_consumer_name(partition)))
-    return await run_sides([side], SingleStep(ctx), hook)
+    if partition < 0:  # as every entry point says it (open_run)
+        raise ConfigError("partition", f"must be >= 0, got {partition}")
+    return await run_partitions(nc, stream, group, [partition], processor, sink, options,
+                                hook=hook, connect=connect)
+
+
+def check_partitions(partitions: Sequence[int]) -> list[int]:
+    """``partitions`` as a list, checked before anything is sent or read.
+
+    Raises:
+        UsageError: empty, not integers (``bool`` included), or repeated (each is named).
+        ConfigError: a partition is negative (as every entry point says it).
+    """
+    parts = list(partitions) if not isinstance(partitions, (str, bytes)) else [partitions]
+    if not parts:
+        raise UsageError("partitions: a run needs one partition or more, got none")
+    bad = [p for p in parts if not isinstance(p, Integral) or isinstance(p, bool)]
+    if bad:
+        raise UsageError(f"partitions must be integers, got {bad[:5]!r}")
+    ints = [operator.index(cast(int, p)) for p in parts]  # numpy integers become ints
+    negative = [p for p in ints if p < 0]
+    if negative:
+        raise ConfigError("partitions", f"must be >= 0, got {negative[:5]}")
+    repeated = sorted(p for p, n in Counter(ints).items() if n > 1)
+    if repeated:
+        raise UsageError(f"partitions must be distinct, repeated: {repeated[:5]}")
+    return ints
+
+
+async def run_partitions(
+    nc: Client,
+    stream: str,
+    group: str,
+    partitions: Sequence[int],
+    processor: Processor,
+    sink: TableSink,
+    options: EngineOptions | None = None,
+    *,
+    hook: Hook | None = None,
+    connect: ConnectOptions | None = None,
+) -> RunResult:
+    """Drain several partitions of one elastic group in one run: the run loop over one
+    independent side per partition (:class:`~cg_pipelines.engine.drain.Drain` with
+    ``independent``), one fenced commit per batch for the partitions in it.
+
+    Each partition keeps what a one-partition run (:func:`run_partition`) gives it: its own
+    lease consumer ``partition-<p>``, watermark key ``<stream>/<group>/<p>`` (its fence), dead
+    letters, per-key state (read from and kept for that partition only), ``_partition`` column
+    on its rows and :class:`~cg_pipelines.engine.result.SideResult`. ``processor`` is the
+    ordinary one-input processor, called once per partition with records in a batch, with
+    that partition's :class:`~cg_pipelines.engine.processor.BatchContext`
+    (:class:`~cg_pipelines.engine.step.RangeStep`): a transform written for one partition runs
+    unchanged. A batch holds at most ``options.batch_max_msgs`` messages in all, shared out
+    among the partitions still leased (``batch_max_bytes`` applies per partition).
+
+    Ownership: a partition another run holds (a one-partition run, a run over another range)
+    is not processed and holds up no other partition: its side is ``held`` and the run drains
+    the others; no key is processed by two runs (one holder per lease, fenced commits). Over
+    several partitions, one drained while the others go on is given up at once (its pin
+    released), so its next run need not wait for this one to end; the sink's upkeep of it
+    still runs at the run's end (see ``notes/RANGE_RUNS.md``: the upkeep contract says "while
+    the lease is held"; the upkeep only does less on a snapshot another holder moved past).
+
+    Over one partition this is :func:`run_partition`'s run exactly (it calls this):
+    the same commits and lineage, statuses, pin and upkeep order, executor read.
+
+    A fence conflict (another holder committed a partition of the batch) stops the whole run
+    (status ``fenced``): nothing of the refused batch was acknowledged; the other partitions'
+    leases are put back at once. A ``halt`` stops the whole run too.
+
+    Args:
+        nc: a connected nats-py client.
+        stream, group: the origin stream and elastic group (its work queue must exist).
+        partitions: the partitions to drain, each ``0 <= p < max_members``, distinct, in the
+            run's order (the first's watermark key is the run's ``RunResult.partition``;
+            leases are taken in ascending order).
+        processor, sink, options, hook, connect: as :func:`run_partition` (``hook``: the
+            per-partition steps ``leased``, ``read``, ``purged``, ``acked`` carry
+            ``partition``; ``processed`` and ``committed`` are the run's, with ``ranges``:
+            each side's first and last sequence by side name ``<stream>/<group>/<p>``).
+
+    Returns:
+        A :class:`RunResult`: ``inputs`` holds each partition's :class:`SideResult` by its app
+        id ``<stream>/<group>/<p>``, with its own ``status`` (``held``, ``empty``,
+        ``drained``, ``limit``, ``handed_over``; ``fenced``/``halted`` when the run stopped
+        with it) and ``detail``. The run's ``status``: ``fenced``/``halted`` when it stopped,
+        else ``limit`` when a limit stopped a partition, ``drained`` when one was leased
+        (others may be held: read ``inputs``), ``held`` when none was and one is held,
+        ``empty`` otherwise; ``detail`` names the partitions held or handed over. Counts are
+        summed over the partitions.
+
+    Raises:
+        UsageError: ``partitions`` is empty, repeats one, or holds a non-integer (before
+            anything is sent or read).
+        ConfigError: a partition is negative (before anything is sent or read).
+        EngineConfigError: ``sink`` is not a table sink, or an Iceberg sink in Merge mode with
+            more than one partition (before any I/O); or a lease consumer cannot be created
+            as required.
+        NatsUnavailableError / JetStreamError / the processor's and the sink's errors: as
+            :func:`run_partition`; every lease taken is given back first (nak and unpin),
+            nothing acknowledged that was not committed; the
+            :class:`~cg_pipelines.core.errors.PartitionRunError` attached is the partition's
+            with a batch in flight.
+    """
+    parts = check_partitions(partitions)
+    check_sink(sink)
+    if len(parts) > 1 and sink.table_format == "iceberg" and isinstance(sink.write, Merge):
+        raise EngineConfigError(
+            "a run over several partitions commits rows of several partitions at once, which "
+            "IcebergSink's Merge mode refuses (one partition per merge): run the partitions "
+            "one by one (run_partition), or use Append or DeltaSink")
+    res = RunResult({})
+    ctxs = [open_run(nc, stream, group, p, processor, sink, options, tag_partition(hook, p),
+                     connect=connect, res=res) for p in parts]
+    for c in ctxs:
+        c.independent = True
+    sides = [Side(c, LeaseHolder(c, lease_consumer_name(c.partition))) for c in ctxs]
+    for s in sides:  # one partition: its pin goes at the end, after the upkeep, as ever
+        s.holder.unpin_when_drained = len(sides) > 1
+    loop = Drain(sides, RangeStep(ctxs), hook, independent=True)
+    await guard_each([s.holder for s in loop.leasing], loop.run)
+    return loop.res
+
+
+def tag_partition(hook: Hook | None, partition: int) -> Hook | None:
+    """``hook`` with ``partition=<partition>`` added to every per-side step's info."""
+    if hook is None:
+        return None
+
+    def tagged(step: str, info: dict[str, object]) -> None:
+        hook(step, {**info, "partition": partition})
+    return tagged

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -52,7 +53,7 @@ def last_origin_seq(batch: pa.Table) -> int | None:
     return col[len(col) - 1].as_py() if len(col) else None
 
 
-async def drop_prefetch(prefetch: Prefetch | None) -> None:
+async def drop_prefetch(prefetch: tuple[int, asyncio.Task[Any]] | None) -> None:
     """Cancel a prefetch nobody will use and wait until its task has ended (so no read of this
     run is left running, nor its exception unretrieved). The task's own outcome is dropped. A
     cancellation of the caller while it waits propagates at once (the prefetch, cancelled,
@@ -73,7 +74,8 @@ class Side:
     static group acks each delivered message, :meth:`~cg_pipelines.engine.lease.LeaseHolder.
     ack_each`). Attributes the loop reads and sets: ``lease`` (the held lease, None when the
     side has none), ``start_last`` (the stream's last sequence when the run started: the side
-    reads no further), ``dense`` (read unfiltered), ``prefetch`` (the range read ahead).
+    reads no further), ``dense`` (read unfiltered), ``queue_messages`` (the messages in the
+    stream it reads when the run started), ``prefetch`` (the range read ahead).
     """
 
     def __init__(self, ctx: RunContext, holder: LeaseHolder, settle: Settle | None = None
@@ -84,6 +86,7 @@ class Side:
         self.lease: Lease | None = None
         self.start_last = 0
         self.dense = False
+        self.queue_messages = 0
         self.prefetch: Prefetch | None = None
         self._dlq_ready = False
         self._shown: bool | None = None  # credentials_shown(nc), asked once per run
@@ -101,7 +104,8 @@ class Side:
         # range unfiltered and dropping the few other partitions' messages here is cheaper than
         # the server's filtered lookup; below that, the server and the client pay for every
         # message sent and filtered wins (bench/range_read.py: break-even at about 0.9).
-        self.dense = 10 * c.pending >= 9 * int(info["state"].get("messages") or 0)
+        self.queue_messages = int(info["state"].get("messages") or 0)
+        self.dense = 10 * c.pending >= 9 * self.queue_messages
 
     def late(self) -> bool:
         """The held lease arrived after the run started (left for the next run)."""
@@ -245,12 +249,16 @@ class Side:
         self.ctx.step("purged", last_seq=last)
         await self.holder.ack(lease)
 
-    async def settled(self, first: int, last: int) -> None:
-        """After a commit through ``last``: release the keep-alive, settle (purge and ack),
-        record it."""
+    async def settled(self, first: int, last: int, *, purged: bool = False) -> None:
+        """After a commit through ``last``: release the keep-alive, settle (purge and ack; only
+        ack when the run ``purged`` the range already, with other partitions'), record it."""
         assert self.lease is not None
         await self.holder.release(self.lease)
-        await self.settle(self.lease, last)
+        if purged:
+            self.ctx.step("purged", last_seq=last)
+            await self.holder.ack(self.lease)
+        else:
+            await self.settle(self.lease, last)
         c = self.ctx
         c.settled_through = last
         if c.inflight is not None and c.inflight[1] <= last:
@@ -261,8 +269,9 @@ class Side:
         note for ``cg halt skip`` (best effort: the halt stands without it)."""
         c = self.ctx
         c.side.halted_at = bad.seq
-        c.res.status = "halted"
-        c.res.detail = f"halted at sequence {bad.seq}: {bad.reason}"
+        detail = f"halted at sequence {bad.seq}: {bad.reason}"
+        c.end("halted", detail)
+        c.res.status, c.res.detail = "halted", detail  # a halt stops the whole run
         await self.ensure_dlq()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(record_halt(

@@ -2,7 +2,9 @@
 side's dead letters out (:class:`BatchStep`).
 
 A run over one side calls a :class:`~cg_pipelines.engine.processor.Processor` with that side's
-batch (:class:`SingleStep`); a co-partitioned run calls a
+batch (:class:`SingleStep`); a run over several partitions of one group calls the same
+one-input processor once per side with that side's batch and context, and concatenates the
+outputs (:class:`RangeStep`); a co-partitioned run calls a
 :class:`~cg_pipelines.engine.join_processor.JoinProcessor` with every side's batch
 (:class:`JoinStep`). Both hold the output to the same contract before anything is committed:
 the partition column set, the declared state's columns present
@@ -20,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cg_pipelines.core.contract import check_output
 from cg_pipelines.core.errors import ContractError
@@ -30,9 +33,10 @@ from cg_pipelines.engine.join_processor import JoinContext, JoinProcessor
 from cg_pipelines.engine.processor import BatchContext, DeadLetter
 from cg_pipelines.engine.side import bounds
 from cg_pipelines.engine.state import KeyStateCache
-from cg_pipelines.sinks.base import with_partition_column
+from cg_pipelines.sinks.base import PARTITION_COLUMN, with_partition_column
 
-__all__ = ["BatchStep", "JoinStep", "Output", "SingleStep", "check_dead"]
+__all__ = ["BatchStep", "JoinStep", "Output", "RangeState", "RangeStep", "SingleStep",
+           "check_dead"]
 
 Output = tuple[pa.Table | None, dict[str, list[DeadLetter]]]
 """A processed batch: the rows to commit (partition column set; None: none) and each side's
@@ -75,7 +79,7 @@ class BatchStep(ABC):
         spec: the declared state (:class:`~cg_pipelines.core.state.KeyedState`), or None.
     """
 
-    state: KeyStateCache | None
+    state: KeyStateCache | RangeState | None
     mode: str = "drain"
     spec: KeyedState | None
 
@@ -106,6 +110,8 @@ class SingleStep(BatchStep):
     """A run over one side: its :class:`~cg_pipelines.engine.processor.Processor`, with the
     run's state cache (:func:`~cg_pipelines.engine.context.state_cache`, made by the side's
     context)."""
+
+    state: KeyStateCache | None
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
@@ -155,6 +161,8 @@ class JoinStep(BatchStep):
             (:func:`~cg_pipelines.engine.context.state_cache`).
     """
 
+    state: KeyStateCache | None
+
     def __init__(self, processor: JoinProcessor, sides: Sequence[RunContext]) -> None:
         first = sides[0]
         self.processor, self.spec = processor, processor.state
@@ -172,3 +180,97 @@ class JoinStep(BatchStep):
             check_output(out.table.schema, self.spec, where=self.where)
         return with_partition_column(out.table, self.partition), check_dead(out.dead, batches)
 
+
+
+class RangeState:
+    """The per-key state of a run over several partitions of one group: each side's own
+    :class:`~cg_pipelines.engine.state.KeyStateCache` (a key belongs to one partition, so its
+    state is read from and kept for that partition only), updated and reset together as the
+    run loop does with one cache. ``caches``: ``{partition: cache}``."""
+
+    def __init__(self, caches: Mapping[int, KeyStateCache]) -> None:
+        self.caches = dict(caches)
+
+    def update(self, rows: pa.Table | None) -> None:
+        """Take each partition's rows of ``rows`` (by :data:`~cg_pipelines.sinks.base.
+        PARTITION_COLUMN`, which the step set) as the newest state of their keys."""
+        if rows is None or rows.num_rows == 0:
+            return
+        col = rows[PARTITION_COLUMN]
+        for p in pc.unique(col).to_pylist():
+            cache = self.caches.get(p)
+            if cache is not None:
+                cache.update(rows.filter(pc.equal(col, p)))
+
+    def reset(self) -> None:
+        """Forget every partition's cached state (:meth:`KeyStateCache.reset
+        <cg_pipelines.engine.state.KeyStateCache.reset>`)."""
+        for cache in self.caches.values():
+            cache.reset()
+
+
+class RangeStep(BatchStep):
+    """A run over several partitions of one group (:func:`~cg_pipelines.engine.runner.
+    run_partitions`): the run's one-input :class:`~cg_pipelines.engine.processor.Processor`
+    called once per side with records, in the sides' order, each call with that side's own
+    :class:`~cg_pipelines.engine.processor.BatchContext` (its partition, app id, sequence
+    bounds and state), exactly as a one-partition run calls it (:class:`SingleStep`); the
+    outputs (each with its side's partition column) are concatenated into one table.
+    ``sides``: the sides' contexts in the run's order.
+    """
+
+    def __init__(self, sides: Sequence[RunContext]) -> None:
+        self.steps = {c.name: SingleStep(c) for c in sides}
+        first = sides[0]
+        self.spec = first.processor.state
+        caches = {c.partition: c.state for c in sides if c.state is not None}
+        self.state = RangeState(caches) if caches else None
+
+    def process(self, batches: Mapping[str, pa.Table]) -> Output:
+        """Each side's non-empty batch through ``processor.process``; the rows concatenated
+        in the sides' order (schemas unified: a column all null in one side's output takes
+        the type of another's).
+
+        Raises:
+            ContractError: the sides' outputs have columns of incompatible types; or as
+                :class:`SingleStep`.
+        """
+        tables: list[pa.Table] = []
+        dead: dict[str, list[DeadLetter]] = {}
+        for name, step in self.steps.items():
+            records = batches.get(name)
+            if records is None or records.num_rows == 0:
+                continue
+            step.mode = self.mode
+            table, letters = step.process({name: records})
+            if table is not None:
+                tables.append(table)
+            dead.update(letters)
+        if not tables:
+            return None, dead
+        if len(tables) == 1:
+            return tables[0], dead
+        try:
+            return pa.concat_tables(tables, promote_options="default"), dead
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise ContractError(f"the transform's outputs for partitions "
+                                f"{[s.ctx.partition for s in self.steps.values()]} cannot be "
+                                f"concatenated (columns of different types): {e}") from e
+
+    def _only(self) -> SingleStep | None:
+        """The one side's step when the run has one side, else None."""
+        return next(iter(self.steps.values())) if len(self.steps) == 1 else None
+
+    def range_processor(self) -> RangeProcessor | None:
+        """A run over one partition: its step's (:meth:`SingleStep.range_processor`, the
+        executor read); over several, None (not used)."""
+        only = self._only()
+        return only.range_processor() if only is not None else None
+
+    def process_range(self, source: Mapping[str, str], first: int, last: int
+                      ) -> RangeProcessed:
+        """The one side's :meth:`SingleStep.process_range`."""
+        only = self._only()
+        assert only is not None
+        only.mode = self.mode
+        return only.process_range(source, first, last)

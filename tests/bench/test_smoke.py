@@ -108,6 +108,8 @@ BENCHES: dict[str, tuple[str, ...]] = {
         rf"^sensor tick 16 partitions: {_F} s", rf"^sensor tick 64 partitions: {_F} s"),
     "join": (rf"^join run: {_N} msg/s \(\d+ commits\)$",
              rf"^two single runs: {_N} msg/s \(\d+ commits\)$"),
+    "range_runs": (rf"^run over 1 partition: {_F} s, {_N} msg/s \(\d+ commits\); seconds in: ",
+                   rf"^run over 4 partitions: {_F} s, {_N} msg/s \(\d+ commits\); seconds in: "),
     "sensor_ticks": (rf"^sensor tick 16 partitions: {_F} s",
                      rf"^sensor tick 64 partitions: {_F} s",
                      rf"^sensor tick 64 partitions \(postgres\): {_F} s"),
@@ -130,12 +132,13 @@ RATIOS: dict[str, str] = {
     "scale": rf"^run fixed cost / no-op dagster run: ({_F}) ",
     "partition_drain": rf"^engine / fastest raw reader: ({_F})% ",
     "join": rf"^join run / two single runs: ({_F})$",
+    "range_runs": rf"^run over 4 partitions / run over 1 partition \(same messages\): ({_F})$",
 }
 
 # Longest first, so the pool's last job is a short one (seconds under load, measured).
 ORDER = ("scale", "baseline", "spark_read", "soak", "spark_path", "chaos", "sensor_ticks",
          "failure_output", "members", "aging", "delta_commit", "range_read", "iceberg_vs_delta",
-         "merge", "reconcile", "join", "partition_drain", "delta_log_cost",
+         "merge", "reconcile", "join", "range_runs", "partition_drain", "delta_log_cost",
          "bench_jetstream_api")
 
 

@@ -217,3 +217,31 @@ async def test_merge_deletes_and_reinserts(nats_server, nc, js, unique_name, bac
     assert await _left(api, stream) == 0
     ops = [h["operation"] for h in sink.history()]
     assert "delete" in ops or "overwrite" in ops, ops
+
+
+@pytest.mark.parametrize("backend", ["sqlite-local"], indirect=True)
+async def test_range_run_appends_every_partition(nc, js, unique_name, backend) -> None:
+    """A run over 3 partitions of one group on an Iceberg table (append): joint commits of
+    several partitions, each partition's own watermark, the reference table, an empty work
+    queue; Merge mode over several partitions is refused before any I/O."""
+    from cg_pipelines.core.write import Merge
+    from cg_pipelines.engine.options import EngineConfigError
+    from cg_pipelines.engine.runner import run_partitions
+    from cg_pipelines.sinks.base import app_id_for
+
+    stream = unique_name
+    evs = keyed.events(14, 420)
+    api = await _setup(js, stream, keyed.publish, evs, n=3)
+    sink = backend.sink()
+    r = await run_partitions(nc, stream, "g", range(3), keyed.processor(), sink,
+                             EngineOptions(batch_max_msgs=60, **FAST))
+    assert r.status == "drained" and r.processed == len(evs) and r.fence_conflicts == 0, r
+    for p in range(3):
+        app_id = app_id_for(stream, "g", p)
+        side = r.inputs[app_id]
+        assert side.status == "drained" and sink.watermark(app_id) == side.last_seq, app_id
+    assert keyed.mismatches(sink.read(), evs) is None
+    assert await _left(api, stream) == 0
+    with pytest.raises(EngineConfigError, match="Merge mode refuses"):
+        await run_partitions(nc, stream, "g", range(3), keyed.processor(),
+                             backend.sink(Merge("key", order_by="seq")))

@@ -89,3 +89,37 @@ def test_cleaned_log_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CoverageLogError, match="version 1 is no longer in the table's log"):
         DeltaLogCoverage(fs, "S", "g").read(0, 10)
 
+
+
+def test_range_commit_read_per_partition_entry(tmp_path: Path) -> None:
+    """A run over several partitions of one group commits ``cg.join`` with one entry per
+    partition, each naming its ``partition``: each entry is read as that partition's coverage
+    (not only the first, not under a commit-level partition). A co-partitioned commit (entries
+    without ``partition``) still gives the group's one entry under the commit's partition."""
+    uri = str(tmp_path / "t")
+    sink = DeltaSink(uri, schema=SCHEMA)
+    sink.ensure_table(SCHEMA)
+    entries = [{"name": f"S/g/{p}", "stream": "S", "group": "g", "app_id": f"S/g/{p}",
+                "partition": p, "first_seq": f, "last_seq": la, "last_origin_seq": la,
+                "coverage": encode_seqs(seqs)}
+               for p, f, la, seqs in [(0, 1, 4, [1, 4]), (2, 2, 3, [2, 3]), (3, 5, 5, [5])]]
+    sink.commit(pa.concat_tables([_rows(2, 0), _rows(2, 2), _rows(1, 3)]),
+                {"S/g/0": (0, 4), "S/g/2": (0, 3), "S/g/3": (0, 5)}, lineage={
+                    "stream": "S", "group": "g", "partitions": "0,2,3",
+                    "join": json.dumps(entries)})
+    joint = [{"name": "a", "stream": "S", "group": "g", "app_id": "S/g/1", "first_seq": 6,
+              "last_seq": 6, "last_origin_seq": 6, "coverage": encode_seqs([6])},
+             {"name": "b", "stream": "T", "group": "g", "app_id": "T/g/1", "first_seq": 1,
+              "last_seq": 1, "last_origin_seq": 1, "coverage": encode_seqs([1])}]
+    sink.commit(_rows(1, 1), {"S/g/1": (0, 6), "T/g/1": (0, 1)},
+                lineage={"partition": 1, "join": json.dumps(joint)})
+    fs = table_filesystem(uri, {})
+    assert fs is not None
+    commits, _, done = DeltaLogCoverage(fs, "S", "g").read(-1, 100)
+    assert done
+    got = [(c.version, c.partition, None if c.seqs is None else c.seqs.tolist(), c.wq_last)
+           for c in commits]
+    assert got == [(1, 0, [1, 4], 4), (1, 2, [2, 3], 3), (1, 3, [5], 5), (2, 1, [6], 6)]
+    other, _, _ = DeltaLogCoverage(fs, "T", "g").read(-1, 100)
+    assert [(c.version, c.partition, c.seqs.tolist() if c.seqs is not None else None)
+            for c in other] == [(2, 1, [1])]
