@@ -293,14 +293,8 @@ def run_metadata(spec: ConsumerGroupDag, partition: int, mode: str, owner: str, 
     ``first_seq``/``last_seq`` (work-queue sequences, 0 for none), ``messages``,
     ``dead_lettered``, ``watermark`` (plus the origin range on a rebuild). Pure."""
     side = next(iter(result.inputs.values()))
-    row: dict[str, Any] = {"input": spec.group, "stream": spec.stream, "group": spec.group,
-                           "first_seq": side.first_seq or 0, "last_seq": side.last_seq or 0,
-                           "messages": side.processed, "dead_lettered": side.dead_lettered,
-                           "watermark": side.watermark}
-    if mode == "rebuild":
-        row.update({"origin_first_seq": side.origin_first_seq or 0,
-                    "origin_last_seq": side.origin_last_seq or 0,
-                    "messages_read": side.messages_read, "rows_replaced": result.rows_replaced})
+    row: dict[str, Any] = {"input": spec.group, **side.lineage(
+        rebuild=mode == "rebuild", rows_replaced=result.rows_replaced)}
     md: dict[str, Any] = {
         "status": result.status, "mode": mode, "partition": partition,
         "write_mode": type(spec.write).__name__.lower(), "messages": side.processed,

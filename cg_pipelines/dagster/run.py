@@ -323,15 +323,8 @@ def _report(spec: StreamAsset, run: Resolved, o: Outcome) -> MaterializeResult:
         "waited_for_runs": ", ".join(run.waited)}
     lineage = []
     for inp in spec.inputs:
-        r = o.sides[inp.name]
-        row: dict[str, Any] = {"stream": inp.stream, "group": inp.group,
-                               "first_seq": r.first_seq or 0, "last_seq": r.last_seq or 0,
-                               "messages": r.processed, "dead_lettered": r.dead_lettered,
-                               "watermark": r.watermark}
-        if run.mode == "rebuild":
-            row.update({"origin_first_seq": r.origin_first_seq or 0,
-                        "origin_last_seq": r.origin_last_seq or 0,
-                        "messages_read": r.messages_read, "rows_replaced": o.rows_replaced})
+        row = o.sides[inp.name].lineage(rebuild=run.mode == "rebuild",
+                                        rows_replaced=o.rows_replaced)
         lineage.append({"input": inp.name, **row})
         md.update({f"{spec.md_prefix(inp)}{k}": v for k, v in row.items()})
     md["lineage"] = MetadataValue.json(lineage)

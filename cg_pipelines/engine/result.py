@@ -68,6 +68,23 @@ class SideResult:
         """A JSON-able dict of the fields."""
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
+    def lineage(self, *, rebuild: bool = False, rows_replaced: int = 0) -> dict[str, int | str]:
+        """The side's row of a run's reported lineage, the same for every orchestrator
+        (Dagster's materialization, Airflow's asset event): ``stream``, ``group``,
+        ``first_seq``/``last_seq`` (work-queue sequences, 0 for none), ``messages``,
+        ``dead_lettered``, ``watermark``; a rebuild adds its origin range
+        ``origin_first_seq``/``origin_last_seq`` (0 for none), ``messages_read`` and the run's
+        ``rows_replaced``."""
+        row: dict[str, int | str] = {
+            "stream": self.stream, "group": self.group, "first_seq": self.first_seq or 0,
+            "last_seq": self.last_seq or 0, "messages": self.processed,
+            "dead_lettered": self.dead_lettered, "watermark": self.watermark}
+        if rebuild:
+            row.update({"origin_first_seq": self.origin_first_seq or 0,
+                        "origin_last_seq": self.origin_last_seq or 0,
+                        "messages_read": self.messages_read, "rows_replaced": rows_replaced})
+        return row
+
 
 class _FirstSide(Generic[T]):
     """A :class:`RunResult` attribute read from its first side's :class:`SideResult`."""
