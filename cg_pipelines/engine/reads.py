@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 
 from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.engine.commit import Span
-from cg_pipelines.engine.side import Side, bounds, drop_prefetch
+from cg_pipelines.engine.side import Side, bounds, drop_prefetch, take_prefetch
 from cg_pipelines.jetstream.rangeread import RangeBatch, read_range
 
 __all__ = ["AT_ONCE", "Reads", "SplitRead", "Window", "at_once", "reads_split"]
@@ -210,10 +210,7 @@ class SplitRead:
         """The read from ``from_seq``: the prefetch when it starts there, else a read (a
         prefetch starting elsewhere is dropped)."""
         prefetch, self.prefetch = self.prefetch, None
-        if prefetch is not None and prefetch[0] == from_seq:
-            return await prefetch[1]
-        await drop_prefetch(prefetch)
-        return await self.read(from_seq, size)
+        return await take_prefetch(prefetch, from_seq, lambda: self.read(from_seq, size))
 
     async def take_ahead(self, from_seq: int) -> Window | None:
         """The prefetch when it starts at ``from_seq`` (None: there is none, or it starts

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -51,6 +51,19 @@ def last_origin_seq(batch: pa.Table) -> int | None:
     """The origin sequence of the batch's last message (None when it has none)."""
     col = batch["origin_seq"]
     return col[len(col) - 1].as_py() if len(col) else None
+
+
+T = TypeVar("T")
+
+
+async def take_prefetch(prefetch: tuple[int, asyncio.Task[T]] | None, from_seq: int,
+                        read: Callable[[], Awaitable[T]]) -> T:
+    """The read from ``from_seq``: ``prefetch`` when it starts there, else ``read()`` (a
+    prefetch starting elsewhere is dropped first, :func:`drop_prefetch`)."""
+    if prefetch is not None and prefetch[0] == from_seq:
+        return await prefetch[1]
+    await drop_prefetch(prefetch)
+    return await read()
 
 
 async def drop_prefetch(prefetch: tuple[int, asyncio.Task[Any]] | None) -> None:
@@ -160,10 +173,7 @@ class Side:
         """The range from ``from_seq``: the prefetch when it starts there, else a read (a
         prefetch starting elsewhere is dropped)."""
         prefetch, self.prefetch = self.prefetch, None
-        if prefetch is not None and prefetch[0] == from_seq:
-            return await prefetch[1]
-        await drop_prefetch(prefetch)
-        return await self.read(from_seq, size)
+        return await take_prefetch(prefetch, from_seq, lambda: self.read(from_seq, size))
 
     async def drop_prefetch(self) -> None:
         """Drop the range read ahead, if any."""
