@@ -154,20 +154,35 @@ class PostgresServer:
             return self
         self._bin = find_postgres_bin(self.bin_dir)
         self._dir = Path(tempfile.mkdtemp(prefix="cg-pg-"))
-        user = _run_as()
-        if user is not None:
-            os.chown(self._dir, user.pw_uid, user.pw_gid)
-        kw = self._popen_kwargs()
-        init = subprocess.run(
-            [str(self._bin / "initdb"), "-D", str(self.data_dir), "-U", _SUPERUSER,
-             "--auth=trust", "--encoding=UTF8", "--no-sync"],
-            capture_output=True, timeout=120, **kw)  # type: ignore[call-overload]
-        if init.returncode != 0:
-            raise PostgresServerError(
-                f"initdb failed (exit {init.returncode}): "
-                f"{init.stderr.decode(errors='replace')[-2000:]}")
-        if self.port == 0:
-            self.port = _free_port()
+        try:
+            user = _run_as()
+            if user is not None:
+                os.chown(self._dir, user.pw_uid, user.pw_gid)
+            init = subprocess.run(
+                [str(self._bin / "initdb"), "-D", str(self.data_dir), "-U", _SUPERUSER,
+                 "--auth=trust", "--encoding=UTF8", "--no-sync"],
+                capture_output=True, timeout=120, **self._popen_kwargs())  # type: ignore[call-overload]
+            if init.returncode != 0:
+                raise PostgresServerError(
+                    f"initdb failed (exit {init.returncode}): "
+                    f"{init.stderr.decode(errors='replace')[-2000:]}")
+            auto_port = self.port == 0
+            for _ in range(5 if auto_port else 1):
+                if auto_port:
+                    # chosen before postgres binds it: another process may take it in between,
+                    # and postgres then exits at once ("could not bind"), so try another
+                    self.port = _free_port()
+                self._spawn()
+                if self._wait_ready():
+                    return self
+            raise PostgresServerError(f"postgres could not listen on 127.0.0.1:{self.port}; "
+                                      f"log tail:\n{self.log_tail()}")
+        except BaseException:
+            self.stop()  # what it started, and its directory
+            raise
+
+    def _spawn(self) -> None:
+        assert self._bin is not None and self._dir is not None
         log = open(self._dir / "postgres.log", "ab")  # handed to the child
         try:
             self._proc = subprocess.Popen(  # type: ignore[call-overload]
@@ -175,25 +190,30 @@ class PostgresServer:
                  "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self._dir}",
                  "-c", "fsync=off", "-c", "synchronous_commit=off",
                  "-c", "full_page_writes=off", "-c", "max_connections=200"],
-                stdout=log, stderr=subprocess.STDOUT, **kw)
+                stdout=log, stderr=subprocess.STDOUT, **self._popen_kwargs())
         finally:
             log.close()
-        self._wait_ready()
-        return self
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self) -> bool:
+        """True once this server's own ``postmaster.pid`` says it listens on :attr:`port` and
+        is ready (its 4th line is the port, its 8th the status; PostgreSQL 10+): a probe of
+        the port could be answered by another server that holds it. False if it exited
+        because the port was taken."""
         deadline = time.monotonic() + self.ready_timeout_s
-        assert self._bin is not None
+        pidfile = self.data_dir / "postmaster.pid"
         while time.monotonic() < deadline:
             if self._proc is None or self._proc.poll() is not None:
+                if "could not bind" in self.log_tail(50):
+                    return False
                 raise PostgresServerError(f"postgres exited at start; log tail:\n{self.log_tail()}")
-            ready = subprocess.run(
-                [str(self._bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port),
-                 "-U", _SUPERUSER], capture_output=True, timeout=10)
-            if ready.returncode == 0:
-                return
+            try:
+                lines = pidfile.read_text().splitlines()
+            except OSError:
+                lines = []
+            if len(lines) >= 8 and lines[3].strip() == str(self.port) \
+                    and lines[7].strip() == "ready":
+                return True
             time.sleep(0.1)
-        self.stop()
         raise PostgresServerError(
             f"postgres not ready after {self.ready_timeout_s:g} s; log tail:\n{self.log_tail()}")
 

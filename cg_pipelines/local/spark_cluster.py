@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,17 +46,14 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _env(log_dir: Path) -> dict[str, str]:
     home = spark_home()
     return {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOG_DIR": str(log_dir), "SPARK_NO_DAEMONIZE": "1",
-            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+            # the master's REST submission server would take the fixed port 6066
+            "SPARK_MASTER_OPTS": " ".join(filter(None, [
+                os.environ.get("SPARK_MASTER_OPTS"), "-Dspark.master.rest.enabled=false"]))}
 
 
 def stop_pid(pid: int, timeout_s: float = 10.0) -> bool:
@@ -124,6 +121,22 @@ class _Proc:
             except subprocess.TimeoutExpired:
                 continue
 
+    def bound_port(self, service: str) -> int | None:
+        """The port Spark's ``Utils.startServiceOnPort`` logged for ``service`` ("Successfully
+        started service '<service>' on port N."; a class name matches with or without its
+        package), or None while it has not bound yet. Reading the port the JVM itself bound
+        (asked for port 0) leaves no window in which another process takes a port chosen for it
+        beforehand."""
+        return self.logged_int(rf"Successfully started service '(?:[\w.$]*\.)?"
+                               rf"{re.escape(service)}\$?' on port (\d+)")
+
+    def logged_int(self, pattern: str) -> int | None:
+        """The number ``pattern``'s first group matched in the log (first match), or None."""
+        if not self.log.exists():
+            return None
+        found = re.search(pattern, self.log.read_text(errors="replace"))
+        return int(found.group(1)) if found else None
+
     def tail(self, lines: int = 20) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
@@ -151,12 +164,12 @@ class SparkStandaloneCluster:
         self.log_dir = Path(self._tmp.name) if self._tmp else Path(log_dir)  # type: ignore[arg-type]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.start_timeout_s = start_timeout_s
-        self.port, self.ui_port = _free_port(), _free_port()
+        self.port = self.ui_port = 0  # the ports the master bound, known once started
         self._procs: list[_Proc] = []
 
     @property
     def master_url(self) -> str:
-        """``spark://127.0.0.1:<port>``."""
+        """``spark://127.0.0.1:<port>`` (after :meth:`start`)."""
         return f"spark://127.0.0.1:{self.port}"
 
     @property
@@ -185,18 +198,31 @@ class SparkStandaloneCluster:
         return [*st.get("activeapps", []), *st.get("completedapps", [])]
 
     def start(self) -> SparkStandaloneCluster:
-        self._procs.append(_Proc("master", [
-            "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-            "--port", str(self.port), "--webui-port", str(self.ui_port)], self.log_dir))
-        self._wait(lambda st: True, "master")
-        for i in range(self.workers):
-            self._procs.append(_Proc(f"worker{i}", [
-                "org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1",
-                "--cores", str(self.cores), "--memory", self.memory,
-                "--webui-port", str(_free_port()), "--work-dir", str(self.log_dir / f"w{i}")],
-                self.log_dir))
-        self._wait(lambda st: sum(w.get("state") == "ALIVE" for w in st.get("workers", []))
-                   >= self.workers, f"{self.workers} worker(s)")
+        """Start the master (on ports it picks itself), then the workers, and wait until every
+        worker is ALIVE on the master (see the class docstring for errors). A failed start
+        stops every JVM it started."""
+        try:
+            master = _Proc("master", [
+                "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                "--port", "0", "--webui-port", "0"], self.log_dir)
+            self._procs.append(master)
+            self._wait(lambda: master.bound_port("sparkMaster") and master.bound_port("MasterUI"),
+                       "master")
+            self.port = master.bound_port("sparkMaster") or 0
+            self.ui_port = master.bound_port("MasterUI") or 0
+            self._wait(lambda: self.state() is not None, "master's JSON endpoint")
+            for i in range(self.workers):
+                self._procs.append(_Proc(f"worker{i}", [
+                    "org.apache.spark.deploy.worker.Worker", self.master_url,
+                    "--host", "127.0.0.1", "--cores", str(self.cores), "--memory", self.memory,
+                    "--webui-port", "0", "--work-dir", str(self.log_dir / f"w{i}")],
+                    self.log_dir))
+            self._wait(lambda: sum(w.get("state") == "ALIVE"
+                                      for w in self.state().get("workers", []))
+                       >= self.workers, f"{self.workers} worker(s)")
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _wait(self, ready: Any, what: str) -> None:
@@ -204,16 +230,14 @@ class SparkStandaloneCluster:
         while True:
             dead = [p for p in self._procs if not p.alive()]
             if dead:
-                self.stop()
                 raise StateError(f"Spark {dead[0].name} exited:\n{dead[0].tail()}")
             try:
-                if ready(self.state()):
+                if ready():
                     return
-            except OSError:
+            except OSError:  # the master's web UI is not answering yet
                 pass
             if time.monotonic() > deadline:
                 tails = "\n".join(f"--- {p.name}\n{p.tail(8)}" for p in self._procs)
-                self.stop()
                 raise StateError(f"Spark {what} not up after {self.start_timeout_s:g} s\n"
                                  f"{tails}")
             time.sleep(0.3)
@@ -256,13 +280,15 @@ class SparkConnectServer:
                  conf: dict[str, str] | None = None, driver_memory: str | None = None) -> None:
         """Args: ``master`` the server's Spark master; ``log_dir`` where its log goes (a
         temporary directory by default); ``start_timeout_s`` seconds to wait for it to listen;
-        ``port`` its gRPC port (a free one by default); ``conf`` extra ``--conf`` settings of
+        ``port`` its gRPC port (by default one the server picks; :attr:`port` holds it once
+        started); ``conf`` extra ``--conf`` settings of
         the server's Spark; ``driver_memory`` e.g. ``"2g"`` (Spark's default 1g otherwise)."""
         self.master = master
         self._tmp = tempfile.TemporaryDirectory(prefix="cg-connect-") if log_dir is None else None
         self.log_dir = Path(self._tmp.name) if self._tmp else Path(log_dir)  # type: ignore[arg-type]
         self.start_timeout_s = start_timeout_s
-        self.port = port or _free_port()
+        self._asked_port = port or 0
+        self.port = self._asked_port
         self.conf = dict(conf or {})
         self.driver_memory = driver_memory
         self._proc: _Proc | None = None
@@ -283,7 +309,7 @@ class SparkConnectServer:
 
     def start(self) -> SparkConnectServer:
         """Start the server and wait until it listens (see the class docstring for errors)."""
-        conf = {"spark.connect.grpc.binding.port": str(self.port),
+        conf = {"spark.connect.grpc.binding.port": str(self._asked_port),
                 "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1",
@@ -295,19 +321,34 @@ class SparkConnectServer:
         for k, v in conf.items():
             args += ["--conf", f"{k}={v}"]
         self._proc = _Proc("connect", [*args, "spark-internal"], self.log_dir)
+        try:
+            self.port = self._wait_bound(self._proc)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_bound(self, proc: _Proc) -> int:
         deadline = time.monotonic() + self.start_timeout_s
-        while True:
-            if not self._proc.alive():
-                raise StateError(f"Spark Connect server exited:\n{self._proc.tail()}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return self
+        def bound_port() -> int | None:  # Spark 4.0 may log only the second line
+            return proc.bound_port("SparkConnectService") or proc.logged_int(
+                r"Spark Connect server started at: \S+:(\d+)")
+
+        while (bound := bound_port()) is None:
+            if not proc.alive():
+                tail = proc.tail(60)
+                if self._asked_port and "java.net.BindException" in tail:
+                    raise StateError(f"port {self._asked_port} is in use: the Spark Connect "
+                                     f"server could not bind it (log: {self.log})")
+                raise StateError(f"Spark Connect server exited:\n{proc.tail()}")
             if time.monotonic() > deadline:
-                tail = self._proc.tail()
-                self.stop()
                 raise StateError(f"Spark Connect server not listening after "
-                                 f"{self.start_timeout_s:g} s:\n{tail}")
+                                 f"{self.start_timeout_s:g} s:\n{proc.tail()}")
             time.sleep(0.3)
+        if self._asked_port and bound != self._asked_port:
+            raise StateError(f"port {self._asked_port} is in use: the Spark Connect server "
+                             f"bound {bound} instead (stopped; log: {self.log})")
+        return bound
 
     def stop(self) -> None:
         """Stop the server by PID (idempotent)."""

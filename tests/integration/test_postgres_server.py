@@ -44,3 +44,29 @@ def test_missing_binaries_fail_with_the_install_hint(monkeypatch: pytest.MonkeyP
 def test_an_explicit_directory_without_binaries_is_named() -> None:
     with pytest.raises(PostgresServerError, match="/nonexistent: no initdb"):
         PostgresServer(bin_dir="/nonexistent").start()
+
+
+def test_a_port_taken_before_postgres_binds_it_is_retried_not_shared(
+        postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the port picked for the new server is taken (by the fixture's server) before it binds:
+    # it must start on another port, not report the other server's readiness as its own
+    from cg_pipelines.local import postgres
+    free = postgres._free_port
+    picks = iter([postgres_server.port])
+    monkeypatch.setattr(postgres, "_free_port", lambda: next(picks, None) or free())
+    with PostgresServer() as mine:
+        assert mine.pid is not None and mine.port != postgres_server.port
+        mine.psql("CREATE TABLE only_mine (x int)")
+        assert mine.psql("SELECT count(*) FROM pg_tables WHERE tablename = 'only_mine'"
+                         ).strip() == "1"
+    assert postgres_server.psql("SELECT count(*) FROM pg_tables WHERE tablename = 'only_mine'"
+                                ).strip() == "0"
+
+
+def test_an_explicit_port_in_use_is_refused_and_leaves_nothing(
+        postgres_server: PostgresServer) -> None:
+    server = PostgresServer(port=postgres_server.port)
+    with pytest.raises(PostgresServerError, match=f"could not listen on 127.0.0.1:"
+                                                  f"{postgres_server.port}"):
+        server.start()
+    assert server.pid is None and server._dir is None

@@ -63,3 +63,28 @@ def test_start_status_client_stop(tmp_path: Path) -> None:
     assert not _alive(pid)
     assert _cg("status", "--state-dir", state).returncode == 3
     assert (tmp_path / "state" / "spark-connect" / "connect.log").stat().st_size > 0
+
+
+def test_a_port_in_use_is_refused_not_taken_for_the_server(tmp_path: Path) -> None:
+    # something else listens on the asked port: the server must not report that listener as
+    # itself (Spark binds the next port instead); it is stopped and the start refused
+    import socket
+
+    import pytest
+
+    from cg_pipelines.core.errors import StateError
+    from cg_pipelines.local.spark_cluster import SparkConnectServer
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        server = SparkConnectServer("local[1]", port=port, log_dir=tmp_path)
+        with pytest.raises(StateError, match=f"port {port} is in use"):
+            server.start()
+        assert server.pid is None
+    # asked for no port, it reports the one it bound
+    with SparkConnectServer("local[1]", log_dir=tmp_path / "free") as free:
+        assert free.port > 0 and free.url == f"sc://127.0.0.1:{free.port}"
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", free.port)) == 0
