@@ -186,8 +186,9 @@ class DeltaWriter:
             else:
                 written = dt.version()
             self._t.hold(app_id, dt, base)
-            with self._t.lock:
-                if written is not None:
+            if written is not None:
+                self._t.wrote(watermarks, written)
+                with self._t.lock:
                     self._versions.append(written)
 
     def _empty_commit(self, dt: DeltaTable, props: CommitProperties) -> None:

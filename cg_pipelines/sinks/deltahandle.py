@@ -29,6 +29,8 @@ from cg_pipelines.sinks.partstate import PartitionStates
 from cg_pipelines.sinks.storage import safe_uri, scrubbed, table_filesystem
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import pyarrow.dataset as pads  # imports pandas: annotations only
 
 __all__ = ["SNAPSHOT_RELOAD_VERSIONS", "DeltaHandle", "txn"]
@@ -76,6 +78,10 @@ class DeltaHandle:
         # app id -> the view of its run's snapshot (see run_view): present from a watermark
         # read to the run's upkeep; None until a state read takes it.
         self._views: dict[str, TableView | None] = {}
+        # app id -> the version of the last commit that carried its fence, from the commit to
+        # its run's upkeep (see end_run)
+        self._committed: dict[str, int] = {}
+        self._latest_view: TableView | None = None
         self._reader: DeltaTable | None = None
         self._reader_base = -1
         self._fs: pafs.FileSystem | None = None
@@ -165,8 +171,13 @@ class DeltaHandle:
             dt = self.latest()
             if dt is None:
                 return None
+            cached = self._latest_view
+            if cached is not None and cached.version == dt.version() \
+                    and cached.table_id == str(dt.metadata().id):
+                return cached  # e.g. the upkeep of each side of a run over many partitions
             view = TableView.of(dt, self.filesystem())
             _ = view.dataset  # made now, while the shared snapshot cannot move
+            self._latest_view = view
             return view
 
     # ---------------------------------------------------------------- per app id
@@ -201,6 +212,15 @@ class DeltaHandle:
         with self.lock:
             self._snapshots.pop(app_id, None)
             self._views.pop(app_id, None)
+            self._committed.pop(app_id, None)
+
+    def wrote(self, app_ids: Iterable[str], version: int) -> None:
+        """Version ``version`` was committed with the fences of ``app_ids`` (a commit of a run
+        over several partitions carries one per partition; only the first app id's snapshot
+        is advanced to it, see :meth:`end_run`)."""
+        with self.lock:
+            for a in app_ids:
+                self._committed[a] = max(version, self._committed.get(a, -1))
 
     def _run_dataset(self, app_id: str) -> pads.Dataset | None:
         """The dataset of ``app_id``'s run snapshot as it is now (under its lock: not in the
@@ -251,13 +271,17 @@ class DeltaHandle:
         """End ``app_id``'s run (see :meth:`run_view`) and return the snapshot its upkeep
         works on: during a run, the snapshot its watermark read loaded as its commits
         advanced it, with no reload (the upkeep comes after the run's last commit, under its
-        lease); else the latest version. None: no table."""
+        lease), when it holds the last commit that carried ``app_id``'s fence; else the
+        latest version (one load for every side of a run over several partitions: their
+        commits advanced only the first side's snapshot, see :meth:`wrote`). None: no
+        table."""
         with self.lock:
             on = app_id in self._views
             self._views.pop(app_id, None)
+            committed = self._committed.pop(app_id, -1)
         if on:
             with self.app_lock(app_id):
                 _, dt, _ = self.held(app_id)
-                if dt is not None:
+                if dt is not None and dt.version() >= committed:
                     return TableView.of(dt, self.filesystem())
         return self.latest_view()

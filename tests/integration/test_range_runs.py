@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from nats.js.api import StreamConfig
@@ -137,6 +138,29 @@ async def test_range_of_one_partition_commits_as_a_partition_run(nc, js, unique_
         assert {k for k in h if k.startswith("cg.")} == {
             k for k in infos[-1] if k.startswith("cg.")}
     assert await _left(api, f"{unique_name}-g") == 0
+
+
+async def test_upkeep_of_every_side_sees_the_run_s_own_commits(nc, js, unique_name,
+                                                               tmp_path) -> None:
+    """A run's commits carry every side's fence but advance only the first side's snapshot:
+    the upkeep of each side (here its count of live files) works on a table version holding
+    the run's commits, also on a table that existed before the run."""
+    from cg_pipelines.sinks.maintenance import Maintenance
+
+    first, second = keyed.events(n_keys=29, n_events=400), keyed.events(n_keys=29,
+                                                                         n_events=400)
+    await _setup(js, unique_name, first)
+    sink = DeltaSink(str(tmp_path / "t"), maintenance=Maintenance(compact=False))
+    opts = EngineOptions(batch_max_msgs=1000, **FAST)
+    for n, evs in enumerate((first, second)):
+        if n:
+            await keyed.publish(js, unique_name, evs)
+        r = await run_partitions(nc, unique_name, "g", range(N), keyed.processor(), sink, opts)
+        assert r.status == "drained" and r.processed == len(evs), r
+        live = pa.table(DeltaTable(sink.uri).get_add_actions(flatten=True))
+        assert r.maintenance["sides"] == N
+        assert r.maintenance["files_live"] == live.num_rows, (n, r.maintenance, live.num_rows)
+    assert live.num_rows >= 2 * N  # the second run added files to every partition
 
 
 async def test_range_run_in_merge_mode(nc, js, unique_name, tmp_path) -> None:
