@@ -59,6 +59,7 @@ TESTS=(
   tests/joins/test_join_engine.py::test_stale_joint_commit_is_fenced_on_any_input
   tests/dagster/test_join_asset.py::test_sensor_runs_and_metadata
   tests/airflow/test_airflow_specs.py
+  tests/airflow/test_airflow_connection.py
 )
 # test_dg_scaffold_declare_launch runs create-dagster/dg in subprocesses (~2 min): left to the
 # main suite; the dg entry point is checked below with `dg list components`.

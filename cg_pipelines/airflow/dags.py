@@ -55,7 +55,7 @@ def build_dags(specs: Iterable[ConsumerGroupDag]) -> dict[str, DAG]:
 
 def _dags(spec: ConsumerGroupDag) -> dict[str, DAG]:
     trigger = NatsBacklogTrigger(
-        spec.stream, spec.group, spec.connect_kwargs(),
+        spec.stream, spec.group, spec.connect_kwargs(), conn_id=spec.nats_conn_id,
         members=list(spec.members) if spec.members is not None else None,
         min_pending=spec.min_pending, recheck_s=spec.recheck_s, repeat_s=spec.repeat_s)
     nats_asset = Asset(name=f"{spec.name}__nats", uri=f"nats://{spec.stream}/{spec.group}",

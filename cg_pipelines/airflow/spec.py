@@ -42,7 +42,10 @@ class ConsumerGroupDag:
         nats: how to reach NATS. Only ``servers`` without credentials and file paths
             (``creds``, ``nkey_seed``, ``tls_*``) are allowed: the backlog trigger's arguments
             are stored in Airflow's database, and a password or token there would be a secret
-            at rest.
+            at rest: put them in an Airflow Connection (``nats_conn_id``).
+        nats_conn_id: an Airflow Connection holding NATS credentials (and optionally the
+            servers), read where a connection is made, never stored with the Dag or the
+            trigger (:mod:`cg_pipelines.airflow.connection` says which fields are read).
         members: the members whose partitions this deployment runs (``None``: every member).
         retry: core's retry rule (:class:`~cg_pipelines.core.triggers.RetryPolicy`): a run is
             tried ``max_failures`` times, the ``k``-th retry after
@@ -74,6 +77,7 @@ class ConsumerGroupDag:
     write: Append | Merge = field(default_factory=Append)
     storage_options: dict[str, str] | None = None
     nats: ConnectOptions = field(default_factory=ConnectOptions)
+    nats_conn_id: str | None = None
     members: tuple[str, ...] | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     engine: EngineOptions = field(default_factory=EngineOptions)
@@ -104,8 +108,11 @@ class ConsumerGroupDag:
             raise ConfigError("min_pending", f"must be >= 1, got {self.min_pending}")
         if self.nats.user or self.nats.password or self.nats.token or "@" in self.nats.servers:
             raise ConfigError("nats", "user, password, token and URL credentials would be "
-                              "stored in Airflow's database with the trigger's arguments: use "
-                              "a creds file (creds=) or an NKey seed file (nkey_seed=)")
+                              "stored in Airflow's database with the trigger's arguments: put "
+                              "them in an Airflow Connection (nats_conn_id=), or use a creds "
+                              "file (creds=) or an NKey seed file (nkey_seed=)")
+        if self.nats_conn_id is not None and not self.nats_conn_id.strip():
+            raise ConfigError("nats_conn_id", "must not be empty (None: no connection)")
         if self.members is not None and not self.members:
             raise ConfigError("members", "an empty tuple serves nothing (None: every member)")
 
@@ -143,6 +150,13 @@ class ConsumerGroupDag:
     def title(self) -> str:
         """``consumer group <stream>.<group>`` (what messages call the input)."""
         return f"consumer group {self.stream}.{self.group}"
+
+    def connect_options(self) -> ConnectOptions:
+        """``nats`` completed by the ``nats_conn_id`` connection (in a task; see
+        :func:`~cg_pipelines.airflow.connection.connect_options` for errors)."""
+        from cg_pipelines.airflow.connection import connect_options
+
+        return connect_options(self.nats, self.nats_conn_id)
 
     def connect_kwargs(self) -> dict[str, Any]:
         """The non-secret :class:`~cg_pipelines.jetstream.connect.ConnectOptions` fields, as

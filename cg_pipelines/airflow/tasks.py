@@ -129,8 +129,10 @@ def backlog_now(spec: ConsumerGroupDag) -> list[int]:
         GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError: as reading
             fails (the dispatch task fails; the next event tries again).
     """
+    options = spec.connect_options()
+
     async def read() -> list[int]:
-        nc = await spec.nats.connect()
+        nc = await options.connect()
         try:
             reqs = await backlog_round(
                 nc, spec.stream, spec.group, min_pending=spec.min_pending,
@@ -210,8 +212,10 @@ def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
     sink = DeltaSink(spec.table_uri, storage_options=spec.storage_options, write=spec.write,
                      commit_metadata={"airflow_run_id": run_id})
 
+    options = spec.connect_options()
+
     async def go() -> tuple[str, int, RunResult]:
-        nc = await spec.nats.connect()
+        nc = await options.connect()
         try:
             config = await get_elastic(nc.jetstream(), spec.stream, spec.group)
             owner = owners(assignment(config.config)).get(partition)

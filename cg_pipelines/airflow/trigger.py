@@ -21,8 +21,9 @@ import nats.errors
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from nats.aio.client import Client
 
+from cg_pipelines.airflow.connection import connect_options_async
 from cg_pipelines.core.assignment import assignment
-from cg_pipelines.core.errors import CgError, one_line
+from cg_pipelines.core.errors import CgError, ConfigError, one_line
 from cg_pipelines.core.triggers import (
     BacklogRequest,
     backlog_requests,
@@ -72,6 +73,9 @@ class NatsBacklogTrigger(BaseEventTrigger):
         stream, group: the elastic group.
         connect: :class:`~cg_pipelines.jetstream.connect.ConnectOptions` fields without
             secrets (:meth:`~cg_pipelines.airflow.spec.ConsumerGroupDag.connect_kwargs`).
+        conn_id: an Airflow Connection completing ``connect`` with credentials, looked up
+            at each (re)connection (:mod:`cg_pipelines.airflow.connection`); a lookup that
+            fails is logged and tried again after ``recheck_s``.
         members: served members, ``None`` for all.
         min_pending: pending messages that make a partition run (>= 1).
         recheck_s: seconds between reads; repeat_s: seconds before an unchanged backlog is
@@ -79,11 +83,12 @@ class NatsBacklogTrigger(BaseEventTrigger):
     """
 
     def __init__(self, stream: str, group: str, connect: dict[str, Any], *,
-                 members: list[str] | None = None, min_pending: int = 1,
+                 conn_id: str | None = None, members: list[str] | None = None, min_pending: int = 1,
                  recheck_s: float = 30.0, repeat_s: float = 300.0, timeout_s: float = 5.0,
                  ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.stream, self.group, self.connect = stream, group, dict(connect)
+        self.conn_id = conn_id
         self.members = list(members) if members is not None else None
         self.min_pending, self.recheck_s, self.repeat_s = min_pending, recheck_s, repeat_s
         self.timeout_s = timeout_s
@@ -93,9 +98,24 @@ class NatsBacklogTrigger(BaseEventTrigger):
         """``(classpath, kwargs)``: how the triggerer makes this trigger again."""
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "stream": self.stream, "group": self.group, "connect": self.connect,
-            "members": self.members, "min_pending": self.min_pending,
+            "conn_id": self.conn_id, "members": self.members, "min_pending": self.min_pending,
             "recheck_s": self.recheck_s, "repeat_s": self.repeat_s,
             "timeout_s": self.timeout_s})
+
+    async def _options(self) -> ConnectOptions:
+        """The options to connect with, credentials from ``conn_id`` included.
+
+        Raises:
+            ConfigError: the connection could not be read (its id and the error's type and
+                message; Airflow's errors name no secret).
+        """
+        try:
+            return await connect_options_async(ConnectOptions(**self.connect), self.conn_id)
+        except ConfigError:
+            raise
+        except Exception as e:  # Airflow's lookup errors have no common base across versions
+            raise ConfigError("conn_id", f"connection {self.conn_id!r} not read: "
+                              f"{type(e).__name__}: {one_line(str(e), 200)}") from e
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Read, announce, wait ``recheck_s``; forever (the triggerer cancels it)."""
@@ -105,7 +125,7 @@ class NatsBacklogTrigger(BaseEventTrigger):
             while True:
                 try:
                     if nc is None or nc.is_closed:
-                        nc = await ConnectOptions(**self.connect).connect()
+                        nc = await (await self._options()).connect()
                     reqs = await backlog_round(nc, self.stream, self.group,
                                                members=self.members,
                                                min_pending=self.min_pending,

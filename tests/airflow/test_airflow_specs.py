@@ -154,6 +154,26 @@ def test_the_example_dag_file_parses(tmp_path: Path) -> None:
     assert sorted(bag.dags) == ["legs", "legs__dispatch"]
 
 
+def test_the_guide_s_dag_file_parses_and_names_only_its_connection(tmp_path: Path) -> None:
+    # docs/guides/airflow.md's Dag file, as written (its other blocks are shell commands
+    # against a running Airflow, not played here)
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.docs.pages import REPO, blocks
+
+    files = [text for lang, text in blocks(REPO / "docs" / "guides" / "airflow.md")
+             if lang == "python" and text.startswith("# dags/")]
+    assert len(files) == 1
+    (tmp_path / "customer_totals.py").write_text(files[0])
+    bag = DagBag(str(tmp_path))
+    assert bag.import_errors == {}
+    assert sorted(bag.dags) == ["customer_totals", "customer_totals__dispatch"]
+    (trigger,) = [w.trigger for a in bag.dags["customer_totals__dispatch"].timetable
+                  .asset_condition.objects for w in a.watchers]
+    _, kwargs = trigger.serialize()
+    assert kwargs["conn_id"] == "nats_default" and kwargs["stream"] == "orders"
+
+
 def test_held_back_partitions_follow_core_rule() -> None:
     s = spec(retry=RetryPolicy(max_failures=3, backoff_s=1.0, max_backoff_s=4.0),
              run_timeout_s=60.0)
