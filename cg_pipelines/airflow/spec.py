@@ -46,6 +46,13 @@ class ConsumerGroupDag:
         nats_conn_id: an Airflow Connection holding NATS credentials (and optionally the
             servers), read where a connection is made, never stored with the Dag or the
             trigger (:mod:`cg_pipelines.airflow.connection` says which fields are read).
+        spark_master, spark_remote, spark_config: the Spark session a Spark processor
+            (``uses_spark``, e.g. a ``SparkProcessor``) runs on in the drain task, as
+            :func:`~cg_pipelines.spark.session.get_spark` takes them: a master
+            (``"local[2]"`` default, ``"spark://host:7077"``), or a Spark Connect URL
+            (``"sc://host:15002"``, then no JVM runs in the worker), and extra Spark settings.
+            Other processors start no session. Needs the ``spark`` extra (``spark-connect``
+            for a remote).
         members: the members whose partitions this deployment runs (``None``: every member).
         retry: core's retry rule (:class:`~cg_pipelines.core.triggers.RetryPolicy`): a run is
             tried ``max_failures`` times, the ``k``-th retry after
@@ -78,6 +85,9 @@ class ConsumerGroupDag:
     storage_options: dict[str, str] | None = None
     nats: ConnectOptions = field(default_factory=ConnectOptions)
     nats_conn_id: str | None = None
+    spark_master: str = "local[2]"
+    spark_remote: str | None = None
+    spark_config: dict[str, str] | None = None
     members: tuple[str, ...] | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     engine: EngineOptions = field(default_factory=EngineOptions)
@@ -113,6 +123,15 @@ class ConsumerGroupDag:
                               "file (creds=) or an NKey seed file (nkey_seed=)")
         if self.nats_conn_id is not None and not self.nats_conn_id.strip():
             raise ConfigError("nats_conn_id", "must not be empty (None: no connection)")
+        if not self.spark_master:
+            raise ConfigError("spark_master", "must not be empty")
+        if self.spark_remote is not None and not self.spark_remote.startswith("sc://"):
+            raise ConfigError("spark_remote", f"{self.spark_remote!r} is not a Spark Connect "
+                                              "URL (sc://host:port)")
+        bad = [k for k, v in (self.spark_config or {}).items()
+               if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise ConfigError("spark_config", f"keys and values must be strings: {bad}")
         if self.members is not None and not self.members:
             raise ConfigError("members", "an empty tuple serves nothing (None: every member)")
 

@@ -23,6 +23,7 @@ from cg_pipelines.airflow.trigger import backlog_round
 from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.errors import failure_report, one_line, trim_traceback
 from cg_pipelines.core.triggers import RetryWait, TickPlan
+from cg_pipelines.engine.processor import Processor, with_defaults
 from cg_pipelines.engine.rebuild import rebuild_partition
 from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.runner import run_partition
@@ -214,7 +215,7 @@ def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
 
     options = spec.connect_options()
 
-    async def go() -> tuple[str, int, RunResult]:
+    async def go(processor: Processor) -> tuple[str, int, RunResult]:
         nc = await options.connect()
         try:
             config = await get_elastic(nc.jetstream(), spec.stream, spec.group)
@@ -226,10 +227,10 @@ def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
                     f"{', '.join(spec.members) if spec.members else 'every member'}")
             if mode == "rebuild":
                 result = await rebuild_partition(nc, spec.stream, spec.group, partition,
-                                                 spec.processor, sink, spec.engine)
+                                                 processor, sink, spec.engine)
             else:
                 result = await run_partition(nc, spec.stream, spec.group, partition,
-                                             spec.processor, sink, spec.engine)
+                                             processor, sink, spec.engine)
             return owner, config.revision, result
         finally:
             await nc.close()
@@ -241,9 +242,11 @@ def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
             "final": tries >= spec.retry.max_failures}
     store.set(record_key(partition), {**base, "state": "running", "at": time.time()})
     started = time.monotonic()
+    session = None
     try:
         try:
-            owner, revision, result = asyncio.run(go())
+            processor, session = _spark_bound(spec, key)
+            owner, revision, result = asyncio.run(go(processor))
         except AirflowException:
             raise
         except Exception as e:
@@ -256,10 +259,35 @@ def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
             "final": base["final"] or isinstance(e, AirflowFailException),
             "error": one_line(str(e).split("\n")[0], 500)})
         raise
+    finally:
+        if session is not None and spec.spark_remote is not None:
+            from cg_pipelines.spark.session import stop_session
+
+            stop_session(session)  # releases the server's session; a classic one ends with
+            # the task's process
     store.set(record_key(partition), {**base, "state": "succeeded", "at": time.time()})
     context["outlet_events"][table_asset].extra = out
     print(summary_line(partition, out))  # the task log
     return out
+
+
+def _spark_bound(spec: ConsumerGroupDag, key: str) -> tuple[Processor, Any]:
+    """``(processor, session)``: the spec's processor bound to the Spark session of its
+    ``spark_*`` settings (app name ``"<name> <key>"``) when it runs on Spark, else
+    ``(processor, None)`` and no session.
+
+    Raises:
+        cg_pipelines.spark.session.JavaNotFoundError: no Java 17+ for a classic session.
+        ImportError: pyspark (or its Connect client packages) missing.
+    """
+    processor = spec.processor
+    if not with_defaults(processor).uses_spark:
+        return processor, None
+    from cg_pipelines.spark.session import get_spark
+
+    session = get_spark(spec.spark_master, app_name=f"{spec.name} {key}",
+                        conf=dict(spec.spark_config or {}), remote=spec.spark_remote)
+    return processor.bind(session), session
 
 
 def _finish(spec: ConsumerGroupDag, partition: int, mode: str, owner: str, revision: int,
