@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from tests.support.procs import listening
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -94,6 +96,10 @@ def _webserver_binary() -> str:
     return str(exe) if exe.exists() else "dagster-webserver"
 
 
+class PortTaken(RuntimeError):
+    """The web server exited at start: its port was taken by another process."""
+
+
 class DagsterWebserver:
     """``dagster-webserver -w workspace.yaml -h 127.0.0.1 -p <port>`` as a context manager.
 
@@ -120,6 +126,7 @@ class DagsterWebserver:
     ) -> None:
         self.dagster_home = Path(dagster_home)
         self.log_path = Path(log_path)
+        self._auto_port = not port
         self.port = port or free_port()
         self.cwd = Path(cwd) if cwd else PROJECT_ROOT
         self.env = dict(os.environ if env is None else env)
@@ -140,20 +147,29 @@ class DagsterWebserver:
                 "-p", str(self.port)]
 
     def start(self) -> DagsterWebserver:
-        """Launch the server and wait until it answers and the code location is loaded."""
+        """Launch the server and wait until it answers on its own port and the code location
+        is loaded. A port picked here (``port=0``) that another process took before the
+        server bound it is replaced by another, up to 3 times."""
         env = {**self.env, "DAGSTER_HOME": str(self.dagster_home)}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv(), cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_signals,
-                close_fds=True)
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(3 if self._auto_port else 1):
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    self.argv(), cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=default_signals, close_fds=True)
+            try:
+                self.wait_ready()
+                return self
+            except PortTaken:
+                self.stop()
+                if attempt == 2 or not self._auto_port:
+                    raise
+                self.port = free_port()
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -169,13 +185,18 @@ class DagsterWebserver:
         while True:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"dagster-webserver exited with {self.proc.returncode}; "
-                                   f"log tail:\n{self.log_tail()}")
+                tail = self.log_tail()
+                error = PortTaken if "address already in use" in tail.lower() else RuntimeError
+                raise error(f"dagster-webserver exited with {self.proc.returncode}; "
+                            f"log tail:\n{tail}")
             try:
                 with urllib.request.urlopen(self.url + "/server_info", timeout=5) as r:
                     if r.status == 200 and self._locations_loaded():
-                        return
-                    last = "code location not loaded yet"
+                        if listening(self.proc.pid, self.port):
+                            return
+                        last = f"port {self.port} answered, but not by this server"
+                    else:
+                        last = "code location not loaded yet"
             except (urllib.error.URLError, OSError, ValueError, RuntimeError) as e:
                 last = repr(e)
             if time.monotonic() > deadline:

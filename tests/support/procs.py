@@ -69,3 +69,17 @@ def end_gateway_jvm() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def listening(pid: int, port: int) -> bool:
+    """Whether process ``pid`` or one of its descendants listens on TCP ``port`` (a server
+    started on a port picked free beforehand may find it taken; a probe of the port alone
+    could then be answered by the other process)."""
+    import psutil
+
+    try:
+        family = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+               and c.pid in family for c in psutil.net_connections(kind="tcp"))
