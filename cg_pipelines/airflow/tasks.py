@@ -19,10 +19,10 @@ from airflow.sdk.exceptions import (
 )
 
 from cg_pipelines.airflow.spec import ConsumerGroupDag
-from cg_pipelines.airflow.trigger import backlog_round
+from cg_pipelines.airflow.trigger import served_backlog
 from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.errors import failure_report, one_line, trim_traceback
-from cg_pipelines.core.triggers import RetryWait, TickPlan
+from cg_pipelines.core.triggers import PartitionBacklog, RetryWait, TickPlan
 from cg_pipelines.engine.processor import Processor, with_defaults
 from cg_pipelines.engine.rebuild import rebuild_partition
 from cg_pipelines.engine.result import RunResult
@@ -93,7 +93,9 @@ def dispatch(spec: ConsumerGroupDag, backlog_asset: Any, table_asset: Any,
     triggering events name, except those given up on or in progress (:func:`held_back`,
     from the drain tasks' records in ``table_asset``'s asset state store; the reasons go to
     the log), so
-    the scheduler makes one worker Dag run per key. Returns the keys.
+    the scheduler makes one worker Dag run per key. The event's extra shows the lag:
+    ``backlog``: per key, ``pending`` messages, ``first_seq`` and ``oldest_age_s`` (seconds)
+    at dispatch; ``held_back``: the reasons of partitions not run. Returns the keys.
 
     Raises:
         AirflowSkipException: no partition to run (a task that succeeds emits an unpartitioned
@@ -102,8 +104,9 @@ def dispatch(spec: ConsumerGroupDag, backlog_asset: Any, table_asset: Any,
     events = context["triggering_asset_events"]
     extras = [dict(ev.extra or {}) for evs in events.values() for ev in evs]
     parts = partitions_of_events(extras, spec.partitions)
+    now_pending: dict[int, PartitionBacklog] = {}
     if parts:  # events are hints: only partitions with backlog now (a run may have drained it)
-        now_pending = set(backlog_now(spec))
+        now_pending = {b.partition: b for b in backlog_now(spec)}
         parts = [p for p in parts if p in now_pending]
     store = context["asset_state_store"][table_asset]
     code, now = spec.code_version(), time.time()
@@ -118,13 +121,20 @@ def dispatch(spec: ConsumerGroupDag, backlog_asset: Any, table_asset: Any,
         store.set(record_key(p), {"state": "queued", "try": 0, "final": False, "code": code,
                                   "at": now})
     keys = [spec.partition_key(p) for p in parts]
-    context["outlet_events"][backlog_asset].add_partitions(keys)
+    event = context["outlet_events"][backlog_asset]
+    event.add_partitions(keys)
+    # the lag, where an Airflow user looks: the backlog asset's event
+    event.extra = {"backlog": {spec.partition_key(p): {
+        "pending": now_pending[p].pending, "first_seq": now_pending[p].first_seq,
+        "oldest_age_s": round(now_pending[p].age_s, 1)} for p in parts},
+        "held_back": reasons}
     return keys
 
 
-def backlog_now(spec: ConsumerGroupDag) -> list[int]:
-    """The served partitions with at least ``min_pending`` pending messages now (one bounded
-    NATS read, :func:`~cg_pipelines.airflow.trigger.backlog_round`).
+def backlog_now(spec: ConsumerGroupDag) -> list[PartitionBacklog]:
+    """The served partitions with at least ``min_pending`` pending messages now, with their
+    backlog (one bounded NATS read, :func:`~cg_pipelines.airflow.trigger.served_backlog`),
+    in partition order.
 
     Raises:
         GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError: as reading
@@ -132,13 +142,14 @@ def backlog_now(spec: ConsumerGroupDag) -> list[int]:
     """
     options = spec.connect_options()
 
-    async def read() -> list[int]:
+    async def read() -> list[PartitionBacklog]:
         nc = await options.connect()
         try:
-            reqs = await backlog_round(
-                nc, spec.stream, spec.group, min_pending=spec.min_pending,
+            backlog = await served_backlog(
+                nc, spec.stream, spec.group,
                 members=list(spec.members) if spec.members is not None else None)
-            return [r.partition for r in reqs]
+            return [b for b in backlog if b.first_seq is not None
+                    and b.pending >= spec.min_pending]
         finally:
             await nc.close()
 

@@ -26,6 +26,7 @@ from cg_pipelines.core.assignment import assignment
 from cg_pipelines.core.errors import CgError, ConfigError, one_line
 from cg_pipelines.core.triggers import (
     BacklogRequest,
+    PartitionBacklog,
     backlog_requests,
     drop_repeated_requests,
     served_partitions,
@@ -35,7 +36,7 @@ from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import partition_backlog
 from cg_pipelines.jetstream.connect import ConnectOptions
 
-__all__ = ["NatsBacklogTrigger", "backlog_round"]
+__all__ = ["NatsBacklogTrigger", "backlog_round", "served_backlog"]
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,11 @@ ROUND_ERRORS = (CgError, TimeoutError, OSError, nats.errors.Error)
 """What a round logs and waits out instead of ending the trigger."""
 
 
-async def backlog_round(nc: Client, stream: str, group: str, *, members: list[str] | None,
-                        min_pending: int, timeout_s: float = 5.0) -> list[BacklogRequest]:
-    """One read: the served partitions with at least ``min_pending`` pending messages, as
-    core's :class:`~cg_pipelines.core.triggers.BacklogRequest` (run key
-    ``<group>:<p>:<first pending seq>``), in partition order. ``members``: the served
-    members (``None``: all); ``timeout_s``: seconds per request.
+async def served_backlog(nc: Client, stream: str, group: str, *, members: list[str] | None,
+                         timeout_s: float = 5.0) -> list[PartitionBacklog]:
+    """One read: the backlog of each partition the ``members`` own (``None``: all), in
+    partition order (core's :class:`~cg_pipelines.core.triggers.PartitionBacklog`: pending
+    messages, first pending sequence, its age in seconds). ``timeout_s``: seconds per request.
 
     Raises:
         GroupNotFoundError, ConfigError, JetStreamError, TimeoutError, OSError: as reading
@@ -58,7 +58,20 @@ async def backlog_round(nc: Client, stream: str, group: str, *, members: list[st
                                timeout=timeout_s)
     served = served_partitions(assignment(config.config), members)
     async with JetStreamAPI(nc, timeout=timeout_s) as api:
-        backlog = await partition_backlog(api, stream, group, served)
+        return sorted(await partition_backlog(api, stream, group, served),
+                      key=lambda b: b.partition)
+
+
+async def backlog_round(nc: Client, stream: str, group: str, *, members: list[str] | None,
+                        min_pending: int, timeout_s: float = 5.0) -> list[BacklogRequest]:
+    """:func:`served_backlog`'s partitions with at least ``min_pending`` pending messages, as
+    core's :class:`~cg_pipelines.core.triggers.BacklogRequest` (run key
+    ``<group>:<p>:<first pending seq>``), in partition order.
+
+    Raises:
+        as :func:`served_backlog`.
+    """
+    backlog = await served_backlog(nc, stream, group, members=members, timeout_s=timeout_s)
     return backlog_requests(group, backlog, min_pending=min_pending)
 
 

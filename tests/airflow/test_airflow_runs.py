@@ -116,6 +116,12 @@ async def test_backlog_in_two_of_four_partitions_starts_exactly_those_runs(
             ("drained", "drain", p, len(mine))
         assert x["lineage"][0]["last_seq"] >= x["lineage"][0]["first_seq"] >= 1
         assert x["watermark"] == x["last_seq"] and x["dead_lettered"] == 0
+    # the dispatch events show each dispatched partition's backlog (its lag) at dispatch
+    shown = {k: v["pending"] for e in airflow.asset_events(f"{name}__backlog")
+             for k, v in (e["extra"] or {}).get("backlog", {}).items()}
+    assert set(shown) == {"g-1", "g-3"}, shown
+    assert all(0 < n <= sum(1 for ev in evs if h.partition_of(ev[0]) == int(k[2:]))
+               for k, n in shown.items()), shown
 
     # New backlog on partition 1 only: exactly one more run, of g-1 (had the trigger
     # announced partitions 0 or 2 in the rounds since, their runs would be here too).

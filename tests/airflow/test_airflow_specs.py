@@ -200,3 +200,57 @@ def test_held_back_partitions_follow_core_rule() -> None:
         "partition 5: a run is already queued or in progress",
         "partition 7: a run is already queued or in progress",
         "partition 8: a run is already queued or in progress"]
+
+
+class _Store:
+    """The asset state store's get/set."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Any] = {}
+
+    def get(self, key: str) -> Any:
+        return self.rows.get(key)
+
+    def set(self, key: str, value: Any) -> None:
+        self.rows[key] = value
+
+
+class _Outlet:
+    """An outlet event accessor's partition keys and extra."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.extra: dict[str, Any] = {}
+
+    def add_partitions(self, keys: list[str]) -> None:
+        self.keys += keys
+
+
+@pytest.mark.integration
+async def test_dispatch_runs_announced_partitions_with_backlog_and_shows_their_lag(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str) -> None:
+    from types import SimpleNamespace
+
+    from cg_pipelines.airflow.tasks import dispatch, record_key
+
+    await h.create_group(js, unique_name)
+    evs = h.events_on({1, 3})
+    await h.publish(js, unique_name, evs, len(evs))
+    s = spec(stream=unique_name, partitions=h.PARTITIONS,
+             nats=ConnectOptions(nats_server.url))
+    store, backlog, table = _Store(), _Outlet(), "table"
+    # partition 3 was given up on under this code: held back, and said why
+    store.set(record_key(3), {"state": "failed", "try": 3, "final": True,
+                              "code": s.code_version(), "error": "bad row", "at": 1.0})
+    context = {"triggering_asset_events": {"nats": [  # 0 and 2 have no backlog: not run
+        SimpleNamespace(extra={"payload": {"partitions": [0, 1, 2, 3]}})]},
+        "asset_state_store": {table: store}, "outlet_events": {"backlog": backlog}}
+    keys = await asyncio.to_thread(dispatch, s, "backlog", table, context)
+    assert keys == backlog.keys == ["g-1"]
+    on_1 = sum(1 for k, _ in evs if h.partition_of(k) == 1)
+    assert backlog.extra["backlog"]["g-1"]["pending"] == on_1
+    assert backlog.extra["backlog"]["g-1"]["oldest_age_s"] >= 0
+    assert list(backlog.extra["backlog"]) == ["g-1"]
+    assert any("3" in r and "bad row" in r for r in backlog.extra["held_back"])
+    assert store.get(record_key(1))["state"] == "queued"
+
