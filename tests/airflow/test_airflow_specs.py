@@ -20,6 +20,7 @@ from cg_pipelines.jetstream.connect import ConnectOptions
 from cg_pipelines.local.nats_server import NatsServer
 from tests.dagster import helpers as h
 from tests.support import keyed
+from tests.support.airflow_context import Outlet, StateStore
 
 
 def spec(**kw: Any) -> ConsumerGroupDag:
@@ -202,30 +203,6 @@ def test_held_back_partitions_follow_core_rule() -> None:
         "partition 8: a run is already queued or in progress"]
 
 
-class _Store:
-    """The asset state store's get/set."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, Any] = {}
-
-    def get(self, key: str) -> Any:
-        return self.rows.get(key)
-
-    def set(self, key: str, value: Any) -> None:
-        self.rows[key] = value
-
-
-class _Outlet:
-    """An outlet event accessor's partition keys and extra."""
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.extra: dict[str, Any] = {}
-
-    def add_partitions(self, keys: list[str]) -> None:
-        self.keys += keys
-
-
 @pytest.mark.integration
 async def test_dispatch_runs_announced_partitions_with_backlog_and_shows_their_lag(
         js: JetStreamContext, nats_server: NatsServer, unique_name: str) -> None:
@@ -238,7 +215,7 @@ async def test_dispatch_runs_announced_partitions_with_backlog_and_shows_their_l
     await h.publish(js, unique_name, evs, len(evs))
     s = spec(stream=unique_name, partitions=h.PARTITIONS,
              nats=ConnectOptions(nats_server.url))
-    store, backlog, table = _Store(), _Outlet(), "table"
+    store, backlog, table = StateStore(), Outlet(), "table"
     # partition 3 was given up on under this code: held back, and said why
     store.set(record_key(3), {"state": "failed", "try": 3, "final": True,
                               "code": s.code_version(), "error": "bad row", "at": 1.0})

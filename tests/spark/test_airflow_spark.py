@@ -7,7 +7,6 @@ outlet events); the Airflow services themselves are tested in ``tests/airflow``.
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import nats
@@ -23,8 +22,9 @@ from cg_pipelines.sinks.delta import DeltaSink
 from cg_pipelines.spark.processor import SparkProcessor
 from tests.dagster import helpers as h
 from tests.support import keyed
+from tests.support.airflow_context import Outlet, StateStore, run_context
 
-TABLE = "the table asset"
+TABLE = "table"
 
 
 def running(spark: SparkSession, df: DataFrame, ctx: object) -> DataFrame:
@@ -35,25 +35,6 @@ def running(spark: SparkSession, df: DataFrame, ctx: object) -> DataFrame:
     return df.select("key", F.col("n").cast("long").alias("n"),
                      (rn + F.coalesce(F.col("last_count"), F.lit(0))).cast("long").alias("count"),
                      prev.cast("long").alias("prev_n"), F.col("_seq").alias("seq"))
-
-
-class Store:
-    """The asset state store's get/set."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, Any] = {}
-
-    def get(self, key: str) -> Any:
-        return self.rows.get(key)
-
-    def set(self, key: str, value: Any) -> None:
-        self.rows[key] = value
-
-
-def context(key: str, store: Store) -> dict[str, Any]:
-    return {"dag_run": SimpleNamespace(partition_key=key, run_id=f"manual__{key}", conf={}),
-            "ti": SimpleNamespace(try_number=1), "asset_state_store": {TABLE: store},
-            "outlet_events": {TABLE: SimpleNamespace(extra=None)}}
 
 
 def test_spark_settings_are_checked() -> None:
@@ -91,9 +72,11 @@ def test_drain_task_runs_a_spark_processor_on_the_spec_s_session(
         spark_master=spark.sparkContext.master,
         spark_config={"spark.sql.shuffle.partitions": "3"})
     before = spark.conf.get("spark.sql.shuffle.partitions")
-    store = Store()
+    store = StateStore()
     try:
-        outs = {p: drain(spec, p, TABLE, context(f"g-{p}", store)) for p in (0, 2)}
+        outs = {p: drain(spec, p, TABLE, run_context(f"g-{p}", {TABLE: store},
+                                                     {TABLE: Outlet()}))
+                for p in (0, 2)}
         assert spark.conf.get("spark.sql.shuffle.partitions") == "3"  # the spec's setting
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", before)
