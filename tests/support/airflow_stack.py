@@ -86,6 +86,18 @@ class AirflowStack:
                            capture_output=True, text=True, timeout=timeout_s)
         assert r.returncode == 0, f"airflow db migrate failed:\n{(r.stdout + r.stderr)[-3000:]}"
 
+    def cli(self, *args: str, timeout_s: float = 300.0) -> str:
+        """Run ``airflow <args>`` against this stack; its output.
+
+        Raises:
+            AssertionError: it failed (its output's tail in the message).
+        """
+        r = subprocess.run([AIRFLOW, *args], env=self.env, cwd=self.home, capture_output=True,
+                           text=True, timeout=timeout_s)
+        assert r.returncode == 0, f"airflow {' '.join(args)} failed:\n" \
+                                  f"{(r.stdout + r.stderr)[-3000:]}"
+        return r.stdout
+
     def start(self) -> AirflowStack:
         """Migrate the database, then start the four services (in the background)."""
         self.migrate()
