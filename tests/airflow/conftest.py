@@ -1,5 +1,5 @@
-"""One real Airflow 3 per test module (SQLite metadatabase, LocalExecutor, its four services),
-Dags written per test into its Dags folder."""
+"""One real Airflow 3 per test module (a PostgreSQL metadatabase of its own, as in production;
+LocalExecutor; its four services), Dags written per test into its Dags folder."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cg_pipelines.local.postgres import PostgresServer
 from tests.support.airflow_stack import AirflowStack
 
 START_TIMEOUT_S = 240.0
@@ -18,14 +19,18 @@ START_TIMEOUT_S = 240.0
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowStack]:
-    """A started Airflow (api-server, scheduler, dag-processor, triggerer), stopped by PID."""
+def airflow(tmp_path_factory: pytest.TempPathFactory,
+            postgres_server: PostgresServer) -> Iterator[AirflowStack]:
+    """A started Airflow (api-server, scheduler, dag-processor, triggerer) on a new database
+    of the session's PostgreSQL server, stopped by PID."""
     root = tmp_path_factory.mktemp("airflow")
     dags = root / "dags"
     dags.mkdir()
     home = root / "home"
     home.mkdir()
-    stack = AirflowStack(home, dags, f"sqlite:///{home / 'airflow.db'}")
+    database = f"airflow_{root.name.replace('-', '_')}"
+    stack = AirflowStack(home, dags,
+                         postgres_server.create_database(database, "postgresql+psycopg2"))
     stack.start()
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
