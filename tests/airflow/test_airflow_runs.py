@@ -54,6 +54,16 @@ def dag_file(name: str, stream: str, table: Path, url: str, *, batch: int = 20_0
                            processor=processor, imports=imports, repeat_s=repeat_s)
 
 
+async def start_scenario(airflow: AirflowStack, js: JetStreamContext, nats_server: NatsServer,
+                         stream: str, name: str, table: Path, evs: list[tuple[str, int]],
+                         **dag: Any) -> None:
+    """A scenario's start: group ``g`` on ``stream``, ``evs`` published and sourced, and the
+    Dag file of ``name`` (:func:`dag_file` with ``dag``) written."""
+    await h.create_group(js, stream)
+    await h.publish(js, stream, evs, len(evs))
+    write_dag_file(airflow.dags, name, dag_file(name, stream, table, nats_server.url, **dag))
+
+
 def table_of(path: Path, evs: list[tuple[str, int]]) -> pd.DataFrame:
     from cg_pipelines.sinks.delta import DeltaSink
     return keyed.table_frame(DeltaSink(str(path), schema=keyed.OUT_SCHEMA).read())
@@ -91,10 +101,8 @@ async def test_backlog_in_two_of_four_partitions_starts_exactly_those_runs(
         tmp_path: Path) -> None:
     stream, name = unique_name, f"a_{unique_name}"
     table = tmp_path / "table"
-    await h.create_group(js, stream)
     evs = h.events_on({1, 3})
-    await h.publish(js, stream, evs, len(evs))
-    write_dag_file(airflow.dags, name, dag_file(name, stream, table, nats_server.url))
+    await start_scenario(airflow, js, nats_server, stream, name, table, evs)
 
     runs = await wait_for(lambda: finished(airflow, name, 2), RUN_TIMEOUT_S,
                           "2 successful worker runs")
@@ -139,13 +147,11 @@ async def test_drain_killed_mid_run_is_retried_and_the_table_is_exact(
     stream, name = unique_name, f"b_{unique_name}"
     table, marker, pidfile = tmp_path / "table", tmp_path / "kill-me", tmp_path / "pid"
     marker.write_text("")
-    await h.create_group(js, stream)
     evs = h.events_on({2}, n_keys=40, n_events=600)
-    await h.publish(js, stream, evs, len(evs))
-    write_dag_file(airflow.dags, name, dag_file(
-        name, stream, table, nats_server.url, batch=25,
+    await start_scenario(
+        airflow, js, nats_server, stream, name, table, evs, batch=25,
         processor=f"killable.processor({str(marker)!r}, {str(pidfile)!r})",
-        imports="from tests.airflow import killable"))
+        imports="from tests.airflow import killable")
 
     await wait_for(pidfile.exists, RUN_TIMEOUT_S, "the drain task to stop in its 2nd batch")
     pid = int(pidfile.read_text())
@@ -230,10 +236,8 @@ async def test_rebuild_of_one_partition_is_identical_to_the_drained_one(
         tmp_path: Path) -> None:
     stream, name = unique_name, f"d_{unique_name}"
     table = tmp_path / "table"
-    await h.create_group(js, stream)
     evs = h.events_on({0})
-    await h.publish(js, stream, evs, len(evs))
-    write_dag_file(airflow.dags, name, dag_file(name, stream, table, nats_server.url))
+    await start_scenario(airflow, js, nats_server, stream, name, table, evs)
     await wait_for(lambda: finished(airflow, name, 1), RUN_TIMEOUT_S, "the drain run")
     drained = table_of(table, evs)
 
@@ -264,10 +268,8 @@ async def test_db_clean_bounds_the_history_and_the_loop_goes_on(
 
     stream, name = unique_name, f"e_{unique_name}"
     table = tmp_path / "table"
-    await h.create_group(js, stream)
     first = h.events_on({1, 2})
-    await h.publish(js, stream, first, len(first))
-    write_dag_file(airflow.dags, name, dag_file(name, stream, table, nats_server.url))
+    await start_scenario(airflow, js, nats_server, stream, name, table, first)
     await wait_for(lambda: finished(airflow, name, 2), RUN_TIMEOUT_S, "the first runs")
     assert len(airflow.asset_events(name)) == 2
 
