@@ -8,6 +8,11 @@ A Dag file::
     globals().update(build_dags([ConsumerGroupDag("legs", "flights", "legs", 8,
                                                   legs_processor(), "/data/legs")]))
 
+A co-partitioned set (a join) is one Dag the same way: ``CoPartitionedDag(name,
+[JoinInput("orders", "orders", "by_customer"), JoinInput("payments", "payments",
+"by_customer_pay")], 8, join_processor, "/data/joined")``; a run of partition ``p`` drains
+partition ``p`` of every input and commits once.
+
 Move a group between Dagster and Airflow by stopping one before starting the other; if both
 run by mistake, the engine's lease and fence make the second driver harmless (it gets ``held``
 runs or fenced commits, never double effects).
@@ -15,9 +20,10 @@ runs or fenced commits, never double effects).
 
 from cg_pipelines.airflow.dags import build_dags, dispatch_dag_id
 from cg_pipelines.airflow.retry import CoreRetryPolicy
-from cg_pipelines.airflow.spec import ConsumerGroupDag
+from cg_pipelines.airflow.spec import ConsumerGroupDag, CoPartitionedDag, JoinInput, StreamDag
 from cg_pipelines.airflow.tasks import drain_task_id, run_metadata
 from cg_pipelines.airflow.trigger import NatsBacklogTrigger
 
-__all__ = ["ConsumerGroupDag", "CoreRetryPolicy", "NatsBacklogTrigger", "build_dags",
-           "dispatch_dag_id", "drain_task_id", "run_metadata"]
+__all__ = ["CoPartitionedDag", "ConsumerGroupDag", "CoreRetryPolicy", "JoinInput",
+           "NatsBacklogTrigger", "StreamDag", "build_dags", "dispatch_dag_id", "drain_task_id",
+           "run_metadata"]

@@ -1,40 +1,52 @@
-"""What a user declares for one consumer group driven by Airflow (:class:`ConsumerGroupDag`),
-checked when it is made: the group, its partitions, the processor, the table and how runs are
-retried. :func:`~cg_pipelines.airflow.dags.build_dags` turns it into Dags."""
+"""What a user declares for Airflow: ONE spec, :class:`StreamDag`, whose inputs are one
+consumer group or a co-partitioned set (constructor forms :class:`ConsumerGroupDag` and
+:class:`CoPartitionedDag`; nothing downstream asks which made it), checked when it is made: the
+inputs, their partitions, the processor, the table and how runs are retried.
+:func:`~cg_pipelines.airflow.dags.build_dags` turns it into Dags. The names, the code version
+and the run are the Dagster integration's (:mod:`cg_pipelines.engine.inputs`)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from cg_pipelines.core.errors import ConfigError
-from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.partitioning import partition_key, partition_keys, partition_of
 from cg_pipelines.core.triggers import REPEAT_REQUEST_S, RetryPolicy
 from cg_pipelines.core.write import Append, Merge
+from cg_pipelines.engine.inputs import inputs_code_version, inputs_label, inputs_title
+from cg_pipelines.engine.join import JoinInput
+from cg_pipelines.engine.join_processor import JoinProcessor
 from cg_pipelines.engine.options import EngineOptions
-from cg_pipelines.engine.processor import Processor
+from cg_pipelines.engine.processor import Processor, with_defaults
 from cg_pipelines.jetstream.connect import ConnectOptions
 
-__all__ = ["ConsumerGroupDag"]
+__all__ = ["CoPartitionedDag", "ConsumerGroupDag", "JoinInput", "StreamDag"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 """An Airflow Dag id (letters, digits, ``_``, ``.``, ``-``); also the table asset's name."""
 
 
 @dataclass(frozen=True)
-class ConsumerGroupDag:
-    """One elastic consumer group, processed by Airflow: one Dag run per partition with
-    backlog, the partition as the run's ``partition_key``.
+class StreamDag:
+    """One elastic consumer group or a co-partitioned set of them, processed by Airflow: one
+    Dag run per partition with backlog, the partition as the run's ``partition_key``; a run
+    of partition ``p`` drains partition ``p`` of every input and commits once.
 
     Args:
         name: the worker Dag's id and the table asset's name (letters, digits, ``_.-``).
-        stream, group: the origin stream and the elastic group (created beforehand, e.g. with
-            ``cg elastic create``).
-        partitions: the group's partitions (its ``max_members``), ``>= 1``.
+        inputs: ``JoinInput(name, stream, group)`` s (each group created beforehand, e.g. with
+            ``cg elastic create``). One: a group. Several: a co-partitioned set (checked
+            against the groups' configs in NATS by the trigger and each run,
+            :func:`~cg_pipelines.core.copartition.check_copartitioned`), whose processor is a
+            ``JoinProcessor`` over these names.
+        partitions: the groups' partitions (their ``max_members``), ``>= 1``.
         processor: the processing step (an :class:`~cg_pipelines.engine.processor.Processor`,
-            e.g. an ``ArrowProcessor``), the same object a Dagster deployment uses.
+            e.g. an ``ArrowProcessor``, for one input; a
+            :class:`~cg_pipelines.engine.join_processor.JoinProcessor` for a set), the same
+            object a Dagster deployment uses.
         table_uri: the Delta table's root (a local directory or ``s3://bucket/path``).
         write: :class:`~cg_pipelines.core.write.Append` (default) or
             :class:`~cg_pipelines.core.write.Merge`.
@@ -64,21 +76,22 @@ class ConsumerGroupDag:
             may have been lost or failed; > 0).
         min_pending: a partition runs once it has this many pending messages (>= 1).
         run_timeout_s: a drain task's Airflow ``execution_timeout``, seconds (> 0).
-        partition_key_prefix: run keys are ``<prefix><p>``; default ``"<group>-"`` (the
-            Dagster keys of the same group).
+        partition_key_prefix: run keys are ``<prefix><p>``; default the input groups
+            (distinct, joined by ``+``) and ``-``: the Dagster keys of the same group or set.
         tags: the Dags' tags.
-        code: the code version (default: a digest of the processor, the group and the
+        code: the code version (default: a digest of the processor, the inputs and the
             partitions); a partition given up on runs again once it changes.
 
     Raises:
-        ConfigError: a field out of range, a bad name, or a secret in ``nats``.
+        ConfigError: a field out of range, a bad name, no input, duplicate input names or
+            groups, several inputs without a ``JoinProcessor`` over their names, or a secret
+            in ``nats``.
     """
 
     name: str
-    stream: str
-    group: str
+    inputs: Sequence[JoinInput]
     partitions: int
-    processor: Processor
+    processor: Processor | JoinProcessor
     table_uri: str
     _: KW_ONLY
     write: Append | Merge = field(default_factory=Append)
@@ -100,12 +113,26 @@ class ConsumerGroupDag:
     code: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
         if not _NAME.match(self.name) or len(self.name) > 200:
             raise ConfigError("name", f"{self.name!r} is not a Dag id (letters, digits, _.-; "
                                       "at most 200 characters)")
-        for what, value in (("stream", self.stream), ("group", self.group)):
-            if not value or any(c in value for c in " .*>"):
-                raise ConfigError(what, f"{value!r} is not a NATS name")
+        for inp in self.inputs:
+            for what, value in (("stream", inp.stream), ("group", inp.group)):
+                if not value or any(c in value for c in " .*>"):
+                    raise ConfigError(what, f"{value!r} is not a NATS name")
+        names = [i.name for i in self.inputs]
+        if not names or len(set(names)) != len(names) or not all(names):
+            raise ConfigError("inputs", f"one or more inputs with unique names, got {names}")
+        groups = [(i.stream, i.group) for i in self.inputs]
+        if len(set(groups)) != len(groups):
+            raise ConfigError("inputs", f"each input must be its own group, got {groups}")
+        if isinstance(self.processor, JoinProcessor):
+            if set(names) != set(self.processor.inputs):
+                raise ConfigError("inputs", f"input names {sorted(names)} are not the "
+                                  f"processor's inputs {sorted(self.processor.inputs)}")
+        elif len(names) > 1:
+            raise ConfigError("processor", "a co-partitioned set needs a JoinProcessor")
         if self.partitions < 1:
             raise ConfigError("partitions", f"must be >= 1, got {self.partitions}")
         if not self.table_uri:
@@ -136,10 +163,21 @@ class ConsumerGroupDag:
             raise ConfigError("members", "an empty tuple serves nothing (None: every member)")
 
     @property
+    def label(self) -> str:
+        """The input groups, distinct, joined by ``+`` (run keys start with it)."""
+        return inputs_label(self.inputs)
+
+    @property
     def prefix(self) -> str:
-        """The partition key prefix in effect (``"<group>-"`` unless given)."""
-        return f"{self.group}-" if self.partition_key_prefix is None \
+        """The partition key prefix in effect (``"<label>-"`` unless given)."""
+        return f"{self.label}-" if self.partition_key_prefix is None \
             else self.partition_key_prefix
+
+    @property
+    def uses_spark(self) -> bool:
+        """Whether the processor runs on Spark (the drain task then starts a session)."""
+        p = self.processor
+        return p.uses_spark if isinstance(p, JoinProcessor) else with_defaults(p).uses_spark
 
     def partition_key(self, partition: int) -> str:
         """The Airflow ``partition_key`` of partition ``partition`` (``<prefix><p>``)."""
@@ -158,17 +196,24 @@ class ConsumerGroupDag:
         return partition_of(self.prefix, key, self.partitions, self.name)
 
     def code_version(self) -> str:
-        """``code_version`` when declared, else a digest of the processor (code and settings),
-        the group and the partition count (:func:`~cg_pipelines.core.fingerprint.code_version`,
-        as the Dagster layer computes it): failures under older code do not count."""
+        """``code`` when declared, else a digest of the processor (code and settings), the
+        inputs and the partition count
+        (:func:`~cg_pipelines.engine.inputs.inputs_code_version`, the Dagster layer's):
+        failures under older code do not count."""
         if self.code is not None:
             return self.code
-        return code_version(self.processor, self.stream, self.group, self.partitions)
+        return inputs_code_version(self.processor, self.inputs, self.partitions)
 
     @property
     def title(self) -> str:
-        """``consumer group <stream>.<group>`` (what messages call the input)."""
-        return f"consumer group {self.stream}.{self.group}"
+        """``consumer group <stream>.<group>`` or ``co-partitioned set <name> (<stream>.<group>,
+        ...)`` (what messages call the inputs)."""
+        return inputs_title(self.inputs, self.name)
+
+    @property
+    def groups(self) -> str:
+        """The inputs as ``<stream>.<group>, ...`` (what a failure names)."""
+        return ", ".join(f"{i.stream}.{i.group}" for i in self.inputs)
 
     def connect_options(self) -> ConnectOptions:
         """``nats`` completed by the ``nats_conn_id`` connection (in a task; see
@@ -184,3 +229,42 @@ class ConsumerGroupDag:
         return {"servers": o.servers, "creds": o.creds, "tls_ca": o.tls_ca,
                 "tls_cert": o.tls_cert, "tls_key": o.tls_key, "nkey_seed": o.nkey_seed,
                 "connect_timeout": o.connect_timeout, "name": o.name}
+
+
+@dataclass(frozen=True, init=False)
+class ConsumerGroupDag(StreamDag):
+    """The one-input form of :class:`StreamDag`: ``ConsumerGroupDag(name, stream, group,
+    partitions, processor, table_uri, **options)``, its one input named after the group;
+    ``options`` are :class:`StreamDag`'s keyword fields."""
+
+    stream: str = ""
+    group: str = ""
+    inputs: Sequence[JoinInput] = field(init=False, default=())
+
+    def __init__(self, name: str, stream: str, group: str, partitions: int,
+                 processor: Processor, table_uri: str, **options: Any) -> None:
+        object.__setattr__(self, "stream", stream)
+        object.__setattr__(self, "group", group)
+        StreamDag.__init__(self, name, (), partitions, processor, table_uri, **options)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", (JoinInput(self.group, self.stream, self.group),))
+        super().__post_init__()
+
+
+@dataclass(frozen=True)
+class CoPartitionedDag(StreamDag):
+    """The set form of :class:`StreamDag`: ``CoPartitionedDag(name, inputs, partitions,
+    processor, table_uri, **options)`` with two or more ``inputs`` and a ``JoinProcessor``
+    over their names (the Joins guide); one Dag run of partition ``p`` drains partition
+    ``p`` of every input and commits once.
+
+    Raises:
+        ConfigError: fewer than two inputs, and what :class:`StreamDag` refuses.
+    """
+
+    def __post_init__(self) -> None:
+        if len(tuple(self.inputs)) < 2:
+            raise ConfigError("inputs", "a co-partitioned set needs two or more inputs, got "
+                              f"{[i.name for i in self.inputs]}")
+        super().__post_init__()

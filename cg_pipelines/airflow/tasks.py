@@ -18,16 +18,15 @@ from airflow.sdk.exceptions import (
     AirflowSkipException,
 )
 
-from cg_pipelines.airflow.spec import ConsumerGroupDag
+from cg_pipelines.airflow.spec import StreamDag
 from cg_pipelines.airflow.trigger import served_backlog
 from cg_pipelines.core.assignment import assignment, owners
 from cg_pipelines.core.errors import failure_report, one_line, trim_traceback
 from cg_pipelines.core.triggers import PartitionBacklog, RetryWait, TickPlan
-from cg_pipelines.engine.processor import Processor, with_defaults
-from cg_pipelines.engine.rebuild import rebuild_partition
+from cg_pipelines.engine.inputs import read_input_configs, run_inputs, sides_by_input
+from cg_pipelines.engine.join_processor import JoinProcessor
+from cg_pipelines.engine.processor import Processor
 from cg_pipelines.engine.result import RunResult
-from cg_pipelines.engine.runner import run_partition
-from cg_pipelines.jetstream.admin import get_elastic
 from cg_pipelines.sinks.delta import DeltaSink
 
 __all__ = ["DRAIN_TASK", "MODES", "backlog_now", "dispatch", "drain", "drain_task_id", "held_back",
@@ -59,7 +58,7 @@ def partitions_of_events(extras: Iterable[Mapping[str, Any]], partitions: int) -
     return sorted(found)
 
 
-def held_back(spec: ConsumerGroupDag, records: Mapping[int, Any], code: str, now: float
+def held_back(spec: StreamDag, records: Mapping[int, Any], code: str, now: float
               ) -> tuple[list[int], list[str]]:
     """The partitions not to start a run of, and core's reason line for each
     (:meth:`~cg_pipelines.core.triggers.TickPlan.reason_lines`). ``records``: ``{partition: the
@@ -87,7 +86,7 @@ def held_back(spec: ConsumerGroupDag, records: Mapping[int, Any], code: str, now
     return [w.partition for w in waits] + busy, plan.reason_lines(spec.retry)
 
 
-def dispatch(spec: ConsumerGroupDag, backlog_asset: Any, table_asset: Any,
+def dispatch(spec: StreamDag, backlog_asset: Any, table_asset: Any,
              context: Mapping[str, Any]) -> list[str]:
     """The dispatch task: one partitioned event on ``backlog_asset`` per partition the
     triggering events name, except those given up on or in progress (:func:`held_back`,
@@ -131,7 +130,7 @@ def dispatch(spec: ConsumerGroupDag, backlog_asset: Any, table_asset: Any,
     return keys
 
 
-def backlog_now(spec: ConsumerGroupDag) -> list[PartitionBacklog]:
+def backlog_now(spec: StreamDag) -> list[PartitionBacklog]:
     """The served partitions with at least ``min_pending`` pending messages now, with their
     backlog (one bounded NATS read, :func:`~cg_pipelines.airflow.trigger.served_backlog`),
     in partition order.
@@ -146,7 +145,7 @@ def backlog_now(spec: ConsumerGroupDag) -> list[PartitionBacklog]:
         nc = await options.connect()
         try:
             backlog = await served_backlog(
-                nc, spec.stream, spec.group,
+                nc, spec.inputs, spec.partitions, name=spec.name,
                 members=list(spec.members) if spec.members is not None else None)
             return [b for b in backlog if b.first_seq is not None
                     and b.pending >= spec.min_pending]
@@ -161,7 +160,7 @@ def record_key(partition: int) -> str:
     return f"p{partition}"
 
 
-def route(spec: ConsumerGroupDag, context: Mapping[str, Any]) -> str:
+def route(spec: StreamDag, context: Mapping[str, Any]) -> str:
     """The branch: the task id of the run's partition (``drain_p<p>``).
 
     Raises:
@@ -202,7 +201,7 @@ def run_mode(context: Mapping[str, Any]) -> str:
     return str(mode)
 
 
-def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
+def drain(spec: StreamDag, partition: int, table_asset: Any,
           context: Mapping[str, Any]) -> dict[str, Any]:
     """Partition ``partition``'s run: check the run's key and owner, run the engine (drain or
     rebuild), put :func:`run_metadata` on the ``table_asset`` event (which takes the run's
@@ -226,23 +225,20 @@ def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
 
     options = spec.connect_options()
 
-    async def go(processor: Processor) -> tuple[str, int, RunResult]:
+    async def go(processor: Processor | JoinProcessor) -> tuple[str, int, RunResult]:
         nc = await options.connect()
         try:
-            config = await get_elastic(nc.jetstream(), spec.stream, spec.group)
-            owner = owners(assignment(config.config)).get(partition)
+            configs = await read_input_configs(nc, spec.inputs, spec.partitions,
+                                               name=spec.name, timeout=5.0)
+            owner = owners(assignment(configs[0].config)).get(partition)
             if owner is None or (spec.members is not None and owner not in spec.members):
                 raise _no_retry(
                     f"partition {partition} of {spec.title} is owned by {owner or 'no member'};"
                     f" this deployment serves "
                     f"{', '.join(spec.members) if spec.members else 'every member'}")
-            if mode == "rebuild":
-                result = await rebuild_partition(nc, spec.stream, spec.group, partition,
-                                                 processor, sink, spec.engine)
-            else:
-                result = await run_partition(nc, spec.stream, spec.group, partition,
-                                             processor, sink, spec.engine)
-            return owner, config.revision, result
+            result = await run_inputs(nc, spec.inputs, partition, processor, sink, spec.engine,
+                                      rebuild=mode == "rebuild")
+            return owner, max(c.revision for c in configs), result
         finally:
             await nc.close()
 
@@ -261,7 +257,7 @@ def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
         except AirflowException:
             raise
         except Exception as e:
-            text, _ = failure_report(e, f"{spec.stream}.{spec.group}", partition)
+            text, _ = failure_report(e, spec.groups, partition)
             raise AirflowException(text) from trim_traceback(e)
         out = _finish(spec, partition, mode, owner, revision, result, sink, started)
     except AirflowException as e:
@@ -282,7 +278,7 @@ def drain(spec: ConsumerGroupDag, partition: int, table_asset: Any,
     return out
 
 
-def _spark_bound(spec: ConsumerGroupDag, key: str) -> tuple[Processor, Any]:
+def _spark_bound(spec: StreamDag, key: str) -> tuple[Processor | JoinProcessor, Any]:
     """``(processor, session)``: the spec's processor bound to the Spark session of its
     ``spark_*`` settings (app name ``"<name> <key>"``) when it runs on Spark, else
     ``(processor, None)`` and no session.
@@ -292,7 +288,7 @@ def _spark_bound(spec: ConsumerGroupDag, key: str) -> tuple[Processor, Any]:
         ImportError: pyspark (or its Connect client packages) missing.
     """
     processor = spec.processor
-    if not with_defaults(processor).uses_spark:
+    if not spec.uses_spark:
         return processor, None
     from cg_pipelines.spark.session import get_spark
 
@@ -301,7 +297,7 @@ def _spark_bound(spec: ConsumerGroupDag, key: str) -> tuple[Processor, Any]:
     return processor.bind(session), session
 
 
-def _finish(spec: ConsumerGroupDag, partition: int, mode: str, owner: str, revision: int,
+def _finish(spec: StreamDag, partition: int, mode: str, owner: str, revision: int,
             result: RunResult, sink: DeltaSink, started: float) -> dict[str, Any]:
     """The run's metadata with the table's figures.
 
@@ -311,9 +307,12 @@ def _finish(spec: ConsumerGroupDag, partition: int, mode: str, owner: str, revis
     md = run_metadata(spec, partition, mode, owner, revision, result, sink.versions_written)
     md["task_seconds"] = round(time.monotonic() - started, 3)
     if result.status == "halted":
-        where = f"{spec.stream} {spec.group} {partition}"
+        sides = sides_by_input(spec.inputs, result)
+        inp = next((i for i in spec.inputs if sides[i.name].halted_at is not None),
+                   spec.inputs[0])
+        where = f"{inp.stream} {inp.group} {partition}"
         raise AirflowException(
-            f"{result.detail}\npartition {partition} of {spec.stream}.{spec.group} halted there "
+            f"{result.detail}\npartition {partition} of {inp.stream}.{inp.group} halted there "
             f"(dead_letter_policy='halt'): see it with `cg halt show {where}`, move it to the "
             f"dead letters with `cg halt skip {where} --reason TEXT`")
     if result.status == "held":
@@ -326,38 +325,44 @@ def _finish(spec: ConsumerGroupDag, partition: int, mode: str, owner: str, revis
     return md
 
 
-def run_metadata(spec: ConsumerGroupDag, partition: int, mode: str, owner: str, revision: int,
+def run_metadata(spec: StreamDag, partition: int, mode: str, owner: str, revision: int,
                  result: RunResult, table_versions: Any) -> dict[str, Any]:
     """A run's figures as plain JSON (the Dagster materialization's fields, without Dagster's
     types): ``status``, ``mode``, ``partition``, ``messages``, ``dead_lettered``,
-    ``duplicates_skipped``, ``commits``, ``fence_conflicts``, ``rows_written``, ``seconds``
-    (engine time, float), ``owner_member``, ``config_revision``, ``detail``, ``timings``
-    (seconds), ``table_versions``, and ``lineage``: per input ``stream``, ``group``,
-    ``first_seq``/``last_seq`` (work-queue sequences, 0 for none), ``messages``,
-    ``dead_lettered``, ``watermark`` (plus the origin range on a rebuild). Pure."""
-    side = next(iter(result.inputs.values()))
-    row: dict[str, Any] = {"input": spec.group, **side.lineage(
-        rebuild=mode == "rebuild", rows_replaced=result.rows_replaced)}
+    ``duplicates_skipped`` (summed over the inputs), ``commits``, ``fence_conflicts``,
+    ``rows_written``, ``seconds`` (engine time, float), ``owner_member``, ``config_revision``,
+    ``detail``, ``timings`` (seconds), ``table_versions``, and ``lineage``: one row per input
+    (``input``, ``stream``, ``group``, ``first_seq``/``last_seq`` (work-queue sequences, 0 for
+    none), ``messages``, ``dead_lettered``, ``watermark``, plus the origin range on a rebuild).
+    One input's ``first_seq``, ``last_seq`` and ``watermark`` are also top-level fields. Pure."""
+    sides = sides_by_input(spec.inputs, result)
+    lineage = [{"input": name, **side.lineage(rebuild=mode == "rebuild",
+                                              rows_replaced=result.rows_replaced)}
+               for name, side in sides.items()]
     md: dict[str, Any] = {
         "status": result.status, "mode": mode, "partition": partition,
-        "write_mode": type(spec.write).__name__.lower(), "messages": side.processed,
-        "dead_lettered": side.dead_lettered, "duplicates_skipped": side.duplicates_skipped,
+        "write_mode": type(spec.write).__name__.lower(),
+        "messages": sum(s.processed for s in sides.values()),
+        "dead_lettered": sum(s.dead_lettered for s in sides.values()),
+        "duplicates_skipped": sum(s.duplicates_skipped for s in sides.values()),
         "commits": result.commits, "fence_conflicts": result.fence_conflicts,
         "rows_written": result.rows_written, "seconds": round(result.seconds, 3),
         "owner_member": owner, "config_revision": revision,
         "detail": one_line(result.detail or "", 1000),
         "timings": {k: round(v, 3) for k, v in result.timings.items()},
-        "table_versions": table_versions, "lineage": [row],
-        "first_seq": row["first_seq"], "last_seq": row["last_seq"],
-        "watermark": side.watermark}
+        "table_versions": table_versions, "lineage": lineage}
+    if len(lineage) == 1:
+        md.update({k: lineage[0][k] for k in ("first_seq", "last_seq", "watermark")})
     if mode == "rebuild":
         md["rebuilt"] = result.status == "rebuilt"
     return md
 
 
 def summary_line(partition: int, md: Mapping[str, Any]) -> str:
-    """The task's last log line: status, messages, dead letters, sequence range, time."""
+    """The task's last log line: status, messages, dead letters, each input's sequence range,
+    time."""
+    ranges = "; ".join(f"{row['input']} sequences {row['first_seq']}..{row['last_seq']}, "
+                       f"watermark {row['watermark']}" for row in md["lineage"])
     return (f"partition {partition}: {md['status']} ({md['mode']}), {md['messages']:,} "
-            f"messages committed (sequences {md['first_seq']}..{md['last_seq']}, watermark "
-            f"{md['watermark']}), {md['dead_lettered']:,} dead-lettered, "
+            f"messages committed ({ranges}), {md['dead_lettered']:,} dead-lettered, "
             f"{md['commits']} commit(s), {md['seconds']:.1f} s")

@@ -10,20 +10,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cg_pipelines.core.assignment import assignment
-from cg_pipelines.core.config import ElasticConfig, dlq_stream_name, work_queue_stream_name
-from cg_pipelines.core.triggers import PartitionBacklog, merge_backlog, served_partitions
+from cg_pipelines.core.config import ElasticConfig, dlq_stream_name
+from cg_pipelines.core.triggers import PartitionBacklog, served_partitions
 from cg_pipelines.core.triggers import dead_slot as core_dead_slot
 from cg_pipelines.dagster.resources import NatsResource, PartitionRunsResource
 from cg_pipelines.dagster.spec import StreamAsset, read_configs
+from cg_pipelines.engine.inputs import inputs_backlog
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import (
     DeadLetterSummary,
     dead_letter_counts,
     latest_dead_letters,
-    partition_backlog,
 )
 
-__all__ = ["Reading", "dead_slot", "merge_backlog", "read_inputs"]
+__all__ = ["Reading", "dead_slot", "read_inputs"]
 
 
 def dead_slot(spec: StreamAsset, index: int, partition: int) -> int:
@@ -37,9 +37,9 @@ class Reading:
     """One read of a spec's inputs: the configs' newest KV ``revision``, the first input's
     ``config`` (a set's groups share their member mappings), the ``served`` partitions,
     ``by_input`` (``{input name: [PartitionBacklog per served partition]}``), the merged
-    ``backlog`` (:func:`merge_backlog`), and when dead letters were read ``dead_counts``
-    (``{dead_slot: count}``) and ``dead_changed`` (``{input name: [latest dead letter of each
-    partition whose count changed]}``)."""
+    ``backlog`` (:func:`~cg_pipelines.engine.inputs.inputs_backlog`), and when dead letters
+    were read ``dead_counts`` (``{dead_slot: count}``) and ``dead_changed`` (``{input name:
+    [latest dead letter of each partition whose count changed]}``)."""
 
     revision: int
     config: ElasticConfig
@@ -70,16 +70,11 @@ def read_inputs(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsRe
         if only is not None:
             wanted = set(only)
             served = sorted(wanted) if any_owner else [p for p in served if p in wanted]
-        by_input: dict[str, list[PartitionBacklog]] = {}
-        lasts: dict[str, int] = {}
         counts: dict[int, int] = {}
         changed: dict[str, list[DeadLetterSummary]] = {}
         async with JetStreamAPI(nc, timeout=nats_res.call_timeout_s) as api:
+            by_input, merged = await inputs_backlog(api, spec.inputs, served)
             for i, inp in enumerate(spec.inputs):
-                by_input[inp.name] = await partition_backlog(api, inp.stream, inp.group, served)
-                if len(spec.inputs) > 1:
-                    info = await api.stream_info(work_queue_stream_name(inp.stream, inp.group))
-                    lasts[inp.name] = int((info.get("state") or {}).get("last_seq") or 0)
                 if dead_letters_seen is None:
                     continue
                 dlq = dlq_stream_name(inp.stream, inp.group)
@@ -91,6 +86,6 @@ def read_inputs(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsRe
                          if got.get(p, 0) != dead_letters_seen.get(mine[p], 0)}
                 changed[inp.name] = await latest_dead_letters(api, dlq, moved)
         return Reading(max(c.revision for c in configs), configs[0].config, served, by_input,
-                       merge_backlog(by_input, lasts), counts, changed)
+                       merged, counts, changed)
 
     return nats_res.run(read)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,10 +41,8 @@ from cg_pipelines.dagster.resources import (
 )
 from cg_pipelines.dagster.spec import TICK_ERRORS, StreamAsset, load_configs
 from cg_pipelines.dagster.warehouse import Warehouse
-from cg_pipelines.engine.join import run_copartitioned
-from cg_pipelines.engine.rebuild import rebuild_copartitioned, rebuild_partition
-from cg_pipelines.engine.result import RunResult, SideResult
-from cg_pipelines.engine.runner import run_partition
+from cg_pipelines.engine.inputs import run_inputs, sides_by_input
+from cg_pipelines.engine.result import SideResult
 from cg_pipelines.sinks.base import TableSink, TableStats
 
 __all__ = ["PROGRESS_EVERY_S", "Outcome", "PartitionRunConfig", "Resolved", "RunProgress",
@@ -209,25 +207,18 @@ class Outcome:
 
 def engine_run(spec: StreamAsset, run: Resolved, allow_partial: bool, hook: RunProgress
                ) -> Outcome:
-    """Drain (or rebuild) the partition: the only call into the engine of the Dagster layer
-    (one engine: a group is the run over one side, a set the run over one side per input).
+    """Drain (or rebuild) the partition: the only call into the engine of the Dagster layer,
+    :func:`~cg_pipelines.engine.inputs.run_inputs` (the Airflow layer's too).
 
     Raises:
         What the engine raises (:class:`~cg_pipelines.core.errors.PartitionRunError` ...).
     """
-    p, opts, sink, proc = run.partition, run.runs.engine_options(), run.sink, run.processor
-    rebuild, timeout = run.mode == "rebuild", run.runs.run_timeout_s
-    inp = spec.inputs[0]
-    fn: dict[bool, Callable[..., Awaitable[RunResult]]] = (  # by ``rebuild``
-        {True: rebuild_copartitioned, False: run_copartitioned} if spec.is_set
-        else {True: rebuild_partition, False: run_partition})
-    args: tuple[Any, ...] = (spec.inputs,) if spec.is_set else (inp.stream, inp.group)
-    kw: dict[str, Any] = {"hook": hook, **({"allow_partial": allow_partial} if rebuild else {})}
-    r = run.nats.run(lambda nc: fn[rebuild](nc, *args, p, proc, sink, opts, **kw),
-                     timeout_s=timeout)
-    sides = dict(r.inputs) if spec.is_set else {inp.name: next(iter(r.inputs.values()))}
+    r = run.nats.run(lambda nc: run_inputs(
+        nc, spec.inputs, run.partition, run.processor, run.sink, run.runs.engine_options(),
+        rebuild=run.mode == "rebuild", allow_partial=allow_partial, hook=hook),
+        timeout_s=run.runs.run_timeout_s)
     return Outcome(r.status, r.detail, r.commits, r.fence_conflicts, r.seconds, r.rows_written,
-                   r.rows_replaced, sides, r.timings, r.maintenance)
+                   r.rows_replaced, sides_by_input(spec.inputs, r), r.timings, r.maintenance)
 
 
 def materialize(context: AssetExecutionContext, spec: StreamAsset, config: PartitionRunConfig

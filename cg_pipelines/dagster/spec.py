@@ -16,19 +16,22 @@ import nats.errors
 from dagster import AssetKey, FreshnessPolicy, PreviewWarning
 
 from cg_pipelines.core.config import ElasticConfig
-from cg_pipelines.core.copartition import SetGroup, check_copartitioned
 from cg_pipelines.core.errors import ConfigError, GroupNotFoundError
-from cg_pipelines.core.fingerprint import code_version
 from cg_pipelines.core.lag import DEFAULT_LAG_PER_DAY, DEFAULT_LAG_REFRESH_S
 from cg_pipelines.core.partitioning import partition_key, partition_keys, partition_of
 from cg_pipelines.core.record import SEQ_COLUMN
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.resources import NatsResource
+from cg_pipelines.engine.inputs import (
+    inputs_code_version,
+    inputs_label,
+    inputs_title,
+    read_input_configs,
+)
 from cg_pipelines.engine.join import JoinInput
 from cg_pipelines.engine.join_processor import JoinProcessor
 from cg_pipelines.engine.processor import Processor, with_defaults
-from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.errors import JetStreamError
 from cg_pipelines.jetstream.kv import Versioned
 from cg_pipelines.sinks.maintenance import Maintenance
@@ -183,14 +186,12 @@ class StreamAsset:
     def title(self) -> str:
         """What messages call the inputs: ``consumer group <stream>.<group>`` or
         ``co-partitioned set <name> (<stream>.<group>, ...)``."""
-        groups = ", ".join(f"{i.stream}.{i.group}" for i in self.inputs)
-        return f"consumer group {groups}" if len(self.inputs) == 1 else \
-            f"co-partitioned set {self.name} ({groups})"
+        return inputs_title(self.inputs, self.name)
 
     @property
     def label(self) -> str:
         """The input groups, distinct, joined by ``+`` (run keys start with it)."""
-        return "+".join(dict.fromkeys(i.group for i in self.inputs))
+        return inputs_label(self.inputs)
 
     @property
     def effective_partition_key_prefix(self) -> str:
@@ -231,11 +232,7 @@ class StreamAsset:
         the same definitions."""
         if self.code_version:
             return self.code_version
-        if len(self.inputs) == 1 and not self.is_set:
-            return code_version(self.processor, self.inputs[0].stream, self.inputs[0].group,
-                                self.partitions)
-        return code_version(self.processor, [(i.name, i.stream, i.group) for i in self.inputs],
-                            self.partitions)
+        return inputs_code_version(self.processor, self.inputs, self.partitions)
 
 
 def _positive_int(what: str, v: Any) -> None:
@@ -281,24 +278,13 @@ class CoPartitionedAsset(StreamAsset):
 async def read_configs(nc: Any, spec: StreamAsset, timeout: float
                        ) -> list[Versioned[ElasticConfig]]:
     """Every input's elastic config, the partition count (and a set's co-partitioning)
-    checked.
+    checked (:func:`~cg_pipelines.engine.inputs.read_input_configs`).
 
     Raises:
         GroupNotFoundError, CoPartitionError, ConfigError, JetStreamError, TimeoutError.
     """
-    got = [await admin.get_elastic(nc.jetstream(), i.stream, i.group, timeout=timeout)
-           for i in spec.inputs]
-    if len(got) > 1:
-        n = check_copartitioned([SetGroup(i.stream, i.group, v.config)
-                                 for i, v in zip(spec.inputs, got, strict=True)])
-        where = f"the set of {spec.name}"
-    else:
-        n, where = got[0].config.max_members, \
-            f"group {spec.inputs[0].stream}.{spec.inputs[0].group}"
-    if n != spec.partitions:
-        raise ConfigError("max_members", f"{where} has {n} partitions in KV but the code "
-                          f"declares {spec.partitions}")
-    return got
+    return await read_input_configs(nc, spec.inputs, spec.partitions, name=spec.name,
+                                    timeout=timeout)
 
 
 def load_configs(nats_res: NatsResource, spec: StreamAsset) -> list[Versioned[ElasticConfig]]:

@@ -105,8 +105,9 @@ async def test_trigger_and_task_read_backlog_with_the_connection_s_credentials(
     assert PASSWORD not in repr(dags) and PASSWORD not in json.dumps(spec.connect_kwargs())
 
     # a missing connection: logged, retried, no event and no exception out of the trigger
-    trig = NatsBacklogTrigger(unique_name, "g", spec.connect_kwargs(),
-                              conn_id="nats_cg_test", recheck_s=0.05, repeat_s=600.0)
+    trig = NatsBacklogTrigger("legs", [["g", unique_name, "g"]], h.PARTITIONS,
+                              spec.connect_kwargs(), conn_id="nats_cg_test", recheck_s=0.05,
+                              repeat_s=600.0)
     gen = trig.run().__aiter__()
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(gen.__anext__(), 1.0)

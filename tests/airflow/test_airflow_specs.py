@@ -82,7 +82,7 @@ def test_build_dags_shape_and_serialization() -> None:
 def test_build_dags_refuses_a_group_twice() -> None:
     with pytest.raises(ConfigError, match="two specs are named"):
         build_dags([spec(), spec(stream="T")])
-    with pytest.raises(ConfigError, match="in two specs"):
+    with pytest.raises(ConfigError, match="group S.g is in specs 'legs' and 'other'"):
         build_dags([spec(), spec(name="other")])
 
 
@@ -103,7 +103,8 @@ def test_partitions_of_events() -> None:
 
 def test_trigger_serializes_without_secrets() -> None:
     s = spec(nats=ConnectOptions("nats://h:4222", creds="/run/secrets/nats.creds"))
-    path, kwargs = NatsBacklogTrigger("S", "g", s.connect_kwargs()).serialize()
+    path, kwargs = NatsBacklogTrigger("legs", [["g", "S", "g"]], 4,
+                                       s.connect_kwargs()).serialize()
     assert path == "cg_pipelines.airflow.trigger.NatsBacklogTrigger"
     assert kwargs["connect"]["creds"] == "/run/secrets/nats.creds"
     assert NatsBacklogTrigger(**kwargs).serialize() == (path, kwargs)
@@ -116,8 +117,8 @@ async def test_trigger_announces_exactly_the_partitions_with_backlog(
     await h.create_group(js, stream)
     evs = h.events_on({0, 2})
     await h.publish(js, stream, evs, len(evs))
-    trig = NatsBacklogTrigger(stream, "g", {"servers": nats_server.url}, recheck_s=0.05,
-                              repeat_s=600.0)
+    trig = NatsBacklogTrigger("legs", [["g", stream, "g"]], h.PARTITIONS,
+                              {"servers": nats_server.url}, recheck_s=0.05, repeat_s=600.0)
     gen = trig.run().__aiter__()
     first = await asyncio.wait_for(gen.__anext__(), 30)
     assert first.payload["partitions"] == [0, 2]
@@ -134,7 +135,8 @@ async def test_trigger_announces_exactly_the_partitions_with_backlog(
 @pytest.mark.integration
 async def test_trigger_survives_a_missing_group(nats_server: NatsServer, unique_name: str,
                                                 caplog: pytest.LogCaptureFixture) -> None:
-    trig = NatsBacklogTrigger(unique_name, "g", {"servers": nats_server.url}, recheck_s=0.05)
+    trig = NatsBacklogTrigger("legs", [["g", unique_name, "g"]], 4,
+                              {"servers": nats_server.url}, recheck_s=0.05)
     gen = trig.run().__aiter__()
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(gen.__anext__(), 1.0)  # no event, and no exception either
@@ -172,7 +174,7 @@ def test_the_guide_s_dag_file_parses_and_names_only_its_connection(tmp_path: Pat
     (trigger,) = [w.trigger for a in bag.dags["customer_totals__dispatch"].timetable
                   .asset_condition.objects for w in a.watchers]
     _, kwargs = trigger.serialize()
-    assert kwargs["conn_id"] == "nats_default" and kwargs["stream"] == "orders"
+    assert kwargs["conn_id"] == "nats_default" and kwargs["inputs"] == [["totals", "orders", "totals"]]
 
 
 def test_held_back_partitions_follow_core_rule() -> None:
