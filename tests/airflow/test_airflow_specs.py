@@ -174,7 +174,8 @@ def test_the_guide_s_dag_file_parses_and_names_only_its_connection(tmp_path: Pat
     (trigger,) = [w.trigger for a in bag.dags["customer_totals__dispatch"].timetable
                   .asset_condition.objects for w in a.watchers]
     _, kwargs = trigger.serialize()
-    assert kwargs["conn_id"] == "nats_default" and kwargs["inputs"] == [["totals", "orders", "totals"]]
+    assert kwargs["conn_id"] == "nats_default"
+    assert kwargs["inputs"] == [["totals", "orders", "totals"]]
 
 
 def test_held_back_partitions_follow_core_rule() -> None:
