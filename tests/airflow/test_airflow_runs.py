@@ -1,7 +1,8 @@
 """A real Airflow 3 drives consumer-group partitions (issue 52's "Done when"): the backlog
 trigger starts runs for exactly the partitions with backlog, one run per partition key, the
 table exact; a drain task killed with SIGKILL mid-run is retried by Airflow and the table
-stays exact (0 lost, 0 duplicated, 0 reordered against the pandas reference).
+stays exact (0 lost, 0 duplicated, 0 reordered against the pandas reference); a co-partitioned
+set runs as one Dag.
 
 Airflow (scheduler, triggerer, dag-processor, api-server) is started once for the module
 (:mod:`tests.airflow.conftest`); each test writes its own Dag file over its own stream."""
@@ -251,6 +252,48 @@ async def test_rebuild_of_one_partition_is_identical_to_the_drained_one(
                "rebuild"]
     assert len(rebuilt) == 1 and rebuilt[0]["rebuilt"] is True, rebuilt
     assert rebuilt[0]["lineage"][0]["rows_replaced"] == len(evs)
+
+
+SET_DAG_FILE = '''
+from cg_pipelines.airflow import CoPartitionedDag, build_dags
+from cg_pipelines.jetstream.connect import ConnectOptions
+from tests.support import joined
+
+globals().update(build_dags([CoPartitionedDag(
+    {name!r}, joined.inputs({stream!r}), 4, joined.processor(), {table!r},
+    write=joined.WRITE, nats=ConnectOptions({url!r}), recheck_s=1.0, repeat_s=600.0)]))
+'''
+
+
+async def test_a_co_partitioned_set_runs_as_one_dag(
+        airflow: AirflowStack, js: JetStreamContext, nats_server: NatsServer, unique_name: str,
+        tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    from cg_pipelines.core.subjects import partition_for
+    from tests.support import joined
+
+    stream, name = unique_name, f"s_{unique_name}"
+    table = tmp_path / "table"
+    # auctions of partitions 0 and 2 only, on both inputs: exactly those two runs
+    evs = {n: [m for m in msgs if partition_for([str(m["auction"])], 4) in (0, 2)]
+           for n, msgs in joined.events(40).items()}
+    api = await joined.setup(js, stream, evs, 4)
+    write_dag_file(airflow.dags, name, SET_DAG_FILE.format(
+        name=name, stream=stream, table=str(table), url=nats_server.url))
+
+    runs = await wait_for(lambda: finished(airflow, name, 2), RUN_TIMEOUT_S,
+                          "2 successful runs of the set")
+    assert sorted(r["partition_key"] for r in runs) == ["g-0", "g-2"]
+    assert joined.mismatches(DeltaTable(str(table)).to_pyarrow_table(), evs) is None
+    assert await joined.left(api, stream) == 0
+    events = airflow.asset_events(name)
+    assert sorted(e["partition_key"] for e in events) == ["g-0", "g-2"]
+    for e in events:  # one lineage row per input, summing to the run's messages
+        lineage = e["extra"]["lineage"]
+        assert [row["input"] for row in lineage] == [joined.IMP, joined.CLK]
+        assert e["extra"]["messages"] == sum(row["messages"] for row in lineage) > 0
+    assert sum(e["extra"]["messages"] for e in events) == sum(len(m) for m in evs.values())
 
 
 CLEANED = "dag_run,task_instance,task_instance_history,asset_event,log"
