@@ -60,6 +60,7 @@ TESTS=(
   tests/dagster/test_join_asset.py::test_sensor_runs_and_metadata
   tests/airflow/test_airflow_specs.py
   tests/airflow/test_airflow_connection.py
+  tests/airflow/test_airflow_sets.py
 )
 # test_dg_scaffold_declare_launch runs create-dagster/dg in subprocesses (~2 min): left to the
 # main suite; the dg entry point is checked below with `dg list components`.
