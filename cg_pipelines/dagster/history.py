@@ -31,9 +31,11 @@ from cg_pipelines.core.errors import one_line
 from cg_pipelines.core.liveness import LOST_RUN_GRACE_S, RunSighting, judge_run
 from cg_pipelines.core.triggers import PartitionRuns, RetryPolicy, RunFact, runs_from_facts
 
-__all__ = ["CHECK_MODE", "CODE_TAG", "HEARTBEAT_TAG", "MODE_TAG", "WORKER_TAG", "CheckState",
+__all__ = ["CHECK_MODE", "CODE_TAG", "HEARTBEAT_TAG", "MODE_TAG", "RANGED_TAG", "RANGE_TAG",
+           "WORKER_TAG", "CheckState",
            "Probe", "Suspect", "check_states", "fail_lost_runs", "finished_runs",
-           "partition_runs", "partition_runs_of", "record_first_checks", "run_worker_tags"]
+           "PARTITION_TAG", "partition_runs", "partition_runs_of", "partitions_of", "range_tags",
+           "record_first_checks", "run_worker_tags"]
 
 CODE_TAG = "cg/code_version"
 """Run tag: the code version (:func:`~cg_pipelines.core.fingerprint.code_version` or the
@@ -54,6 +56,30 @@ HEARTBEAT_TAG = "cg/heartbeat_ttl_s"
 stored, so a run without it is never judged lost from another host."""
 
 PARTITION_TAG = "dagster/partition"
+
+RANGE_TAG = "cg/partitions"
+"""Run tag of a run over several partitions (the run parallelism D of ``notes/RANGE_RUNS.md``
+§7): ``<first>-<last>``, partition numbers, both included. Dagster's own range tags name
+partition keys; this one is what the history reads (with :data:`RANGED_TAG`)."""
+
+RANGED_TAG = "cg/ranged"
+"""Run tag ``"true"`` on every run over several partitions: the one value the history's run
+query filters range runs by (Dagster filters tags by value, not by presence)."""
+
+
+def range_tags(first: int, last: int) -> dict[str, str]:
+    """The cg tags of a run over partitions ``first .. last``."""
+    return {RANGE_TAG: f"{first}-{last}", RANGED_TAG: "true"}
+
+
+def partitions_of(tags: Mapping[str, str]) -> range | None:
+    """The partitions a run's :data:`RANGE_TAG` names, or ``None`` (no tag, or unreadable)."""
+    try:
+        first, last = (int(x) for x in tags[RANGE_TAG].split("-"))
+    except (KeyError, ValueError):
+        return None
+    return range(first, last + 1) if 0 <= first <= last else None
+
 _QUEUED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
            DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 _FAILED = {DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
@@ -103,10 +129,12 @@ def worker_gone(tag: str) -> bool | None:
 @dataclass(frozen=True, slots=True)
 class Suspect:
     """An in-progress partition run whose worker this host cannot see, old enough to be
-    judged by NATS: its ``run_id`` and Dagster ``partition_key``."""
+    judged by NATS: its ``run_id`` and Dagster ``partition_key`` (a range run: ``<first
+    key>..<last key>``, its ``partitions`` the partition numbers; ``None`` for one)."""
 
     run_id: str
     partition_key: str
+    partitions: tuple[int, ...] | None = None
 
 
 Probe = Callable[[Sequence[Suspect]], Mapping[str, tuple[bool | None, bool | None]]]
@@ -116,43 +144,55 @@ pinned)}`` (``None`` where unknown; a run left out is unknown)."""
 
 def fail_lost_runs(instance: DagsterInstance, partition_keys: Iterable[str],
                    probe: Probe | None = None, *, grace_s: float = LOST_RUN_GRACE_S,
-                   now: float | None = None) -> list[tuple[str, str]]:
+                   now: float | None = None, key_of: Callable[[int], str] | None = None
+                   ) -> list[tuple[str, str]]:
     """Mark failed every in-progress run of these partition keys that
     :func:`~cg_pipelines.core.liveness.judge_run` finds lost: its worker (:data:`WORKER_TAG`)
     gone from this host, or, on any host, no heartbeat and no pinned lease (``probe``, asked
-    once for the runs older than ``grace_s`` seconds this host cannot see). Returns ``(run id,
-    reason)`` pairs; a wrong verdict loses nothing (leases and fence). One run-records query;
-    runs without a worker tag are left alone, runs without :data:`HEARTBEAT_TAG` judged only
-    on this host. ``now``: Unix seconds."""
+    once for the runs older than ``grace_s`` seconds this host cannot see). With ``key_of``
+    (partition number -> key), range runs (:data:`RANGE_TAG`) over one of the keys too (a
+    range run is alive while a lease of any of its partitions is pinned). Returns ``(run id,
+    reason)`` pairs; a wrong verdict loses nothing (leases and fence). One run-records query
+    (two with ``key_of``); runs without a worker tag are left alone, runs without
+    :data:`HEARTBEAT_TAG` judged only on this host. ``now``: Unix seconds."""
     keys = list(partition_keys)
     if not keys:
         return []
     now = time.time() if now is None else now
-    seen: list[tuple[DagsterRun, RunSighting]] = []
+    wanted = set(keys)
+    records = list(instance.get_run_records(RunsFilter(
+        tags={PARTITION_TAG: keys}, statuses=[DagsterRunStatus.STARTED])))
+    if key_of is not None:
+        records += [rec for rec in instance.get_run_records(RunsFilter(
+            tags={RANGED_TAG: "true"}, statuses=[DagsterRunStatus.STARTED]))
+            if any(key_of(p) in wanted for p in partitions_of(rec.dagster_run.tags) or ())]
+    seen: list[tuple[DagsterRun, RunSighting, str]] = []
     suspects: list[Suspect] = []
-    for rec in instance.get_run_records(RunsFilter(
-            tags={PARTITION_TAG: keys}, statuses=[DagsterRunStatus.STARTED])):
+    for rec in records:
         run = rec.dagster_run
         tag = run.tags.get(WORKER_TAG)
         if not tag:
             continue
+        parts = partitions_of(run.tags)
+        label = run.tags.get(PARTITION_TAG, "?") if parts is None or key_of is None else \
+            f"{key_of(parts[0])}..{key_of(parts[-1])}"
         started = rec.start_time or rec.create_timestamp.timestamp()
         sighting = RunSighting(run.run_id, now - started, process_gone=worker_gone(tag))
-        seen.append((run, sighting))
+        seen.append((run, sighting, label))
         if sighting.process_gone is None and sighting.age_s >= grace_s and \
                 HEARTBEAT_TAG in run.tags:
-            suspects.append(Suspect(run.run_id, run.tags.get(PARTITION_TAG, "?")))
+            suspects.append(Suspect(run.run_id, label,
+                                    tuple(parts) if parts is not None else None))
     facts = probe(suspects) if probe is not None and suspects else {}
     lost = []
-    for run, sighting in seen:
+    for run, sighting, label in seen:
         heartbeat, pinned = facts.get(run.run_id, (None, None))
         verdict = judge_run(dataclasses.replace(sighting, heartbeat=heartbeat, pinned=pinned),
                             grace_s)
         if verdict.lost:
-            key = run.tags.get(PARTITION_TAG, "?")
             instance.report_run_failed(
-                run, f"run of partition {key} is lost: {verdict.reason}; marked failed so the "
-                "partition can run again")
+                run, f"run of partition {label} is lost: {verdict.reason}; marked failed so "
+                "the partition can run again")
             lost.append((run.run_id, verdict.reason))
     return lost
 
@@ -168,8 +208,10 @@ def partition_runs(instance: DagsterInstance, partition_keys: dict[int, str], co
                    exclude_tag: tuple[str, str | Collection[str]] | None = None,
                    errors: dict[str, str] | None = None) -> dict[int, PartitionRuns]:
     """The run history of each partition (``{partition: its Dagster partition key}``), in at
-    most two run-records queries whatever their number (the newest :data:`RUNS_WINDOW`
-    unsuccessful runs; the successes of the failing keys since). A newest failure's error is
+    most four run-records queries whatever their number (the newest :data:`RUNS_WINDOW`
+    unsuccessful runs of one partition, and of ranges (:data:`RANGED_TAG`); the successes of
+    the failing keys since, and of ranges). A run over a range counts for every partition of
+    it (:data:`RANGE_TAG`). A newest failure's error is
     read from at most 4 of its events, only when ``errors`` (``{run_id: error}``, updated and
     pruned in place: keep it from tick to tick) lacks it. Runs carrying ``exclude_tag``
     (``(tag, value or values)``) are ignored; a failure counts only under ``code``
@@ -187,25 +229,37 @@ def partition_runs(instance: DagsterInstance, partition_keys: dict[int, str], co
     def kept(run: DagsterRun) -> bool:
         return excluded is None or run.tags.get(excluded[0]) not in excluded[1]
 
-    unsuccessful = [r for r in instance.get_run_records(
-        RunsFilter(tags={PARTITION_TAG: list(keys)}, statuses=[*_QUEUED, *_FAILED]),
-        limit=RUNS_WINDOW) if kept(r.dagster_run)]
+    def keys_of(run: DagsterRun) -> list[str]:
+        """The asked-about keys a run is a run of (one key, or those of its range)."""
+        parts = partitions_of(run.tags)
+        if parts is None:
+            key = run.tags.get(PARTITION_TAG, "")
+            return [key] if key in keys else []
+        return [partition_keys[p] for p in parts if p in partition_keys]
+
+    unsuccessful = [r for f in ({PARTITION_TAG: list(keys)}, {RANGED_TAG: "true"})
+                    for r in instance.get_run_records(
+                        RunsFilter(tags=f, statuses=[*_QUEUED, *_FAILED]), limit=RUNS_WINDOW)
+                    if kept(r.dagster_run)]
     by_key: dict[str, list[RunRecord]] = {}
-    for rec in unsuccessful:  # newest first
-        by_key.setdefault(rec.dagster_run.tags.get(PARTITION_TAG, ""), []).append(rec)
+    for rec in sorted(unsuccessful, key=lambda r: r.create_timestamp, reverse=True):
+        for key in keys_of(rec.dagster_run):
+            by_key.setdefault(key, []).append(rec)  # newest first
     failing = [k for k, recs in by_key.items()
                if any(r.dagster_run.status in _FAILED for r in recs)]
     succeeded_at: dict[str, float] = {}
     if failing:
         oldest = min(r.create_timestamp for k in failing for r in by_key[k]
                      if r.dagster_run.status in _FAILED)
-        for rec in instance.get_run_records(
-                RunsFilter(tags={PARTITION_TAG: failing}, statuses=[DagsterRunStatus.SUCCESS],
-                           created_after=oldest), limit=RUNS_WINDOW):
-            if kept(rec.dagster_run):
-                key = rec.dagster_run.tags.get(PARTITION_TAG, "")
-                succeeded_at[key] = max(succeeded_at.get(key, 0.0),
-                                        rec.create_timestamp.timestamp())
+        for f in ({PARTITION_TAG: failing}, {RANGED_TAG: "true"}):
+            for rec in instance.get_run_records(
+                    RunsFilter(tags=f, statuses=[DagsterRunStatus.SUCCESS],
+                               created_after=oldest), limit=RUNS_WINDOW):
+                if not kept(rec.dagster_run):
+                    continue
+                for key in keys_of(rec.dagster_run):
+                    succeeded_at[key] = max(succeeded_at.get(key, 0.0),
+                                            rec.create_timestamp.timestamp())
     cache = errors if errors is not None else {}
     used: set[str] = set()
 

@@ -369,6 +369,10 @@ class PartitionRunsResource(ConfigurableResource):
                                         "dead-letter stream keeps a dead letter (None: for ever).")
     # ------------------------------------------------------------ the deployment and the sensor
     run_timeout_s: float = Field(default=3600.0, description="Upper bound of one partition run.")
+    partitions_per_run: int = Field(
+        default=1, ge=1, description="Backlog sensor: the run parallelism D, partitions one run "
+        "drains (one input): runs over aligned blocks of D partitions (notes/RANGE_RUNS.md); "
+        "1: one run per partition. A block waits while any of its partitions is in a run.")
     min_pending: int = Field(default=1, description="Backlog sensor: run a partition at this many "
                              "pending messages ...")
     max_age_s: float | None = Field(default=None, description="... or when its oldest pending "

@@ -8,6 +8,7 @@ then the :data:`OBSERVERS`, each keeping its part of the one cursor). Bounded: N
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,16 +35,19 @@ from dagster import (
 from nats.aio.client import Client
 
 from cg_pipelines.core.assignment import assignment
+from cg_pipelines.core.blocks import plan_ranges
 from cg_pipelines.core.config import dlq_stream_name, work_queue_stream_name
 from cg_pipelines.core.lag import LAG_STATES, lag_observations_due, lag_state
 from cg_pipelines.core.triggers import (
     REPEAT_REQUEST_S,
     BacklogCursor,
+    BacklogRequest,
     CursorError,
     MembershipCursor,
     PartitionBacklog,
     RetryPolicy,
     RetryWait,
+    TickPlan,
     decode_cursor,
     drop_repeated_requests,
     encode_cursor,
@@ -63,6 +67,7 @@ from cg_pipelines.dagster.history import (
     Suspect,
     fail_lost_runs,
     partition_runs,
+    range_tags,
 )
 from cg_pipelines.dagster.reading import Reading, read_inputs
 from cg_pipelines.dagster.resources import NatsResource, PartitionRunsResource
@@ -115,8 +120,9 @@ def nats_probe(nats_res: NatsResource, spec: StreamAsset) -> Probe:
     input's lease of its partition is pinned; NATS trouble answers nothing (runs stay alive)."""
 
     def probe(suspects: Sequence[Suspect]) -> Mapping[str, tuple[bool | None, bool | None]]:
-        wanted = {s.run_id: leases_of(spec, spec.partition_of(s.partition_key))
-                  for s in suspects}
+        wanted = {s.run_id: [lease for p in (s.partitions if s.partitions is not None
+                                             else (spec.partition_of(s.partition_key),))
+                             for lease in leases_of(spec, p)] for s in suspects}
 
         async def read(nc: Client) -> dict[str, tuple[bool | None, bool | None]]:
             api = JetStreamAPI(nc, timeout=nats_res.call_timeout_s / 2)
@@ -141,7 +147,8 @@ def fail_lost(instance: DagsterInstance, spec: StreamAsset, keys: Sequence[str],
     """Mark failed the lost runs of partition ``keys`` (:func:`fail_lost_runs` with
     :func:`nats_probe`), one warning each naming why."""
     for run_id, reason in fail_lost_runs(instance, keys, nats_probe(nats_res, spec),
-                                         grace_s=runs.lost_run_grace_s, now=now):
+                                         grace_s=runs.lost_run_grace_s, now=now,
+                                         key_of=spec.partition_key):
         log.warning(f"run {run_id} is lost: {reason}; marked failed")
 
 
@@ -229,9 +236,8 @@ def backlog_tick(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsR
                               + reasons, LOG_LINES):
         log.info(line)
     tags = {CODE_TAG: code, "dagster/max_runtime": str(int(runs.run_timeout_s + 120))}
-    out = BacklogTick(run_requests=[
-        RunRequest(run_key=r.run_key, partition_key=spec.partition_key(r.partition),
-                   tags=tags, job_name=job_name) for r in send], cursor=cursor)
+    out = BacklogTick(run_requests=run_requests(spec, send, plan, runs.partitions_per_run,
+                                                tags, job_name), cursor=cursor)
     if not out.run_requests:
         out.skip_reason = with_warning(
             "; ".join(summary_lines(reasons, 5)) or "no partition with backlog", warning)
@@ -245,6 +251,45 @@ def backlog_tick(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsR
         nxt = observer(view, nxt, out)
     out.cursor = encode_cursor(nxt)
     return out
+
+
+def run_requests(spec: StreamAsset, send: Sequence[BacklogRequest], plan: TickPlan, d: int,
+                 tags: Mapping[str, str], job_name: str | None) -> list[RunRequest]:
+    """The tick's run requests: one per partition (``d == 1``, or a set), else one per range
+    :func:`~cg_pipelines.core.blocks.plan_ranges` gives (aligned blocks of ``d``; a block
+    with a partition in progress waits; partitions waiting for a retry or given up on are
+    carved out). A range run carries Dagster's range tags and :func:`~cg_pipelines.dagster.
+    history.range_tags`, runs no asset check (Dagster 1.13 records a range run's check results
+    without a partition: the sensor's check-only runs evaluate them per partition), and its
+    run key is ``<label>:<first>-<last>:<digest of its partitions' run keys>``."""
+    if d == 1 or spec.is_set:
+        return [RunRequest(run_key=r.run_key, partition_key=spec.partition_key(r.partition),
+                           tags=dict(tags), job_name=job_name) for r in send]
+    by_p = {r.partition: r for r in send}
+    ranges = plan_ranges(spec.partitions, d, by_p, plan.in_progress,
+                         [w.partition for w in (*plan.exhausted, *plan.waiting)])
+    out = []
+    for first, last in ranges:
+        keys = [by_p[p].run_key for p in range(first, last + 1) if p in by_p]
+        digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
+        if first == last:
+            out.append(RunRequest(run_key=by_p[first].run_key,
+                                  partition_key=spec.partition_key(first), tags=dict(tags),
+                                  job_name=job_name))
+            continue
+        out.append(RunRequest(
+            run_key=f"{spec.label}:{first}-{last}:{digest}", job_name=job_name,
+            asset_check_keys=[],
+            tags={**tags, **range_tags(first, last),
+                  ASSET_PARTITION_RANGE_START_TAG: spec.partition_key(first),
+                  ASSET_PARTITION_RANGE_END_TAG: spec.partition_key(last)}))
+    return out
+
+
+ASSET_PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
+ASSET_PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"
+"""Dagster's run tags of a run over a partition key range (what a single-run backfill sets;
+``RunRequest`` has no range argument in 1.13)."""
 
 
 # ------------------------------------------------------------------------------ observers

@@ -33,7 +33,7 @@ from cg_pipelines.engine.options import EngineOptions, Hook
 from cg_pipelines.engine.processor import Processor
 from cg_pipelines.engine.rebuild import rebuild_copartitioned, rebuild_partition
 from cg_pipelines.engine.result import RunResult, SideResult
-from cg_pipelines.engine.runner import run_partition
+from cg_pipelines.engine.runner import run_partitions
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.backlog import partition_backlog
@@ -41,7 +41,8 @@ from cg_pipelines.jetstream.kv import Versioned
 from cg_pipelines.sinks.base import TableSink
 
 __all__ = ["inputs_backlog", "inputs_code_version", "inputs_label", "inputs_title", "is_set",
-           "read_input_configs", "run_inputs", "sides_by_input"]
+           "read_input_configs", "run_inputs", "sides_by_input",
+           "sides_by_partition"]
 
 
 def is_set(processor: Processor | JoinProcessor) -> bool:
@@ -50,46 +51,62 @@ def is_set(processor: Processor | JoinProcessor) -> bool:
 
 
 async def run_inputs(
-    nc: Client, inputs: Sequence[JoinInput], partition: int,
+    nc: Client, inputs: Sequence[JoinInput], partitions: int | Sequence[int],
     processor: Processor | JoinProcessor, sink: TableSink, options: EngineOptions, *,
     rebuild: bool = False, allow_partial: bool = False, hook: Hook | None = None,
 ) -> RunResult:
-    """Drain (or with ``rebuild`` rebuild) partition ``partition`` of ``inputs``: one input
-    with a :class:`~cg_pipelines.engine.processor.Processor`, or a set with a
-    ``JoinProcessor`` (every input's partition in one run, one commit per batch).
+    """Drain (or with ``rebuild`` rebuild) ``partitions`` (one partition, or several in one
+    run) of ``inputs``: one input with a :class:`~cg_pipelines.engine.processor.Processor`
+    (several partitions: :func:`~cg_pipelines.engine.runner.run_partitions`, a side per
+    partition), or a set with a ``JoinProcessor`` (every input's partition in one run, one
+    commit per batch).
 
     Returns:
         The engine's :class:`~cg_pipelines.engine.result.RunResult` (each input's
-        :class:`~cg_pipelines.engine.result.SideResult` by input name: :func:`sides_by_input`).
+        :class:`~cg_pipelines.engine.result.SideResult` by input name for one partition:
+        :func:`sides_by_input`; by app id ``<stream>/<group>/<p>`` over several).
 
     Raises:
         UsageError: several inputs without a ``JoinProcessor`` (or a set's inputs refused by
-            :func:`~cg_pipelines.engine.join.check_inputs`).
+            :func:`~cg_pipelines.engine.join.check_inputs`); a set, or a rebuild, over
+            several partitions (one partition per such run); ``partitions`` empty or
+            repeating one.
         What the engine's run functions raise.
     """
+    parts = [partitions] if isinstance(partitions, int) else list(partitions)
+    if len(parts) != 1 and (rebuild or isinstance(processor, JoinProcessor)):
+        what = "a rebuild" if rebuild else "a co-partitioned set"
+        raise UsageError(f"{what} runs over one partition per run, got partitions {parts}")
     if isinstance(processor, JoinProcessor):
         if rebuild:
-            return await rebuild_copartitioned(nc, inputs, partition, processor, sink, options,
+            return await rebuild_copartitioned(nc, inputs, parts[0], processor, sink, options,
                                                allow_partial=allow_partial, hook=hook)
-        return await run_copartitioned(nc, inputs, partition, processor, sink, options,
+        return await run_copartitioned(nc, inputs, parts[0], processor, sink, options,
                                        hook=hook)
     if len(inputs) != 1:
         raise UsageError(f"{len(inputs)} inputs need a JoinProcessor, got "
                          f"{type(processor).__name__}")
     inp = inputs[0]
     if rebuild:
-        return await rebuild_partition(nc, inp.stream, inp.group, partition, processor, sink,
+        return await rebuild_partition(nc, inp.stream, inp.group, parts[0], processor, sink,
                                        options, allow_partial=allow_partial, hook=hook)
-    return await run_partition(nc, inp.stream, inp.group, partition, processor, sink, options,
-                               hook=hook)
+    return await run_partitions(nc, inp.stream, inp.group, parts, processor, sink, options,
+                                hook=hook)
 
 
 def sides_by_input(inputs: Sequence[JoinInput], result: RunResult) -> dict[str, SideResult]:
-    """``{input name: SideResult}`` of a :func:`run_inputs` result, in the inputs' order (the
-    engine names a lone input's side by its app id, a set's by input name)."""
+    """``{input name: SideResult}`` of a one-partition :func:`run_inputs` result, in the
+    inputs' order (the engine names a lone input's side by its app id, a set's by input
+    name)."""
     if len(inputs) == 1:
         return {inputs[0].name: next(iter(result.inputs.values()))}
     return {i.name: result.inputs[i.name] for i in inputs}
+
+
+def sides_by_partition(result: RunResult) -> dict[int, SideResult]:
+    """``{partition: SideResult}`` of a one-input :func:`run_inputs` result over one or
+    several partitions."""
+    return {side.partition: side for side in result.inputs.values()}
 
 
 async def read_input_configs(nc: Client, inputs: Sequence[JoinInput], partitions: int, *,

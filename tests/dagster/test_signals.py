@@ -250,8 +250,10 @@ class _Counting:
 
 @pytest.mark.parametrize("n", [4, 128])
 def test_partition_runs_constant_queries(n: int) -> None:
-    """Run history of n partitions in 2 run-records queries (with failures; 1 without), the
-    error of each newest failure read once (cached across ticks), counts as before."""
+    """Run history of n partitions in 4 run-records queries whatever n (runs of one
+    partition and range runs, unsuccessful then the failing keys' successes; 2 without
+    failures), the error of each newest failure read once (cached across ticks), counts as
+    before."""
     policy = RetryPolicy(max_failures=3)
     with DagsterInstance.ephemeral() as inst:
         keys = {p: f"g-{p}" for p in range(n)}
@@ -265,14 +267,14 @@ def test_partition_runs_constant_queries(n: int) -> None:
         errors: dict[str, str] = {}
         with _Counting(inst) as c:
             hist = partition_runs(inst, keys, "v1", policy, errors=errors)
-        assert (c.runs, c.events) == (2, 2)
+        assert (c.runs, c.events) == (4, 2)
         assert hist[1].failures == 3 and hist[0].failures == 0 and not hist[0].failed_before
         assert hist[2].failures == 0 and hist[2].failed_before
         assert hist[3].failures == 1 and hist[3].in_progress
         assert len(errors) == 2
         with _Counting(inst) as c:
             assert partition_runs(inst, keys, "v1", policy, errors=errors) == hist
-        assert (c.runs, c.events) == (2, 0)  # errors cached
+        assert (c.runs, c.events) == (4, 0)  # errors cached
         _add_run(inst, "g-1", DagsterRunStatus.SUCCESS)  # a success ends the count
         assert partition_runs(inst, keys, "v1", policy, errors=errors)[1].failures == 0
 
