@@ -279,7 +279,7 @@ def run_requests(spec: StreamAsset, send: Sequence[BacklogRequest], plan: TickPl
             continue
         out.append(RunRequest(
             run_key=f"{spec.label}:{first}-{last}:{digest}", job_name=job_name,
-            asset_check_keys=[],
+            asset_selection=[asset_key_of(spec)], asset_check_keys=[],
             tags={**tags, **range_tags(first, last),
                   ASSET_PARTITION_RANGE_START_TAG: spec.partition_key(first),
                   ASSET_PARTITION_RANGE_END_TAG: spec.partition_key(last)}))
