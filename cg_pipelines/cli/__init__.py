@@ -23,6 +23,7 @@ from cg_pipelines.cli.context import Ctx, add_command_connection_options, group_
 from cg_pipelines.cli.dev import demo, dev
 from cg_pipelines.cli.maintain import maintain
 from cg_pipelines.cli.ops import OPS_COMMANDS
+from cg_pipelines.cli.runs import runs
 from cg_pipelines.cli.spark import spark_archive, spark_connect
 from cg_pipelines.jetstream.connect import drop_ssl_eof_notice
 from cg_pipelines.version import __version__
@@ -60,7 +61,7 @@ def main(ctx: click.Context, /, **settings: Any) -> None:
     ctx.obj = Ctx(settings)
 
 
-for _group in (static, elastic, stream, *OPS_COMMANDS, maintain):
+for _group in (static, elastic, stream, *OPS_COMMANDS, runs, maintain):
     add_command_connection_options(_group)
     main.add_command(_group)
 main.add_command(dev)

@@ -22,6 +22,7 @@ from cg_pipelines.jetstream.backlog import (
     dead_letter_counts,
     latest_dead_letters,
 )
+from cg_pipelines.jetstream.run_layout import RunLayout, get_run_layout
 
 __all__ = ["Reading", "dead_slot", "read_inputs"]
 
@@ -48,6 +49,7 @@ class Reading:
     backlog: list[PartitionBacklog]
     dead_counts: dict[int, int] = field(default_factory=dict)
     dead_changed: dict[str, list[DeadLetterSummary]] = field(default_factory=dict)
+    layout: RunLayout | None = None
 
 
 def read_inputs(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsResource, *,
@@ -66,6 +68,9 @@ def read_inputs(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsRe
 
     async def read(nc: Any) -> Reading:
         configs = await read_configs(nc, spec, nats_res.call_timeout_s)
+        layout = None if len(spec.inputs) > 1 else await get_run_layout(
+            nc.jetstream(timeout=nats_res.call_timeout_s), spec.inputs[0].stream,
+            spec.inputs[0].group)
         served = served_partitions(assignment(configs[0].config), served_members)
         if only is not None:
             wanted = set(only)
@@ -86,6 +91,6 @@ def read_inputs(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsRe
                          if got.get(p, 0) != dead_letters_seen.get(mine[p], 0)}
                 changed[inp.name] = await latest_dead_letters(api, dlq, moved)
         return Reading(max(c.revision for c in configs), configs[0].config, served, by_input,
-                       merged, counts, changed)
+                       merged, counts, changed, layout)
 
     return nats_res.run(read)

@@ -372,7 +372,8 @@ class PartitionRunsResource(ConfigurableResource):
     partitions_per_run: int = Field(
         default=1, ge=1, description="Backlog sensor: the run parallelism D, partitions one run "
         "drains (one input): runs over aligned blocks of D partitions (notes/RANGE_RUNS.md); "
-        "1: one run per partition. A block waits while any of its partitions is in a run.")
+        "1: one run per partition. A block waits while any of its partitions is in a run. "
+        "`cg runs set STREAM GROUP D` overrides it from NATS, no restart needed.")
     min_pending: int = Field(default=1, description="Backlog sensor: run a partition at this many "
                              "pending messages ...")
     max_age_s: float | None = Field(default=None, description="... or when its oldest pending "

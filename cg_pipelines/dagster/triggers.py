@@ -236,8 +236,10 @@ def backlog_tick(spec: StreamAsset, nats_res: NatsResource, runs: PartitionRunsR
                               + reasons, LOG_LINES):
         log.info(line)
     tags = {CODE_TAG: code, "dagster/max_runtime": str(int(runs.run_timeout_s + 120))}
-    out = BacklogTick(run_requests=run_requests(spec, send, plan, runs.partitions_per_run,
-                                                tags, job_name), cursor=cursor)
+    d = reading.layout.partitions_per_run if reading.layout is not None \
+        else runs.partitions_per_run  # `cg runs set` wins over the deployment's setting
+    out = BacklogTick(run_requests=run_requests(spec, send, plan, d, tags, job_name),
+                      cursor=cursor)
     if not out.run_requests:
         out.skip_reason = with_warning(
             "; ".join(summary_lines(reasons, 5)) or "no partition with backlog", warning)

@@ -125,3 +125,29 @@ def test_a_lost_range_run_is_failed_so_its_block_runs_again(instance: DagsterIns
     assert run is not None and run.status == DagsterRunStatus.FAILURE
     hist = partition_runs(instance, {p: pkey(p) for p in range(4)}, "x", RetryPolicy())
     assert all(not r.in_progress for r in hist.values())
+
+
+async def test_the_sensor_picks_up_a_layout_set_in_nats(
+        js: JetStreamContext, nats_server: NatsServer, unique_name: str, warehouse: str,
+        instance: DagsterInstance) -> None:
+    from cg_pipelines.jetstream.run_layout import RUNS_BUCKET, RunLayout, set_run_layout
+
+    stream = unique_name
+    await h.create_group(js, stream)
+    evs = h.events_on({0, 1, 2, 3})
+    await h.publish(js, stream, evs, len(evs))
+    # the deployment says 1 (one run per partition) ...
+    defs = build_definitions([spec(stream)], resources=make_resources(nats_server.url,
+                                                                       warehouse))
+    d1 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    assert sorted(r.partition_key for r in d1.run_requests) == ["g-0", "g-1", "g-2", "g-3"]
+    # ... an operator sets 4 in NATS: the next tick launches one run over 0..3
+    await set_run_layout(js, stream, "g", RunLayout(4))
+    d2 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    (req,) = d2.run_requests
+    assert req.tags["cg/partitions"] == "0-3"
+    # a bad value stored by hand: the tick says why and launches nothing
+    kv = await js.key_value(RUNS_BUCKET)
+    await kv.put(f"{stream}.g", b'{"partitions_per_run": 0}')
+    d3 = await asyncio.to_thread(h.tick, defs, BACKLOG_SENSOR, instance)
+    assert d3.run_requests == [] and "partitions_per_run" in (d3.skip_message or "")
