@@ -46,6 +46,7 @@ import pandas as pd
 from nats.js.api import StreamConfig
 
 from cg_pipelines.core.assignment import assignment, owners
+from cg_pipelines.core.blocks import plan_ranges
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter, dlq_stream_name
 from cg_pipelines.engine.retry import Retrier
 from cg_pipelines.jetstream import admin
@@ -99,6 +100,10 @@ class ChaosConfig:
             how many of each fault.
         max_runs: most partition runs in flight at once.
         time_limit_s: give up (and report) after this long.
+        d_schedule: the run parallelism D over time (runs over ranges of partitions,
+            ``run_partitions``, launched by core's ``plan_ranges`` over aligned blocks of D):
+            D becomes the next value every ``d_every_s`` seconds, while runs of the previous
+            layout are in flight. Empty: one run per partition (``run_partition``).
     """
 
     seed: int
@@ -118,6 +123,8 @@ class ChaosConfig:
     step_downs: int = 2
     max_runs: int = 3
     time_limit_s: float = 170.0
+    d_schedule: tuple[int, ...] = ()
+    d_every_s: float = 8.0
 
 
 @dataclass
@@ -144,6 +151,8 @@ class ChaosReport:
     unexpected: list[str] = field(default_factory=list)
     finished: bool = False
     seconds: float = 0.0
+    d_applied: list[int] = field(default_factory=list)
+    range_runs: int = 0
 
     @property
     def ok(self) -> bool:
@@ -155,6 +164,9 @@ class ChaosReport:
         out = [f"chaos seed {self.seed}: {self.events:,} events, {self.runs} partition runs "
                f"({', '.join(f'{k} {v}' for k, v in sorted(self.statuses.items()))}), "
                f"{self.nats_retries} NATS retries, {self.seconds:.1f} s"]
+        if self.d_applied:
+            out.append(f"  run parallelism D over time: {' -> '.join(map(str, self.d_applied))}"
+                       f"; {self.range_runs} runs over several partitions")
         out += [f"  {label}: {self.faults[label]}" for label in
                 (*STEP_KILLS, RANDOM_KILL, ZOMBIE, SLOW, RESTART, MEMBERSHIP, STEP_DOWN)]
         out.append(f"  table vs reference: {self.mismatches} mismatches ({self.detail}); work "
@@ -227,7 +239,7 @@ def fault_plan(cfg: ChaosConfig, rng: random.Random) -> list[tuple[str, dict[str
 @dataclass
 class _Run:
     member: str
-    partition: int
+    partitions: tuple[int, ...]
     label: str | None
     fault: dict[str, Any] | None
     proc: asyncio.subprocess.Process
@@ -239,6 +251,11 @@ class _Run:
     result: dict[str, Any] | None = None
     stderr: str = ""
     done: bool = False
+
+    @property
+    def partition(self) -> int:
+        """The run's first partition (its only one outside range mode)."""
+        return self.partitions[0]
 
 
 class _Chaos:
@@ -393,24 +410,47 @@ class _Chaos:
             if (self.published.is_set() and self.globals_done.is_set() and not live
                     and all(b.pending == 0 for b in backlog)):
                 return True
+            if cfg.d_schedule:
+                await self._schedule_ranges(backlog, owner, live)
+                await asyncio.sleep(0.25)
+                continue
             busy = {(r.member, r.partition) for r in live if not r.detached}
             for b in backlog:
                 if sum(1 for r in self.runs if not r.done and not r.detached) >= cfg.max_runs:
                     break
                 member = owner.get(b.partition)
                 if b.pending and member and (member, b.partition) not in busy:
-                    await self._launch(member, b.partition)
+                    await self._launch(member, (b.partition,))
                     busy.add((member, b.partition))
             await asyncio.sleep(0.25)
         return False
 
-    async def _launch(self, member: str, partition: int) -> None:
+    async def _schedule_ranges(self, backlog: list[Any], owner: dict[int, str],
+                               live: list[_Run]) -> None:
+        """Range mode: the D in effect now (``d_schedule``), then one run per range
+        ``plan_ranges`` gives over the partitions with backlog and an owner; a partition in a
+        live run (not a detached zombie or starved run) holds its block back, as the Dagster
+        sensor does."""
+        cfg = self.cfg
+        step = min(int((time.monotonic() - self.t0) // cfg.d_every_s), len(cfg.d_schedule) - 1)
+        d = cfg.d_schedule[step]
+        if not self.report.d_applied or self.report.d_applied[-1] != d:
+            self.report.d_applied.append(d)
+            self.log(f"  scheduler: run parallelism D = {d}")
+        busy = [p for r in live if not r.detached for p in r.partitions]
+        pending = [b.partition for b in backlog if b.pending and owner.get(b.partition)]
+        for first, last in plan_ranges(cfg.partitions, d, pending, busy):
+            if sum(1 for r in self.runs if not r.done and not r.detached) >= cfg.max_runs:
+                break
+            await self._launch(owner[first], tuple(range(first, last + 1)))
+
+    async def _launch(self, member: str, partitions: tuple[int, ...]) -> None:
         cfg = self.cfg
         label, fault = (None, None)
         if self.plan:  # every run injects the next planned fault until none is left
             label, fault = self.plan.pop(0)
         spec = {"url": self.server.url, "stream": STREAM, "group": GROUP,
-                "partition": partition, "table": self.table, "fault": fault,
+                "partitions": list(partitions), "table": self.table, "fault": fault,
                 "options": {"batch_max_msgs": cfg.batch, "ack_wait_s": cfg.ack_wait_s,
                             "priority_timeout_s": cfg.ack_wait_s,
                             "hold_wait_s": 2.5 * cfg.ack_wait_s, "timeout_s": 2.0,
@@ -418,7 +458,8 @@ class _Chaos:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, str(WORKER), json.dumps(spec),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        run = _Run(member, partition, label, fault, proc, time.monotonic())
+        run = _Run(member, partitions, label, fault, proc, time.monotonic())
+        self.report.range_runs += len(partitions) > 1
         if label == RANDOM_KILL:
             run.kill_at = run.started + self.rng.uniform(0.3, 3.0)
         self.runs.append(run)
@@ -477,7 +518,7 @@ class _Chaos:
             if run.fault and run.fault["kind"] == "stop" and run.stopped_at is not None:
                 # Resume the zombie once another run of its partition finished after it stopped
                 # (that run took the lease over), or after a while anyway.
-                took_over = any(o.done and o is not run and o.partition == run.partition
+                took_over = any(o.done and o is not run and set(o.partitions) & set(run.partitions)
                                 and o.started > run.stopped_at for o in self.runs)
                 waited = now - run.stopped_at
                 if waited > hold and (took_over or waited > 4 * hold):

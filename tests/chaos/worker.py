@@ -1,7 +1,9 @@
-"""One aircraft-legs partition run in its own process, with an optional injected fault.
+"""One aircraft-legs partition run (or a run over several partitions) in its own process, with
+an optional injected fault.
 
 Usage: ``python tests/chaos/worker.py '<json spec>'`` where the spec has ``url``, ``stream``,
-``group``, ``partition``, ``table`` (Delta table URI), ``options`` (EngineOptions fields) and
+``group``, ``partitions`` (one: ``run_partition``; several: one ``run_partitions`` run over
+them), ``table`` (Delta table URI), ``options`` (EngineOptions fields) and
 ``fault``: ``null`` or ``{"kind": "kill" | "stop" | "slow", "step": <engine hook step>,
 "at": <occurrence>, "slow_s": <seconds>}``:
 
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from nats.aio.client import Client
 
 from cg_pipelines.engine.options import EngineOptions
-from cg_pipelines.engine.runner import run_partition
+from cg_pipelines.engine.runner import run_partition, run_partitions
 from cg_pipelines.jetstream.connect import ConnectOptions, close_quietly
 from cg_pipelines.sinks.delta import DeltaSink
 from flights.legs import legs_arrow_processor
@@ -70,9 +72,11 @@ async def main(spec: dict) -> dict:
 
     nc = await _connect(spec["url"])
     try:
-        res = await run_partition(nc, spec["stream"], spec["group"], spec["partition"],
-                                  legs_arrow_processor(), DeltaSink(spec["table"]),
-                                  EngineOptions(**spec["options"]), hook=hook)
+        parts = spec["partitions"]
+        args = (nc, spec["stream"], spec["group"])
+        rest = (legs_arrow_processor(), DeltaSink(spec["table"]), EngineOptions(**spec["options"]))
+        res = await (run_partition(*args, parts[0], *rest, hook=hook) if len(parts) == 1
+                     else run_partitions(*args, parts, *rest, hook=hook))
         out = res.as_dict()
         out.pop("timings", None)
     except Exception as e:  # reported to the harness
