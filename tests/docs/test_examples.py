@@ -1,8 +1,9 @@
 """The documented paths run as written from a fresh install: the README's example, Getting
-started (Arrow, then Spark) and the Dagster Component guide, each in page order, in a new
-directory and a new virtual environment where the page's own ``pip install`` lines install the
-wheel built from this checkout, against a real nats-server started for the page. The rules of
-the pages and the few commands the runner stands in for are in :mod:`tests.docs.pages`.
+started (Arrow, then Spark), the Dagster Component guide and the Airflow guide (against
+``airflow standalone``), each in page order, in a new directory and a new virtual environment
+where the page's own ``pip install`` lines install the wheel built from this checkout, against
+a real nats-server started for the page. The rules of the pages and the few commands the
+runner stands in for are in :mod:`tests.docs.pages`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from deltalake import DeltaTable
 
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.local.nats_server import NatsServer
-from tests.docs.pages import REPO, Page, blocks, build_wheel, make_venv
+from tests.docs.pages import REPO, Page, blocks, build_wheel, fences, make_venv
 
 # The Component guide's `dg dev` binds its default port (3000): this module's tests run one
 # after another (one xdist worker takes a whole file: `--dist loadfile`).
@@ -85,6 +86,33 @@ def test_component_guide_runs_as_written(page: Page) -> None:
     # the launched run is in the instance the page set up (what `dg dev` shows)
     runs = list((page.cwd / ".dagster_home" / "storage").iterdir())
     assert runs, "the launched run was not recorded in DAGSTER_HOME"
+
+
+def test_airflow_guide_runs_as_written(page: Page) -> None:
+    """pip install with the airflow extra, NATS, stream, group, publishing, the Dag file in a
+    Dags folder, the environment, ``airflow standalone`` and the watch script: the guide's
+    commands only (its titled fragments are not run). Airflow drains exactly the partitions
+    that got orders, one run each, and the table holds every order's running total."""
+    path = REPO / "docs" / "guides" / "airflow.md"
+    assert sum(f.fragment for f in fences(path)) >= 4  # connection, Spark, rebuild, db clean
+    cwd = page.cwd
+    out = page.play(path)
+    assert (cwd / "dags" / "customer_totals.py").is_file()
+    orders = [(f"c{i % 3}", i * 1.5) for i in range(90)]
+    rows = DeltaTable(str(cwd / "warehouse" / "customer_totals")).to_pandas()
+    assert len(rows) == len(orders)
+    for customer, got in rows.groupby("customer"):
+        want = [a for c, a in orders if c == customer]
+        assert list(got.sort_values("_seq")["total"]) == [sum(want[:k + 1])
+                                                          for k in range(len(want))]
+        assert list(got.sort_values("_seq")["orders"]) == list(range(1, len(want) + 1))
+    assert sorted(rows["customer"].unique()) == sorted({c for c, _ in orders})
+    # one successful run per partition with backlog (watch.py prints the Dag's runs)
+    with_orders = sorted({partition_for([c], 4) for c, _ in orders})
+    runs = re.findall(r"^\S+ (totals-\d+) (\w+)$", out, re.M)
+    assert sorted(runs) == [(f"totals-{p}", "success") for p in with_orders], out[-3000:]
+    assert sorted(rows["_partition"].unique()) == with_orders == [0, 1, 2]  # as the page says
+    assert not page.background  # the runner stopped airflow standalone's process group
 
 
 def test_readme_is_a_quickstart() -> None:
