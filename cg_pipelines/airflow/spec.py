@@ -16,7 +16,12 @@ from cg_pipelines.core.errors import ConfigError
 from cg_pipelines.core.partitioning import partition_key, partition_keys, partition_of
 from cg_pipelines.core.triggers import REPEAT_REQUEST_S, RetryPolicy
 from cg_pipelines.core.write import Append, Merge
-from cg_pipelines.engine.inputs import inputs_code_version, inputs_label, inputs_title
+from cg_pipelines.engine.inputs import (
+    check_spec_inputs,
+    inputs_code_version,
+    inputs_label,
+    inputs_title,
+)
 from cg_pipelines.engine.join import JoinInput
 from cg_pipelines.engine.join_processor import JoinProcessor
 from cg_pipelines.engine.options import EngineOptions
@@ -117,22 +122,7 @@ class StreamDag:
         if not _NAME.match(self.name) or len(self.name) > 200:
             raise ConfigError("name", f"{self.name!r} is not a Dag id (letters, digits, _.-; "
                                       "at most 200 characters)")
-        for inp in self.inputs:
-            for what, value in (("stream", inp.stream), ("group", inp.group)):
-                if not value or any(c in value for c in " .*>"):
-                    raise ConfigError(what, f"{value!r} is not a NATS name")
-        names = [i.name for i in self.inputs]
-        if not names or len(set(names)) != len(names) or not all(names):
-            raise ConfigError("inputs", f"one or more inputs with unique names, got {names}")
-        groups = [(i.stream, i.group) for i in self.inputs]
-        if len(set(groups)) != len(groups):
-            raise ConfigError("inputs", f"each input must be its own group, got {groups}")
-        if isinstance(self.processor, JoinProcessor):
-            if set(names) != set(self.processor.inputs):
-                raise ConfigError("inputs", f"input names {sorted(names)} are not the "
-                                  f"processor's inputs {sorted(self.processor.inputs)}")
-        elif len(names) > 1:
-            raise ConfigError("processor", "a co-partitioned set needs a JoinProcessor")
+        check_spec_inputs(self.inputs, self.processor)
         if self.partitions < 1:
             raise ConfigError("partitions", f"must be >= 1, got {self.partitions}")
         if not self.table_uri:

@@ -24,6 +24,7 @@ from cg_pipelines.core.state import KeyedState
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.dagster.resources import NatsResource
 from cg_pipelines.engine.inputs import (
+    check_spec_inputs,
     inputs_code_version,
     inputs_label,
     inputs_title,
@@ -127,18 +128,7 @@ class StreamAsset:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         if not self.name:
             raise ConfigError("name", "must not be empty")
-        names = [i.name for i in self.inputs]
-        if not names or len(set(names)) != len(names) or not all(names):
-            raise ConfigError("inputs", f"one or more inputs with unique names, got {names}")
-        groups = [(i.stream, i.group) for i in self.inputs]
-        if len(set(groups)) != len(groups) or not all(s and g for s, g in groups):
-            raise ConfigError("inputs", f"each input must be its own group, got {groups}")
-        if isinstance(self.processor, JoinProcessor):
-            if set(names) != set(self.processor.inputs):
-                raise ConfigError("inputs", f"input names {sorted(names)} are not the "
-                                  f"processor's inputs {sorted(self.processor.inputs)}")
-        elif len(names) > 1:
-            raise ConfigError("processor", "a co-partitioned set needs a JoinProcessor")
+        check_spec_inputs(self.inputs, self.processor)
         _positive_int("partitions", self.partitions)
         _positive_int("lag_observations_per_day", self.lag_observations_per_day)
         if self.sensor_interval_s < 1:

@@ -8,6 +8,7 @@ an Airflow Dag both call, so their runs, reads and names cannot drift apart.
   co-partitioning checked;
 - :func:`inputs_backlog`: every input's backlog at the served partitions and the backlog merged
   over the inputs (:func:`~cg_pipelines.core.triggers.merge_backlog`);
+- :func:`check_spec_inputs`: what a spec's inputs must be;
 - :func:`inputs_label`, :func:`inputs_title`, :func:`inputs_code_version`: the names and the
   code version derived from the inputs.
 
@@ -40,8 +41,8 @@ from cg_pipelines.jetstream.backlog import partition_backlog
 from cg_pipelines.jetstream.kv import Versioned
 from cg_pipelines.sinks.base import TableSink
 
-__all__ = ["inputs_backlog", "inputs_code_version", "inputs_label", "inputs_title", "is_set",
-           "read_input_configs", "run_inputs", "sides_by_input",
+__all__ = ["check_spec_inputs", "inputs_backlog", "inputs_code_version", "inputs_label",
+           "inputs_title", "is_set", "read_input_configs", "run_inputs", "sides_by_input",
            "sides_by_partition"]
 
 
@@ -157,6 +158,34 @@ async def inputs_backlog(api: JetStreamAPI, inputs: Sequence[JoinInput], served:
                 work_queue_stream_name(inp.stream, inp.group))
             lasts[inp.name] = int((info.get("state") or {}).get("last_seq") or 0)
     return by_input, merge_backlog(by_input, lasts)
+
+
+def check_spec_inputs(inputs: Sequence[JoinInput], processor: Processor | JoinProcessor
+                      ) -> None:
+    """Refuse a spec's inputs when it is made (every orchestrator's spec calls this).
+
+    Raises:
+        ConfigError: a stream or group that is not a NATS name (field ``stream``/``group``);
+            no input, names empty or repeated, or a group twice (``inputs``); several inputs
+            without a ``JoinProcessor`` (``processor``); names that are not the
+            ``JoinProcessor``'s inputs (``inputs``).
+    """
+    for inp in inputs:
+        for what, value in (("stream", inp.stream), ("group", inp.group)):
+            if not value or any(c in value for c in " .*>"):
+                raise ConfigError(what, f"{value!r} is not a NATS name")
+    names = [i.name for i in inputs]
+    if not names or len(set(names)) != len(names) or not all(names):
+        raise ConfigError("inputs", f"one or more inputs with unique names, got {names}")
+    groups = [(i.stream, i.group) for i in inputs]
+    if len(set(groups)) != len(groups):
+        raise ConfigError("inputs", f"each input must be its own group, got {groups}")
+    if isinstance(processor, JoinProcessor):
+        if set(names) != set(processor.inputs):
+            raise ConfigError("inputs", f"input names {sorted(names)} are not the "
+                              f"processor's inputs {sorted(processor.inputs)}")
+    elif len(names) > 1:
+        raise ConfigError("processor", "a co-partitioned set needs a JoinProcessor")
 
 
 def inputs_label(inputs: Sequence[JoinInput]) -> str:

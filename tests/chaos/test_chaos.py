@@ -23,6 +23,7 @@ from tests.chaos.harness import (
     STEP_KILLS,
     ZOMBIE,
     ChaosConfig,
+    ChaosReport,
     effect_counts,
     run_chaos,
 )
@@ -37,15 +38,22 @@ def flights() -> pd.DataFrame:
     return load_flights()
 
 
-def test_chaos_short(flights, tmp_path, report) -> None:
+def _chaos(template: ChaosConfig, flights, tmp_path, report) -> tuple[ChaosReport, str]:
+    """One chaos run of ``template`` under the seed of ``CG_CHAOS_SEED`` (else random): its
+    report and the text a failure shows (the seed first); fails unless the table is exact."""
     seed = int(os.environ.get("CG_CHAOS_SEED") or random.SystemRandom().randrange(1 << 31))
-    cfg = ChaosConfig(**{**CI.__dict__, "seed": seed})
+    cfg = ChaosConfig(**{**template.__dict__, "seed": seed})
     lines: list[str] = []
     rep = run_chaos(cfg, tmp_path, lines.append, df=flights)
     text = f"CG_CHAOS_SEED={seed}\n" + "\n".join(lines + rep.lines())
     report.extend(rep.lines())
     assert rep.ok, text
     assert (rep.lost, rep.order_violations, rep.duplicates) == (0, 0, 0), text
+    return rep, text
+
+
+def test_chaos_short(flights, tmp_path, report) -> None:
+    rep, text = _chaos(CI, flights, tmp_path, report)
     # Every fault class happened (a planned run fault whose step never came is re-planned).
     for label in (*STEP_KILLS, RANDOM_KILL, ZOMBIE, SLOW, RESTART, STEP_DOWN):
         assert rep.faults[label] >= 1, f"{label} never injected\n{text}"
@@ -63,14 +71,7 @@ def test_chaos_ranges(flights, tmp_path, report) -> None:
     -> 2 -> 8 with runs in flight, under the same faults (kill -9 at each engine step and at
     random, a SIGSTOP'd zombie, an ack-wait expiry, a nats-server restart, membership
     changes): 0 lost, 0 duplicated, 0 reordered per aircraft against the pandas reference."""
-    seed = int(os.environ.get("CG_CHAOS_SEED") or random.SystemRandom().randrange(1 << 31))
-    cfg = ChaosConfig(**{**RANGES.__dict__, "seed": seed})
-    lines: list[str] = []
-    rep = run_chaos(cfg, tmp_path, lines.append, df=flights)
-    text = f"CG_CHAOS_SEED={seed}\n" + "\n".join(lines + rep.lines())
-    report.extend(rep.lines())
-    assert rep.ok, text
-    assert (rep.lost, rep.order_violations, rep.duplicates) == (0, 0, 0), text
+    rep, text = _chaos(RANGES, flights, tmp_path, report)
     assert rep.d_applied[:2] == [4, 16] and len(rep.d_applied) >= 3, text  # D changed mid-run
     assert rep.range_runs >= 3, text
     for label in (*STEP_KILLS, RANDOM_KILL, ZOMBIE, SLOW, RESTART):
