@@ -32,6 +32,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -159,15 +160,11 @@ def run_on_airflow(state: Path, limit: int | None = None, batch: int | None = No
             services.start()  # migrates and starts while the flights publish
             click.echo(f"airflow starting: {services.base} (home {home}, SQLite, "
                        f"LocalExecutor, parallelism {parallelism})")
-            connect = None
+            # after the nats-server (see warm_up_in_background), while the flights publish
+            connect = _ConnectStarter(state) if spark_connect else None
             try:
-                remote = warm = None
-                if spark_connect:  # after the nats-server: see warm_up_in_background
-                    connect = start_spark_connect(state, stages)
-                    remote = os.environ["CG_SPARK_REMOTE"]
-                    warm = warm_up_in_background(connect.url) if connect else None
                 return _drive(services, server.url, work, df, stages, t_airflow, batch,
-                              remote, warm)
+                              connect)
             except RuntimeError as e:  # start-up failed, a service exited, a timeout
                 click.echo(str(e), err=True)
                 return -1
@@ -181,9 +178,49 @@ def run_on_airflow(state: Path, limit: int | None = None, batch: int | None = No
                 click.echo(f"Airflow home {home} (its logs: {home}/*.log, {home}/logs)")
 
 
+class _ConnectStarter:
+    """:func:`~mainjob.run.start_spark_connect` in a thread (the server's JVM starts while
+    the flights publish)."""
+
+    def __init__(self, state: Path) -> None:
+        self.server: Any = None
+        self.seconds = 0.0
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._start, args=(state,), daemon=True,
+                                       name="spark-connect-start")
+        self.thread.start()
+
+    def _start(self, state: Path) -> None:
+        t = time.monotonic()
+        try:
+            self.server = start_spark_connect(state, Stages())
+        except Exception as e:  # raised by wait()
+            self.error = e
+        self.seconds = time.monotonic() - t
+
+    def wait(self, stages: Stages) -> tuple[str, threading.Thread | None]:
+        """The server's URL and its warm-up thread (None for a server of
+        ``CG_SPARK_REMOTE``)."""
+        t = time.monotonic()
+        self.thread.join()
+        stages.add("spark connect start (waited)", time.monotonic() - t)
+        if self.error is not None:
+            raise RuntimeError(f"Spark Connect server not started: {self.error}")
+        click.echo(f"spark connect server started in {self.seconds:.1f} s (in the background; "
+                   f"{time.monotonic() - t:.1f} s waited for it)")
+        url = os.environ["CG_SPARK_REMOTE"]
+        return url, warm_up_in_background(url) if self.server is not None else None
+
+    def stop(self) -> None:
+        self.thread.join()
+        if self.server is not None:
+            self.server.stop()
+
+
 def _drive(services: AirflowServices, url: str, work: Path, df: Any, stages: Stages,
-           t_airflow: float, batch: int | None, remote: str | None, warm: Any) -> int:
+           t_airflow: float, batch: int | None, connect: _ConnectStarter | None) -> int:
     publish(url, df, stages)
+    remote, warm = connect.wait(stages) if connect is not None else (None, None)
     verifier = OverlappedVerifier(legs_table(work), df)  # the reference builds meanwhile
     write_dag_file(services.dags, dag_file(url, legs_table(work), batch=batch or 50_000,
                                            remote=remote,
