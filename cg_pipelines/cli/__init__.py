@@ -22,6 +22,7 @@ from cg_pipelines.cli.admin import elastic, static, stream
 from cg_pipelines.cli.context import Ctx, add_command_connection_options, group_connection_options
 from cg_pipelines.cli.dev import demo, dev
 from cg_pipelines.cli.maintain import maintain
+from cg_pipelines.cli.migrate import migrate_command
 from cg_pipelines.cli.ops import OPS_COMMANDS
 from cg_pipelines.cli.runs import runs
 from cg_pipelines.cli.spark import spark_archive, spark_connect
@@ -61,6 +62,7 @@ def main(ctx: click.Context, /, **settings: Any) -> None:
     ctx.obj = Ctx(settings)
 
 
+elastic.add_command(migrate_command)
 for _group in (static, elastic, stream, *OPS_COMMANDS, runs, maintain):
     add_command_connection_options(_group)
     main.add_command(_group)

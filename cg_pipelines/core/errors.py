@@ -10,8 +10,9 @@ family, by layer:
   :class:`WrongTypeError` (``TypeError``); :class:`StateError`, :class:`InvariantError`
   (``RuntimeError``);
 - groups (here): :class:`GroupNotFoundError`, :class:`GroupExistsError`,
-  :class:`MembershipError`, :class:`ConcurrentUpdateError`; a failed partition run's facts:
-  :class:`PartitionRunError`;
+  :class:`MembershipError`, :class:`ConcurrentUpdateError`, :class:`MigrationError` (a
+  migration to a new partition count that must be run again to finish); a failed partition
+  run's facts: :class:`PartitionRunError`;
 - core: ``OutputContractError`` (a :class:`ContractError`), ``CursorError`` (a sensor cursor
   that does not decode; a :class:`DecodeError`), ``BadMessage`` (a payload a transform cannot
   decode; dead-lettered), ``CoPartitionError`` (a :class:`ConfigError`: groups declared as
@@ -135,6 +136,13 @@ class StateError(CgError, RuntimeError):
     started (or started twice), a local server or Spark process that exited or did not come up,
     a SparkSession that is missing or stopped, a processor run outside the engine that needs
     the engine's state reader."""
+
+
+class MigrationError(CgError, RuntimeError):
+    """A step of a group's migration to a new partition count cannot finish now (the work
+    queue is not drained yet, the new source has stored no message yet, or the exact cut
+    cannot be read): nothing is lost, the migration stays at its last recorded step and
+    running it again resumes there (:mod:`cg_pipelines.jetstream.migration`)."""
 
 
 CAUSE_CHARS = 1000

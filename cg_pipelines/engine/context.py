@@ -18,7 +18,9 @@ from nats.aio.client import Client
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.core.errors import ConfigError, PartitionRunError
-from cg_pipelines.core.state import KeyedState
+from cg_pipelines.core.migration import Lineage
+from cg_pipelines.core.state import KeyedState, merge_last
+from cg_pipelines.core.write import Merge
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
 from cg_pipelines.engine.processor import Processor, with_defaults
 from cg_pipelines.engine.result import RunResult, RunStatus, SideResult
@@ -26,6 +28,7 @@ from cg_pipelines.engine.retry import Retrier
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.connect import ConnectOptions, connect_options_of
+from cg_pipelines.jetstream.migration import get_lineage
 from cg_pipelines.sinks.base import TableSink, app_id_for, missing_members
 
 __all__ = ["RunContext", "Stateful", "check_sink", "open_run", "state_cache"]
@@ -170,6 +173,49 @@ class Stateful(Protocol):
     state: KeyedState | None
 
 
+def follow_lineage(ctxs: Sequence[RunContext], lineage: Lineage | None) -> None:
+    """After the group was migrated to a new partition count (``lineage`` has several
+    epochs): give each side whose keys may have moved in the state cache that also reads their
+    old partitions (:func:`state_cache` ``parents``).
+
+    Raises:
+        EngineConfigError: the sink writes in :class:`~cg_pipelines.core.write.Merge` mode
+            (a moved key's current row stays under its old partition, and a merge matches
+            within the batch's partition: the key would get a second current row).
+    """
+    if lineage is None or len(lineage.epochs) < 2:
+        return
+    for c in ctxs:
+        if isinstance(c.sink.write, Merge):
+            raise EngineConfigError(
+                f"group {c.stream}.{c.group} was migrated from "
+                f"{lineage.epochs[-2].partitions} to {lineage.partitions} partitions: a Merge "
+                "table cannot follow it yet (a moved key's current row stays under its old "
+                "partition); use an Append table, or a new group and a rebuild")
+        parents = lineage.parents(c.partition)
+        if parents:
+            c.state = state_cache(c.processor, c.sink, c.partition, c.app_id, parents)
+
+
+async def refuse_after_migration(ctxs: Sequence[RunContext], what: str) -> None:
+    """Refuse ``what`` (a rebuild, a co-partitioned run) on a group migrated to a new
+    partition count (its lineage has several epochs; one KV read per group).
+
+    Raises:
+        EngineConfigError: naming the group, its counts and why.
+    """
+    for c in ctxs:
+        lineage = await get_lineage(c.js, c.stream, c.group)
+        if lineage is not None and len(lineage.epochs) > 1:
+            raise EngineConfigError(
+                f"{what} of group {c.stream}.{c.group}, migrated from "
+                f"{lineage.epochs[-2].partitions} to {lineage.partitions} partitions, is not "
+                "supported yet: a rebuild replays a key's whole history into its current "
+                "partition while its rows from before the migration stay under the old one, "
+                "and a co-partitioned run does not read a moved key's state from its old "
+                "partition")
+
+
 def check_sink(sink: object) -> None:
     """Check once, before a run starts, that ``sink`` has every member of
     :class:`~cg_pipelines.sinks.base.TableSink` (the one contract every run, one input or
@@ -187,18 +233,35 @@ def check_sink(sink: object) -> None:
             "cg_pipelines.testing.MemorySink have them all)")
 
 
-def state_cache(processor: Stateful, sink: TableSink, partition: int, app_id: str
-                ) -> KeyStateCache | None:
+def state_cache(processor: Stateful, sink: TableSink, partition: int, app_id: str,
+                parents: Sequence[int] = ()) -> KeyStateCache | None:
     """The run's per-key state cache when the processor declares
     :class:`~cg_pipelines.core.state.KeyedState` (``processor.state``), else ``None``. It
     reads what it misses with ``sink.last_rows(..., partition, app_id=app_id)`` (the run's
-    identity: :meth:`TableSink.last_rows <cg_pipelines.sinks.base.TableSink.last_rows>`)."""
+    identity: :meth:`TableSink.last_rows <cg_pipelines.sinks.base.TableSink.last_rows>`).
+
+    ``parents``: after the group was migrated to a new partition count, the partitions of
+    earlier epochs that may hold the last rows of this partition's keys
+    (:meth:`~cg_pipelines.core.migration.Lineage.parents`); a key with no row in
+    ``partition`` is looked up there (its newest row wins, by the state's ``order_by``)."""
     spec = processor.state
     if spec is None:
         return None
 
     def read(keys: Sequence[object]) -> pa.Table:
-        return sink.last_rows(spec.key, keys, spec.read_columns, spec.order_by, partition,
-                              app_id=app_id)
+        got = sink.last_rows(spec.key, keys, spec.read_columns, spec.order_by, partition,
+                             app_id=app_id)
+        if not parents:
+            return got
+        found = set(got[spec.key].to_pylist()) if got.num_rows else set()
+        moved = [k for k in keys if k not in found]
+        for q in parents:
+            if not moved:
+                break
+            old = sink.last_rows(spec.key, moved, spec.read_columns, spec.order_by, q,
+                                 app_id=app_id)
+            if old.num_rows:
+                got = merge_last(got if got.num_rows else None, old, spec)
+        return got
 
     return KeyStateCache(spec, read, sink.write)

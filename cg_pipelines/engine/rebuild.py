@@ -47,7 +47,7 @@ from nats.aio.client import Client
 from cg_pipelines.core.coverage import COVERAGE_THROUGH_KEY, JOIN_LINEAGE_KEY
 from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.engine.commit import span_info, spans_of
-from cg_pipelines.engine.context import open_run
+from cg_pipelines.engine.context import open_run, refuse_after_migration
 from cg_pipelines.engine.join import JoinInput, check_inputs, open_inputs
 from cg_pipelines.engine.join_processor import JoinProcessor
 from cg_pipelines.engine.lease import guard_all
@@ -307,6 +307,7 @@ async def rebuild_partition(
         :func:`~cg_pipelines.engine.run_partition` raises them.
     """
     ctx = open_run(nc, stream, group, partition, processor, sink, options, hook)
+    await refuse_after_migration([ctx], "a rebuild")
     side = SideRebuild(ctx, sink, allow_partial=allow_partial)
     return await Rebuild([side], SingleStep(ctx), sink, hook).guarded()
 
@@ -340,5 +341,6 @@ async def rebuild_copartitioned(
     opt = options or EngineOptions()
     check_inputs(inputs, processor)
     ctxs = open_inputs(nc, inputs, partition, sink, opt, hook)
+    await refuse_after_migration(ctxs, "a rebuild")
     sides = [SideRebuild(c, sink, allow_partial=allow_partial) for c in ctxs]
     return await Rebuild(sides, JoinStep(processor, ctxs), sink, hook).guarded()

@@ -57,7 +57,7 @@ from nats.aio.client import Client
 
 from cg_pipelines.core.errors import ConfigError, UsageError
 from cg_pipelines.core.write import Merge
-from cg_pipelines.engine.context import check_sink, open_run
+from cg_pipelines.engine.context import check_sink, follow_lineage, open_run
 from cg_pipelines.engine.drain import Drain
 from cg_pipelines.engine.lease import LeaseHolder, guard_all, guard_each, lease_consumer_name
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
@@ -66,6 +66,7 @@ from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.side import Side
 from cg_pipelines.engine.step import BatchStep, RangeStep
 from cg_pipelines.jetstream.connect import ConnectOptions
+from cg_pipelines.jetstream.migration import get_lineage
 from cg_pipelines.sinks.base import TableSink
 
 __all__ = ["check_partitions", "run_partition", "run_partitions", "run_sides"]
@@ -252,6 +253,7 @@ async def run_partitions(
                      connect=connect, res=res) for p in parts]
     for c in ctxs:
         c.independent = True
+    follow_lineage(ctxs, await get_lineage(ctxs[0].js, stream, group))
     sides = [Side(c, LeaseHolder(c, lease_consumer_name(c.partition))) for c in ctxs]
     for s in sides:  # one partition: its pin goes at the end, after the upkeep, as ever
         s.holder.unpin_when_drained = len(sides) > 1
