@@ -1,14 +1,17 @@
 """The main job's asset: ``aircraft_legs`` — elastic group ``legs`` on stream ``flights``
-(8 partitions on the tail-number wildcard), processed by the PySpark legs transform."""
+(8 partitions on the tail-number wildcard; ``CG_LEGS_PARTITIONS`` sets another count, e.g. 64
+for ``python -m mainjob --partitions 64``), processed by the PySpark legs transform."""
 
 from __future__ import annotations
+
+import os
 
 from cg_pipelines.dagster import ConsumerGroupAsset
 from flights.data import STREAM
 from flights.legs import legs_processor
 
 GROUP = "legs"
-PARTITIONS = 8
+PARTITIONS = int(os.environ.get("CG_LEGS_PARTITIONS") or 8)
 
 AIRCRAFT_LEGS = ConsumerGroupAsset(
     name="aircraft_legs",

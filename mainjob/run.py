@@ -41,14 +41,20 @@ import click
 import nats
 from nats.js.api import StreamConfig
 
+from cg_pipelines.core.blocks import blocks
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 
 if TYPE_CHECKING:
     from cg_pipelines.local.spark_cluster import SparkConnectServer
 
 GROUP = "legs"
-PARTITIONS = 8
 MEMBERS = ("m1", "m2")
+
+
+def legs_partitions() -> int:
+    """The group's partition count: ``CG_LEGS_PARTITIONS`` (``--partitions``), default 8; the
+    code location reads the same variable (:mod:`assets.legs`)."""
+    return int(os.environ.get("CG_LEGS_PARTITIONS") or 8)
 
 
 def project_root() -> Path:
@@ -115,8 +121,9 @@ async def _prepare(url: str, df: Any, progress: bool) -> float:
         await js.add_stream(StreamConfig(name=STREAM, subjects=[FLIGHTS_SUBJECTS],
                                          allow_direct=True))  # rebuilds read by direct get
         await admin.create_elastic(js, STREAM, GROUP, ElasticConfig(
-            PARTITIONS, (PartitioningFilter(PARTITION_FILTER, (2,)),), members=MEMBERS))
-        click.echo(f"created stream {STREAM} and elastic group {GROUP} ({PARTITIONS} partitions "
+            legs_partitions(), (PartitioningFilter(PARTITION_FILTER, (2,)),), members=MEMBERS))
+        click.echo(f"created stream {STREAM} and elastic group {GROUP} ({legs_partitions()} "
+                   "partitions "
                    f"on the tail number; members {', '.join(MEMBERS)})")
         last = [0.0]
 
@@ -151,7 +158,8 @@ async def _wait_sourced(url: str, n: int, timeout_s: float = 120.0) -> None:
 
 def run_main_job(state: Path, limit: int | None = None, batch: int | None = None,
                  rebuild: int | None = None, concurrency: int | None = None,
-                 spark_cluster: bool = False, spark_connect: bool = False) -> int:
+                 spark_cluster: bool = False, spark_connect: bool = False,
+                 partitions_per_run: int = 1) -> int:
     """Run the main job (see module docstring); returns the number of mismatches (or -1 when a
     run failed or did not drain its partition). ``limit`` publishes only the first ``limit``
     flights; ``batch`` sets the engine's first messages per batch (default 20,000; Dagster
@@ -161,7 +169,9 @@ def run_main_job(state: Path, limit: int | None = None, batch: int | None = None
     (:mod:`mainjob.queued`) instead of one after another in this process. ``spark_cluster``:
     run Spark on a standalone master with two workers started from the pyspark package.
     ``spark_connect``: run a Spark Connect server (on that master, or ``local[2]``) and give
-    every run a Connect session (no JVM per run process)."""
+    every run a Connect session (no JVM per run process). ``partitions_per_run``: runs over
+    aligned blocks of that many partitions (the backlog sensor's range runs; the group's
+    partition count is ``CG_LEGS_PARTITIONS``, :func:`legs_partitions`)."""
     stages = Stages()
     from cg_pipelines.local.spark_cluster import SparkStandaloneCluster
 
@@ -181,7 +191,8 @@ def run_main_job(state: Path, limit: int | None = None, batch: int | None = None
         connect = start_spark_connect(state, stages)
         warm_url = connect.url if connect is not None else None
     try:
-        return _main_job(state, stages, limit, batch, rebuild, concurrency, warm_url)
+        return _main_job(state, stages, limit, batch, rebuild, concurrency, warm_url,
+                         partitions_per_run)
     finally:
         if connect is not None:
             connect.stop()
@@ -288,7 +299,7 @@ def publish(url: str, df: Any, stages: Stages) -> None:
 
 def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
               rebuild: int | None, concurrency: int | None,
-              warm_url: str | None = None) -> int:
+              warm_url: str | None = None, partitions_per_run: int = 1) -> int:
     from cg_pipelines.local.nats_server import NatsServer
 
     queued = concurrency is not None
@@ -336,12 +347,16 @@ def _main_job(state: Path, stages: Stages, limit: int | None, batch: int | None,
         verifier = None
         if queued:
             failed, msgs = _run_queued(home, int(concurrency or 1))
+            runs_n = legs_partitions()
         else:
             verifier = OverlappedVerifier(legs_table(work), df)
-            failed, msgs = _run_partitions("aircraft_legs_job", verifier.partition_done)
+            ranges = blocks(legs_partitions(), partitions_per_run)
+            runs_n = len(ranges)
+            failed, msgs = _run_partitions("aircraft_legs_job", ranges, verifier.partition_done)
         runs_s = time.monotonic() - t
         stages.add("runs", runs_s)
-        click.echo(f"{PARTITIONS} partition runs: {msgs:,} messages in {runs_s:.1f} s "
+        click.echo(f"{legs_partitions()} partitions, {runs_n} runs: {msgs:,} messages in "
+                   f"{runs_s:.1f} s "
                    f"({msgs / max(runs_s, 1e-9):,.0f} msg/s)")
         t = time.monotonic()
         if verifier is not None:
@@ -388,26 +403,51 @@ def _metadata(res: Any) -> dict[str, Any]:
     return {k: v.value for k, v in mats[0].metadata.items()} if mats else {}
 
 
-def _run_partitions(job_name: str,
+def _execute_range(job_name: str, first: int, last: int, instance: Any) -> Any:
+    """One Dagster run of ``job_name`` over partitions ``first..last``, in this process, as
+    the daemon runs the backlog sensor's range request: the asset without its run checks,
+    Dagster's range tags."""
+    from dagster import AssetKey
+
+    from assets.legs import AIRCRAFT_LEGS
+    from definitions import defs
+
+    job = defs.resolve_job_def(job_name).get_subset(
+        asset_selection={AssetKey("aircraft_legs")}, asset_check_selection=set())
+    return job.execute_in_process(
+        tags={"dagster/asset_partition_range_start": AIRCRAFT_LEGS.partition_key(first),
+              "dagster/asset_partition_range_end": AIRCRAFT_LEGS.partition_key(last)},
+        instance=instance, raise_on_error=False,
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
+
+
+def _run_partitions(job_name: str, ranges: list[tuple[int, int]],
                     on_done: Callable[[int], None] | None = None) -> tuple[int, int]:
-    """Every partition as its own Dagster run, one after another in this process (Dagster
-    runs executed in one process cannot overlap: each swaps the process's stdout/stderr for
-    its compute logs and configures logging; measured: two at a time in threads deadlocked);
-    ``on_done(p)`` after each run. Returns (failed runs, messages processed)."""
+    """One Dagster run per range of ``ranges`` (a range of one partition: a run of that
+    partition; longer: a run over the range, :func:`_execute_range`), one after another in
+    this process (Dagster runs executed in one process cannot overlap: each swaps the
+    process's stdout/stderr for its compute logs and configures logging; measured: two at a
+    time in threads deadlocked); ``on_done(p)`` after each partition's run. Returns (failed
+    runs, messages processed)."""
     from dagster import DagsterInstance
 
     failed = total = 0
     instance = DagsterInstance.get()
     t0 = time.monotonic()
-    for p in range(PARTITIONS):
+    for first, last in ranges:
         start = time.monotonic() - t0
-        res = _execute(job_name, p, instance)
+        res = (_execute(job_name, first, instance) if first == last
+               else _execute_range(job_name, first, last, instance))
         end = time.monotonic() - t0
-        md = _metadata(res)
-        msgs, status = md.get("messages", 0), md.get("status", "failed")
+        mats = [{k: v.value for k, v in m.metadata.items()}
+                for m in res.asset_materializations_for_node("aircraft_legs")]
+        md = mats[0] if mats else {}
+        msgs = sum(int(m.get("messages", 0) or 0) for m in mats)
+        status = md.get("status", "failed")
         timings = md.get("timings") or {}
         engine_s = float(md.get("seconds", 0.0) or 0.0)
-        click.echo(f"  partition {p}: run {res.run_id[:8]} {status}, {msgs:,} messages, "
+        which = f"partition {first}" if first == last else f"partitions {first}..{last}"
+        click.echo(f"  {which}: run {res.run_id[:8]} {status}, {msgs:,} messages, "
                    f"{md.get('commits', 0)} commits, {start:4.1f} .. {end:4.1f} s "
                    f"(engine {engine_s:.2f} s: "
                    + ", ".join(f"{k} {float(v):.2f}" for k, v in sorted(timings.items()))
@@ -415,7 +455,8 @@ def _run_partitions(job_name: str,
         total += msgs
         failed += status not in ("drained", "empty") or not res.success
         if on_done is not None:
-            on_done(p)
+            for p in range(first, last + 1):
+                on_done(p)
     return failed, total
 
 
@@ -427,7 +468,7 @@ def _run_queued(home: Path, concurrency: int) -> tuple[int, int]:
 
     write_instance_config(home, concurrency)
     res = run_queued(project_root(), home, dict(os.environ),
-                     [AIRCRAFT_LEGS.partition_key(p) for p in range(PARTITIONS)])
+                     [AIRCRAFT_LEGS.partition_key(p) for p in range(legs_partitions())])
     t0 = min(r.launched or r.start for r in res.runs)
     for r in res.runs:
         click.echo(f"  {r.partition}: {r.status}, {r.messages:,} messages in {r.batches} "
@@ -509,7 +550,8 @@ class OverlappedVerifier:
             from flights.reference import compare_legs, reference_legs
 
             ref = reference_legs(self.df)
-            parts = {t: partition_for([str(t)], PARTITIONS) for t in ref["tailnum"].unique()}
+            n = legs_partitions()
+            parts = {t: partition_for([str(t)], n) for t in ref["tailnum"].unique()}
             ref_p = ref["tailnum"].map(parts)
             sink = _table(self.table_uri)
             while (p := self.todo.get()) is not None:

@@ -140,6 +140,10 @@ async def test_a_group_migrates_8_to_64_with_traffic_flowing(nc, js, unique_name
     steps: list[str] = []
     lineage = await migrate(js, s, "g", 64, QUICK, hook=lambda name, rec: steps.append(name))
     await traffic.task
+    for _ in range(600):  # a round of the new layout started (a slow machine's rounds are long)
+        if runs.counts[-1] == 64:
+            break
+        await asyncio.sleep(0.05)
     await runs.stop()
     await _drain(nc, s, sink, 64)
 
