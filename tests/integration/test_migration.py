@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.js.api import StreamConfig
@@ -37,6 +38,7 @@ from cg_pipelines.jetstream.migration import (
     migrate,
 )
 from cg_pipelines.sinks.delta import DeltaSink
+from tests.iceberg.conftest import make_backend
 from tests.integration.test_wire_reference import reference_filters
 from tests.support import keyed
 
@@ -78,7 +80,7 @@ class Runs:
     """Drains every partition of the group, round after round, with the count its KV config
     has at the round's start, until stopped."""
 
-    def __init__(self, nc, stream: str, sink: DeltaSink) -> None:
+    def __init__(self, nc, stream: str, sink: Any) -> None:
         self.nc, self.stream, self.sink = nc, stream, sink
         self.counts: list[int] = []
         self.stopping = False
@@ -99,7 +101,7 @@ class Runs:
         await self.task
 
 
-async def _drain(nc, stream: str, sink: DeltaSink, n: int) -> None:
+async def _drain(nc, stream: str, sink: Any, n: int) -> None:
     api = JetStreamAPI(nc)
     for _ in range(20):
         await run_partitions(nc, stream, "g", range(n), keyed.processor(), sink,
@@ -123,16 +125,23 @@ async def _check_wire(js, stream: str, n: int) -> None:
     assert await get_migration(js, stream, "g") is None
 
 
-async def test_a_group_migrates_8_to_64_with_traffic_flowing(nc, js, unique_name,
-                                                            tmp_path) -> None:
-    """8 -> 64 partitions while events are published and runs drain: the table equals the
-    reference (keys that moved to partitions 8..63 carry their count on), the group is
-    reference-format with 64 partitions, the lineage names both epochs, and the old layout's
-    last messages were processed before any key's first message of the new layout."""
+def _sink(table_format: str, request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if table_format == "delta":
+        return DeltaSink(str(tmp_path / "t"))
+    return make_backend("sqlite-local", request, tmp_path).sink()
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+async def test_a_group_migrates_8_to_64_with_traffic_flowing(
+        nc, js, unique_name, tmp_path, request, table_format: str) -> None:
+    """8 -> 64 partitions while events are published and runs drain, on a Delta and on an
+    Iceberg table: the table equals the reference (keys that moved to partitions 8..63 carry
+    their count on), the group is reference-format with 64 partitions, the lineage names both
+    epochs, and each row is under its key's partition of its epoch."""
     s = unique_name
     await _group(js, s, 8)
     evs = keyed.events(n_keys=97, n_events=3000)
-    sink = DeltaSink(str(tmp_path / "t"))
+    sink = _sink(table_format, request, tmp_path)
     await keyed.publish(js, s, evs[:1000])
     runs = Runs(nc, s, sink)
     traffic = Traffic(js, s, evs[1000:], per_s=2000)
