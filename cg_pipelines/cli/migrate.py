@@ -21,7 +21,7 @@ from cg_pipelines.core.errors import MigrationError, StateError
 from cg_pipelines.core.migration import STEPS, Lineage, check_target, plan_lines
 from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
-from cg_pipelines.jetstream.migration import MigrationOptions, get_migration, migrate
+from cg_pipelines.jetstream.migration import MigrationOptions, get_migration, migrate_set
 
 __all__ = ["migrate_command"]
 
@@ -48,18 +48,27 @@ def _run(c: Ctx, fn: Callable[[JetStreamContext], Awaitable[T]]) -> T:
               help="Seconds to wait for the old layout's runs to drain the work queue.")
 @click.option("--first-message-timeout", type=float, default=600.0, show_default=True,
               help="Seconds to wait for the new layout's first message.")
+@click.option("--co-partitioned", "others", type=(str, str), multiple=True,
+              metavar="STREAM GROUP",
+              help="Another group of GROUP's co-partitioned set, migrated with it step by step "
+                   "(repeat for each).")
 @click.option("--cut-origin-seq", type=int, default=None,
               help="The first origin sequence of the new layout, when the work queue cannot "
                    "tell it (the command says when).")
 @click.pass_obj
 def migrate_command(c: Ctx, stream: str, group: str, to_partitions: int, dry_run: bool,
                     drain_timeout: float, first_message_timeout: float,
-                    cut_origin_seq: int | None) -> None:
+                    others: tuple[tuple[str, str], ...], cut_origin_seq: int | None) -> None:
     """Migrate GROUP to --partitions partitions with traffic flowing: the work queue's source is
     cut at an exact origin sequence, runs of the old layout drain it, the reference KV config
     gets the new count (reference members stop: restart them), the source comes back with the
     new partitioning from the cut. Keep your runs going meanwhile; change your code's partition
-    count when it is done. Resumable: run it again after any failure."""
+    count when it is done. Resumable: run it again after any failure. A co-partitioned set
+    migrates all its groups together (--co-partitioned for each other group)."""
+    groups = [(stream, group), *others]
+    if cut_origin_seq is not None and len(groups) > 1:
+        fail("--cut-origin-seq names one group's cut: migrate the set without it, or finish "
+             "the group that needs it alone", 2)
     if dry_run:
         async def plan(js: JetStreamContext) -> dict[str, Any]:
             cfg = (await admin.get_elastic(js, stream, group, timeout=c.timeout)).config
@@ -90,15 +99,19 @@ def migrate_command(c: Ctx, stream: str, group: str, to_partitions: int, dry_run
 
     def progress(name: str, rec: Any) -> None:
         if ":" not in name and not c.as_json:
-            click.echo(f"{stream}.{group}: {name}", err=True)
+            click.echo(f"{rec.from_partitions} -> {rec.to_partitions}: {name}", err=True)
 
-    async def go(js: JetStreamContext) -> Lineage:
-        return await migrate(js, stream, group, to_partitions, opts, hook=progress)
+    async def go(js: JetStreamContext) -> list[Lineage]:
+        return await migrate_set(js, groups, to_partitions, opts, hook=progress)
 
-    lineage = _run(c, go)
+    lineages = _run(c, go)
+    lineage = lineages[0]
     epochs = [e.to_dict() for e in lineage.epochs]
     last = lineage.epochs[-1]
-    c.out({"partitions": lineage.partitions, "epochs": epochs},
-          f"{stream}.{group}: migrated to {lineage.partitions} partitions (origin sequence "
-          f"{last.first_origin_seq} on, work-queue sequence {last.first_wq_seq} on); set "
-          f"your code's partition count to {lineage.partitions}")
+    names = ", ".join(f"{s}.{g}" for s, g in groups)
+    c.out({"partitions": lineage.partitions, "epochs": epochs,
+           "groups": {f"{s}.{g}": [e.to_dict() for e in lin.epochs]
+                      for (s, g), lin in zip(groups, lineages, strict=True)}},
+          f"{names}: migrated to {lineage.partitions} partitions (origin sequence "
+          f"{last.first_origin_seq} on, work-queue sequence {last.first_wq_seq} on for "
+          f"{stream}.{group}); set your code's partition count to {lineage.partitions}")

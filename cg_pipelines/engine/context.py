@@ -198,8 +198,8 @@ def follow_lineage(ctxs: Sequence[RunContext], lineage: Lineage | None) -> None:
 
 
 async def refuse_after_migration(ctxs: Sequence[RunContext], what: str) -> None:
-    """Refuse ``what`` (a rebuild, a co-partitioned run) on a group migrated to a new
-    partition count (its lineage has several epochs; one KV read per group).
+    """Refuse ``what`` (a rebuild) on a group migrated to a new partition count (its lineage
+    has several epochs; one KV read per group).
 
     Raises:
         EngineConfigError: naming the group, its counts and why.
@@ -211,9 +211,38 @@ async def refuse_after_migration(ctxs: Sequence[RunContext], what: str) -> None:
                 f"{what} of group {c.stream}.{c.group}, migrated from "
                 f"{lineage.epochs[-2].partitions} to {lineage.partitions} partitions, is not "
                 "supported yet: a rebuild replays a key's whole history into its current "
-                "partition while its rows from before the migration stay under the old one, "
-                "and a co-partitioned run does not read a moved key's state from its old "
-                "partition")
+                "partition while its rows from before the migration stay under the old one")
+
+
+async def set_parents(ctxs: Sequence[RunContext]) -> tuple[int, ...]:
+    """For a co-partitioned run: the partitions of earlier epochs its state reads a moved
+    key from (:meth:`~cg_pipelines.core.migration.Lineage.parents`; empty when the set was
+    never migrated). One KV read per group.
+
+    Raises:
+        EngineConfigError: the groups were not migrated together (the partition counts'
+            histories of the migrated ones differ), or the sink writes in Merge mode after a
+            migration (as :func:`follow_lineage`).
+    """
+    got = [await get_lineage(c.js, c.stream, c.group) for c in ctxs]
+    migrated = [lin for lin in got if lin is not None and len(lin.epochs) > 1]
+    if not migrated:
+        return ()
+    # a group whose earlier epochs held no message has one epoch: nothing of it moved
+    counts = {tuple(e.partitions for e in lin.epochs) for lin in migrated}
+    first = ctxs[0]
+    if len(counts) > 1:
+        raise EngineConfigError(
+            f"the groups of partition {first.partition}'s co-partitioned run were not migrated "
+            f"together (partition counts over time: "
+            f"{sorted(str(c) for c in counts)}): migrate them with one cg elastic migrate "
+            "--co-partitioned call")
+    if isinstance(first.sink.write, Merge):
+        raise EngineConfigError(
+            f"the co-partitioned set of {first.stream}.{first.group} was migrated to "
+            f"{migrated[0].partitions} partitions: a Merge table cannot follow it yet (a "
+            "moved key's current row stays under its old partition); use an Append table")
+    return migrated[0].parents(first.partition)
 
 
 def check_sink(sink: object) -> None:

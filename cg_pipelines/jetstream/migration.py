@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 
 from cg_pipelines.core.config import config_key, work_queue_stream_name
-from cg_pipelines.core.errors import MigrationError, StateError
+from cg_pipelines.core.errors import ConfigError, MigrationError, StateError, UsageError
 from cg_pipelines.core.migration import (
     Epoch,
     Lineage,
@@ -50,7 +50,7 @@ from cg_pipelines.jetstream.columns import origin_of
 from cg_pipelines.jetstream.kv import ConfigStore
 from cg_pipelines.jetstream.run_layout import RUNS_BUCKET
 
-__all__ = ["MigrationOptions", "get_lineage", "get_migration", "migrate"]
+__all__ = ["MigrationOptions", "get_lineage", "get_migration", "migrate", "migrate_set"]
 
 PROBE = 64
 """Work-queue sequences below the last one probed for a message still stored (an anchor of
@@ -362,24 +362,73 @@ async def migrate(js: JetStreamContext, stream: str, group: str, to_partitions: 
             the new layout yet) or the cut cannot be read: run it again.
         GroupNotFoundError, nats errors: as the reads and writes fail.
     """
-    run = _Run(js, stream, group, options or MigrationOptions(), hook)
-    rec = await get_migration(run.js, stream, group)
-    if rec is not None and rec.to_partitions != to_partitions:
-        raise StateError(f"{stream}.{group}: a migration from {rec.from_partitions} to "
-                         f"{rec.to_partitions} partitions is at step {rec.step!r}: finish it "
-                         f"first (cg elastic migrate {stream} {group} --partitions "
-                         f"{rec.to_partitions})")
-    if rec is None:
-        rec = await run.plan(to_partitions)
-    if rec.step == "planned":
-        rec = await run.remove_source(rec)
-    if rec.step == "source_removed":
-        rec = await run.drain(rec)
-    if rec.step == "drained":
-        rec = await run.write_config(rec)
-    if rec.step == "config_written":
-        rec = await run.add_source(rec)
-    await run.finish(rec)
-    lineage = await get_lineage(run.js, stream, group)
-    assert lineage is not None  # written at source_added
+    (lineage,) = await migrate_set(js, [(stream, group)], to_partitions, options, hook=hook)
     return lineage
+
+
+async def migrate_set(js: JetStreamContext, groups: Sequence[tuple[str, str]],
+                      to_partitions: int, options: MigrationOptions | None = None, *,
+                      hook: Hook | None = None) -> list[Lineage]:
+    """Migrate several elastic groups together (a co-partitioned set: partition ``p`` of each
+    is drained by one run), or finish such a migration: each step is done for every group
+    before any group starts the next, so the groups' sources are all cut before the drain,
+    all drained before a config changes, and all configs written before a source comes back
+    (co-partitioned runs are refused meanwhile: the groups' counts differ). ``groups``:
+    ``(stream, group)`` pairs. As :func:`migrate` otherwise; returns each group's lineage.
+
+    Raises:
+        ConfigError: as :func:`migrate`; every group already has ``to_partitions``
+            partitions; or the groups' counts differ.
+        UsageError: no group, or a group named twice.
+    """
+    if not groups or len(set(groups)) != len(groups):
+        raise UsageError(f"migrate_set needs distinct groups, got {list(groups)}")
+    opt = options or MigrationOptions()
+    runs = [_Run(js, stream, group, opt, hook) for stream, group in groups]
+    recs: list[Migration | None] = []
+    for run in runs:
+        rec = await get_migration(js, run.stream, run.group)
+        if rec is not None and rec.to_partitions != to_partitions:
+            raise StateError(
+                f"{run.stream}.{run.group}: a migration from {rec.from_partitions} to "
+                f"{rec.to_partitions} partitions is at step {rec.step!r}: finish it first "
+                f"(cg elastic migrate {run.stream} {run.group} --partitions "
+                f"{rec.to_partitions})")
+        recs.append(rec)
+    if all(r is None for r in recs) or len(runs) > 1:
+        todo = [i for i, r in enumerate(recs) if r is None
+                and not await _migrated_to(runs[i], to_partitions, started=any(recs))]
+        counts = {(await runs[i].store.get(runs[i].stream, runs[i].group)).config.max_members
+                  for i in todo}
+        if len(counts) > 1:
+            raise ConfigError("partitions", f"the groups {list(groups)} have different "
+                              f"partition counts {sorted(counts)}: not one co-partitioned set")
+        for i in todo:
+            recs[i] = await runs[i].plan(to_partitions)
+    steps = (("planned", _Run.remove_source), ("source_removed", _Run.drain),
+             ("drained", _Run.write_config), ("config_written", _Run.add_source))
+    for step, action in steps:
+        for i, run in enumerate(runs):
+            rec = recs[i]
+            if rec is not None and rec.step == step:
+                recs[i] = await action(run, rec)
+    for run, rec in zip(runs, recs, strict=True):
+        if rec is not None:
+            await run.finish(rec)
+    out = []
+    for run in runs:
+        lineage = await get_lineage(js, run.stream, run.group)
+        assert lineage is not None  # written at source_added
+        out.append(lineage)
+    return out
+
+
+async def _migrated_to(run: _Run, partitions: int, *, started: bool) -> bool:
+    """Whether the group is done with a migration to ``partitions`` while others of its set
+    are not (``started``): its count and its lineage's last epoch are ``partitions``."""
+    if not started:
+        return False
+    cfg = (await run.store.get(run.stream, run.group)).config
+    lineage = await get_lineage(run.js, run.stream, run.group)
+    return cfg.max_members == partitions and lineage is not None \
+        and lineage.partitions == partitions

@@ -11,12 +11,14 @@ deployment redeployed with the new count does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from nats.js.api import StreamConfig
 
@@ -25,6 +27,7 @@ from cg_pipelines.core.errors import ConfigError, MigrationError, StateError
 from cg_pipelines.core.migration import Epoch, Lineage
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.core.write import Merge
+from cg_pipelines.engine.join import run_copartitioned
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions
 from cg_pipelines.engine.rebuild import rebuild_partition
 from cg_pipelines.engine.runner import run_partitions
@@ -36,11 +39,12 @@ from cg_pipelines.jetstream.migration import (
     get_lineage,
     get_migration,
     migrate,
+    migrate_set,
 )
 from cg_pipelines.sinks.delta import DeltaSink
 from tests.iceberg.conftest import make_backend
 from tests.integration.test_wire_reference import reference_filters
-from tests.support import keyed
+from tests.support import joined, keyed
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = dict(ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=2.0)
@@ -54,12 +58,16 @@ async def _group(js, stream: str, n: int, members: tuple[str, ...] = ("m1",)) ->
 
 
 async def _sourced(js, stream: str, n: int) -> None:
+    await _sourced_wq(js, f"{stream}-g", n)
+
+
+async def _sourced_wq(js, wq: str, n: int) -> None:
     api = JetStreamAPI.from_js(js)
     for _ in range(200):
-        if int((await api.stream_info(f"{stream}-g"))["state"]["messages"]) >= n:
+        if int((await api.stream_info(wq))["state"]["messages"]) >= n:
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"{stream}-g did not receive {n} messages")
+    raise AssertionError(f"{wq} did not receive {n} messages")
 
 
 class Traffic:
@@ -383,3 +391,78 @@ async def test_cg_elastic_migrate_from_the_shell(js, nats_url, unique_name) -> N
     got = await asyncio.wait_for(done, 60)
     assert got.returncode == 0 and "migrated to 16 partitions" in got.stdout, got.stderr
     await _check_wire(js, s, 16)
+
+
+async def test_a_co_partitioned_set_migrates_together(nc, js, unique_name, tmp_path) -> None:
+    """Two co-partitioned groups (impressions and clicks, joined per auction into an Append
+    table) migrated 4 -> 8 together with traffic on both and join runs draining: every step
+    done for both before either goes on (the co-partitioned runs refused while their counts
+    differ), the joined state of moved auctions carried on, the table's last row per auction
+    equal to the pandas join of everything published."""
+    s = unique_name
+    evs = joined.events(240)
+    first = {n: m[: len(m) // 2] for n, m in evs.items()}
+    rest = {n: m[len(m) // 2:] for n, m in evs.items()}
+    await joined.setup(js, s, first, n_partitions=4)
+    sink = DeltaSink(str(tmp_path / "t"))  # Append: a Merge table cannot follow a migration
+    groups = [(i.stream, i.group) for i in joined.inputs(s)]
+    stop = asyncio.Event()
+    counts: list[int] = []
+
+    async def join_runs() -> None:
+        opts = EngineOptions(batch_max_msgs=40, **FAST)
+        while not stop.is_set():
+            ns = {(await admin.get_elastic(js, st, g)).config.max_members for st, g in groups}
+            if len(ns) == 1:
+                (n,) = ns
+                if not counts or counts[-1] != n:
+                    counts.append(n)
+                for p in range(n):
+                    with contextlib.suppress(ConfigError):  # counts changing meanwhile
+                        await run_copartitioned(nc, joined.inputs(s), p, joined.processor(),
+                                                sink, opts)
+            await asyncio.sleep(0.05)
+
+    async def publish_rest() -> None:
+        for name, msgs in rest.items():
+            for m in msgs:
+                await js.publish(f"{s}_{name}.{m['auction']}", json.dumps(m).encode())
+                await asyncio.sleep(0.002)
+
+    runner = asyncio.create_task(join_runs())
+    publisher = asyncio.create_task(publish_rest())
+    steps: list[str] = []
+    lineages = await migrate_set(js, groups, 8, QUICK,
+                                 hook=lambda name, rec: steps.append(name))
+    await publisher
+    for _ in range(600):
+        if counts[-1] == 8:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await runner
+    # clicks of auctions that moved, after the migration: their counts must carry on
+    moved = sorted({str(m["auction"]) for m in first[joined.CLK]
+                    if partition_for([str(m["auction"])], 8) >= 4})
+    assert moved
+    after = [{"auction": a} for a in moved]
+    for m in after:
+        await js.publish(f"{s}_{joined.CLK}.{m['auction']}", json.dumps(m).encode())
+    evs[joined.CLK] += after
+    await _sourced_wq(js, f"{s}_{joined.CLK}-g", len(after))
+    for p in range(8):
+        await run_copartitioned(nc, joined.inputs(s), p, joined.processor(), sink,
+                                EngineOptions(batch_max_msgs=500, **FAST))
+    assert counts == [4, 8]
+    assert [[e.partitions for e in lin.epochs] for lin in lineages] == [[4, 8], [4, 8]]
+    done = [x for x in steps if ":" not in x]
+    # lockstep: both groups' sources cut before either drained, both configs before a source
+    assert done.index("source_removed") < done.index("drained")
+    assert done.count("drained") == 2 and done.count("config_written") == 2
+    last_drained = max(i for i, x in enumerate(done) if x == "drained")
+    first_config = min(i for i, x in enumerate(done) if x == "config_written")
+    assert last_drained < first_config
+    table = sink.read().to_pandas().sort_values("updates").groupby("auction").tail(1)
+    assert joined.mismatches(pa.Table.from_pandas(table, preserve_index=False), evs) is None
+    for st, _ in groups:
+        await _check_wire(js, st, 8)
