@@ -17,7 +17,7 @@ from cg_pipelines.jetstream.api_base import (
     int_header,
     json_body,
 )
-from cg_pipelines.jetstream.api_wire import PullResult, seconds_to_ns
+from cg_pipelines.jetstream.api_wire import BATCH_COMPLETED, PullResult, seconds_to_ns
 from cg_pipelines.jetstream.errors import JetStreamError
 
 __all__ = ["PullRequests"]
@@ -66,7 +66,10 @@ class PullRequests(ApiBase):
             pin_id: the last ``Nats-Pin-Id`` seen, if any.
             max_bytes: byte budget for the batch; the server ends the batch with 409
                 ``Message Size Exceeds MaxBytes`` when the next message does not fit (not an
-                error in :attr:`PullResult.error` when messages came).
+                error in :attr:`PullResult.error` when messages came), and a filled batch
+                with 409 ``Batch Completed`` when bytes remain (never an error; its messages
+                are waited for when the status overtakes them, and the reply inbox is reused
+                only after it, so it cannot end a later request).
             no_wait: answer at once (404 when nothing is available). With ``expires_s > 0``
                 too, the server waits until expiry instead (408) when nothing is available.
             heartbeat_s: ask for idle heartbeats at this interval (seconds); if neither a message
@@ -107,9 +110,13 @@ class PullRequests(ApiBase):
             deadline = time.monotonic() + max(expires_s, 0.0) + self.timeout
             idle = 2 * heartbeat_s if heartbeat_s else None
             messages = result.messages
+            want, completed = batch, False
             while True:
-                if len(messages) >= batch:
-                    clean = True  # the request is complete: the server sends nothing more
+                if len(messages) >= want:
+                    # Complete. With max_bytes the server ends a filled batch with 409 "Batch
+                    # Completed" when bytes remain, possibly after this: the inbox serves the
+                    # next request only once that status came (else a stale 409 would end it).
+                    clean = completed or max_bytes is None
                     break
                 remaining = deadline - time.monotonic()
                 wait = remaining if idle is None else min(remaining, idle)
@@ -127,6 +134,13 @@ class PullRequests(ApiBase):
                     result.description = hdrs.get(DESCRIPTION_HEADER, "")
                     result.pending_messages = int_header(hdrs, "Nats-Pending-Messages")
                     result.pending_bytes = int_header(hdrs, "Nats-Pending-Bytes")
+                    if status == 409 and BATCH_COMPLETED in result.description:
+                        # the quota is used: the batch's messages are the ones the quota
+                        # counted, which on a replicated stream may come after this status
+                        completed = True
+                        pending = result.pending_messages
+                        want = len(messages) if pending is None else batch - pending
+                        continue
                     if status == 423:
                         result.pin_id = None
                     elif status == 503:

@@ -24,6 +24,7 @@ from cg_pipelines.jetstream.errors import (
 )
 
 __all__ = [
+    "BATCH_COMPLETED",
     "DEFAULT_PREFIX",
     "DIRECT_GET_HEADERS",
     "NANOS_PER_SECOND",
@@ -50,6 +51,10 @@ DIRECT_GET_HEADERS: frozenset[str] = frozenset(
         "Nats-UpTo-Sequence",
     }
 )
+
+BATCH_COMPLETED = "Batch Completed"
+"""Description of the 409 that ends a filled batch of a pull with ``max_bytes`` bytes to
+spare (nats-server ``consumer.go``)."""
 
 # Pull request statuses that end the request (100 = idle heartbeat / flow control does not).
 #   400 bad request (e.g. "Priority Group missing"), 404 no messages (no_wait), 408 request
@@ -187,11 +192,13 @@ class PullResult:
     @property
     def error(self) -> JetStreamError | None:
         """The typed error for a failure status (400, 409, 423, 503 ...), ``None`` for success,
-        404 (no messages), 408 (expired) and a 409 ``Message Size Exceeds MaxBytes`` that ended
-        a batch after some messages (the byte budget was used up)."""
+        404 (no messages), 408 (expired), a 409 ``Message Size Exceeds MaxBytes`` that ended
+        a batch after some messages (the byte budget was used up) and a 409 ``Batch
+        Completed`` (the batch filled with bytes to spare)."""
         if self.status is None or self.status in (404, 408):
             return None
-        if self.status == 409 and self.messages and "MaxBytes" in self.description:
+        if self.status == 409 and (BATCH_COMPLETED in self.description
+                                   or self.messages and "MaxBytes" in self.description):
             return None
         return error_from_status(self.status, self.description)
 

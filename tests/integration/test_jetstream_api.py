@@ -245,6 +245,33 @@ async def test_pull_batches_statuses_and_concurrency(js, api, unique_name) -> No
         await api.pull(s, "c", expires_s=0)
 
 
+async def test_a_filled_batch_s_trailing_409_never_ends_the_next_pull(js, api, unique_name
+                                                                     ) -> None:
+    """With ``max_bytes``, nats-server ends a filled batch with 409 ``Batch Completed`` (bytes
+    to spare) right after its last message. The pull returns at the last message, so that
+    status can still be on its way: the reply inbox must not serve the next pull before it
+    came (a static run failed with ``Batch Completed (status 409)`` and no messages on a
+    loaded machine). Back-to-back pulls through one API object, each with one message: every
+    pull gets exactly the next message and no error."""
+    s = unique_name
+    await js.add_stream(StreamConfig(name=s, subjects=[f"{s}.>"]))
+    await api.create_consumer(
+        s, consumer_config("c", durable_name="c", filter_subjects=[f"{s}.>"], ack_wait_s=30))
+    n = 300
+    acks = [await js.publish_async(f"{s}.x", b"%d" % i) for i in range(n)]
+    await asyncio.gather(*acks)
+    got = []
+    for _ in range(n):
+        r = await api.pull(s, "c", batch=1, expires_s=1.0, max_bytes=1 << 20, group=None)
+        assert r.error is None and len(r.messages) == 1, (len(got), r)
+        got.append(int(r.messages[0].data))
+        await r.messages[0].ack()
+    assert got == list(range(n))
+    # the status itself, when it ends the request, is a normal end
+    r = await api.pull(s, "c", batch=1, expires_s=0.3, max_bytes=1 << 20, group=None)
+    assert r.messages == [] and r.status == 408 and r.error is None
+
+
 async def test_cancelled_pull_does_not_strand_a_message(nc, js, api, unique_name) -> None:
     """A pull cancelled while the server still holds it must not strand a message until
     ack_wait: its inbox is unsubscribed, so the server drops the request instead of delivering
