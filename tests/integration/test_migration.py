@@ -443,17 +443,28 @@ async def test_a_co_partitioned_set_migrates_together(nc, js, unique_name, tmp_p
                                                 sink, opts)
             await asyncio.sleep(0.05)
 
+    publishing = True
+
     async def publish_rest() -> None:
         for name, msgs in rest.items():
             for m in msgs:
                 await js.publish(f"{s}_{name}.{m['auction']}", json.dumps(m).encode())
                 await asyncio.sleep(0.002)
+        i = 0  # then both inputs until the migration ends: the new layouts get messages
+        while publishing:
+            for name, m in ((joined.IMP, {"auction": f"t{i}", "ad": "ad-t"}),
+                            (joined.CLK, {"auction": f"t{i}"})):
+                await js.publish(f"{s}_{name}.{m['auction']}", json.dumps(m).encode())
+                evs[name].append(m)
+            i += 1
+            await asyncio.sleep(0.02)
 
     runner = asyncio.create_task(join_runs())
     publisher = asyncio.create_task(publish_rest())
     steps: list[str] = []
     lineages = await migrate_set(js, groups, 8, QUICK,
                                  hook=lambda name, rec: steps.append(name))
+    publishing = False
     await publisher
     for _ in range(600):
         if counts[-1] == 8:
