@@ -9,7 +9,7 @@ rebuild run share it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -18,7 +18,6 @@ from nats.aio.client import Client
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.config import work_queue_stream_name
 from cg_pipelines.core.errors import ConfigError, PartitionRunError
-from cg_pipelines.core.migration import Lineage
 from cg_pipelines.core.state import KeyedState, merge_last
 from cg_pipelines.core.write import Merge
 from cg_pipelines.engine.options import EngineConfigError, EngineOptions, Hook
@@ -88,7 +87,9 @@ class RunContext:
         self.watermark_read = False
         self.settled_through = 0
         self.independent = False
-        self.state = state_cache(self.processor, sink, partition, self.app_id)
+        self.parents: tuple[int, ...] = ()  # set by follow_lineage once the side started
+        self.state = state_cache(self.processor, sink, partition, self.app_id,
+                                 lambda: self.parents)
         self.cost = self.processor.cost_model or CostModel()
         self.retry = Retrier(nc, options.nats_retry_max_s, options.nats_retry_backoff_s,
                              options.nats_retry_max_backoff_s,
@@ -173,16 +174,22 @@ class Stateful(Protocol):
     state: KeyedState | None
 
 
-def follow_lineage(ctxs: Sequence[RunContext], lineage: Lineage | None) -> None:
-    """After the group was migrated to a new partition count (``lineage`` has several
-    epochs): give each side whose keys may have moved in the state cache that also reads their
-    old partitions (:func:`state_cache` ``parents``).
+async def follow_lineage(ctxs: Sequence[RunContext]) -> None:
+    """After the group was migrated to a new partition count (its lineage, one KV read, has
+    several epochs): give each side the partitions its moved keys' state is read from
+    (``ctx.parents``, :func:`state_cache`).
+
+    Called once the sides started (their ``start_last`` is read): a run that reads a message
+    of a new epoch started after that epoch's source was added, which the migration does only
+    after writing the lineage, so the run sees it (read before the start, it could miss it).
 
     Raises:
         EngineConfigError: the sink writes in :class:`~cg_pipelines.core.write.Merge` mode
             (a moved key's current row stays under its old partition, and a merge matches
             within the batch's partition: the key would get a second current row).
     """
+    first = ctxs[0]
+    lineage = await get_lineage(first.js, first.stream, first.group)
     if lineage is None or len(lineage.epochs) < 2:
         return
     for c in ctxs:
@@ -192,9 +199,7 @@ def follow_lineage(ctxs: Sequence[RunContext], lineage: Lineage | None) -> None:
                 f"{lineage.epochs[-2].partitions} to {lineage.partitions} partitions: a Merge "
                 "table cannot follow it yet (a moved key's current row stays under its old "
                 "partition); use an Append table, or a new group and a rebuild")
-        parents = lineage.parents(c.partition)
-        if parents:
-            c.state = state_cache(c.processor, c.sink, c.partition, c.app_id, parents)
+        c.parents = lineage.parents(c.partition)
 
 
 async def refuse_after_migration(ctxs: Sequence[RunContext], what: str) -> None:
@@ -214,10 +219,11 @@ async def refuse_after_migration(ctxs: Sequence[RunContext], what: str) -> None:
                 "partition while its rows from before the migration stay under the old one")
 
 
-async def set_parents(ctxs: Sequence[RunContext]) -> tuple[int, ...]:
-    """For a co-partitioned run: the partitions of earlier epochs its state reads a moved
-    key from (:meth:`~cg_pipelines.core.migration.Lineage.parents`; empty when the set was
-    never migrated). One KV read per group.
+async def follow_set_lineage(ctxs: Sequence[RunContext]) -> None:
+    """For a co-partitioned run, once its sides started (as :func:`follow_lineage`): the
+    partitions of earlier epochs its state reads a moved key from, on the first side (whose
+    app id the join's state reads use; empty when the set was never migrated). One KV read
+    per group.
 
     Raises:
         EngineConfigError: the groups were not migrated together (the partition counts'
@@ -227,7 +233,7 @@ async def set_parents(ctxs: Sequence[RunContext]) -> tuple[int, ...]:
     got = [await get_lineage(c.js, c.stream, c.group) for c in ctxs]
     migrated = [lin for lin in got if lin is not None and len(lin.epochs) > 1]
     if not migrated:
-        return ()
+        return
     # a group whose earlier epochs held no message has one epoch: nothing of it moved
     counts = {tuple(e.partitions for e in lin.epochs) for lin in migrated}
     first = ctxs[0]
@@ -242,7 +248,7 @@ async def set_parents(ctxs: Sequence[RunContext]) -> tuple[int, ...]:
             f"the co-partitioned set of {first.stream}.{first.group} was migrated to "
             f"{migrated[0].partitions} partitions: a Merge table cannot follow it yet (a "
             "moved key's current row stays under its old partition); use an Append table")
-    return migrated[0].parents(first.partition)
+    first.parents = migrated[0].parents(first.partition)
 
 
 def check_sink(sink: object) -> None:
@@ -263,14 +269,15 @@ def check_sink(sink: object) -> None:
 
 
 def state_cache(processor: Stateful, sink: TableSink, partition: int, app_id: str,
-                parents: Sequence[int] = ()) -> KeyStateCache | None:
+                parents: Callable[[], Sequence[int]] = tuple) -> KeyStateCache | None:
     """The run's per-key state cache when the processor declares
     :class:`~cg_pipelines.core.state.KeyedState` (``processor.state``), else ``None``. It
     reads what it misses with ``sink.last_rows(..., partition, app_id=app_id)`` (the run's
     identity: :meth:`TableSink.last_rows <cg_pipelines.sinks.base.TableSink.last_rows>`).
 
-    ``parents``: after the group was migrated to a new partition count, the partitions of
-    earlier epochs that may hold the last rows of this partition's keys
+    ``parents``: asked at each read (the run learns them once its sides started,
+    :func:`follow_lineage`): after the group was migrated to a new partition count, the
+    partitions of earlier epochs that may hold the last rows of this partition's keys
     (:meth:`~cg_pipelines.core.migration.Lineage.parents`); a key with no row in
     ``partition`` is looked up there (its newest row wins, by the state's ``order_by``)."""
     spec = processor.state
@@ -280,11 +287,12 @@ def state_cache(processor: Stateful, sink: TableSink, partition: int, app_id: st
     def read(keys: Sequence[object]) -> pa.Table:
         got = sink.last_rows(spec.key, keys, spec.read_columns, spec.order_by, partition,
                              app_id=app_id)
-        if not parents:
+        olds = parents()
+        if not olds:
             return got
         found = set(got[spec.key].to_pylist()) if got.num_rows else set()
         moved = [k for k in keys if k not in found]
-        for q in parents:
+        for q in olds:
             if not moved:
                 break
             old = sink.last_rows(spec.key, moved, spec.read_columns, spec.order_by, q,

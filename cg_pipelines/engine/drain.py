@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -111,7 +111,8 @@ class Drain:
     """
 
     def __init__(self, sides: Sequence[Side], step: BatchStep, hook: Hook | None, *,
-                 independent: bool = False) -> None:
+                 independent: bool = False,
+                 after_start: Callable[[], Awaitable[None]] | None = None) -> None:
         self.sides = list(sides)
         self.by_name = {s.name: s for s in self.sides}
         #: the order leases are taken in (two runs never hold one lease each of the same two)
@@ -121,6 +122,7 @@ class Drain:
         self.res, self.opt, self.sink = self.first.res, self.first.opt, self.first.sink
         self.proc, self.hook = step, hook
         self.independent = independent
+        self.after_start = after_start
         self.reads = Reads(self.sides, independent=independent)
 
     def _step(self, name: str, **info: object) -> None:
@@ -147,6 +149,8 @@ class Drain:
                 for s in self.sides:
                     await s.put_back()
                 return
+        if self.after_start is not None:  # e.g. the lineage, read once the sides started
+            await self.after_start()
         try:
             await self._loop()
         finally:

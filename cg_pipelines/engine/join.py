@@ -50,7 +50,7 @@ import pyarrow as pa
 from nats.aio.client import Client
 
 from cg_pipelines.core.errors import InvariantError, UsageError
-from cg_pipelines.engine.context import RunContext, open_run, set_parents
+from cg_pipelines.engine.context import RunContext, follow_set_lineage, open_run
 from cg_pipelines.engine.join_processor import JoinProcessor
 from cg_pipelines.engine.lease import LeaseHolder, lease_consumer_name
 from cg_pipelines.engine.options import EngineOptions, Hook
@@ -125,9 +125,9 @@ async def run_copartitioned(
     opt = options or EngineOptions()
     check_inputs(inputs, processor)
     ctxs = open_inputs(nc, inputs, partition, sink, opt, hook, connect)
-    parents = await set_parents(ctxs)
     sides = [Side(c, LeaseHolder(c, lease_consumer_name(partition))) for c in ctxs]
-    return await run_sides(sides, JoinStep(processor, ctxs, parents), hook)
+    return await run_sides(sides, JoinStep(processor, ctxs), hook,
+                           after_start=lambda: follow_set_lineage(ctxs))
 
 
 def open_inputs(nc: Client, inputs: Sequence[JoinInput], partition: int, sink: TableSink,

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from numbers import Integral
 from typing import cast
 
@@ -66,16 +66,17 @@ from cg_pipelines.engine.result import RunResult
 from cg_pipelines.engine.side import Side
 from cg_pipelines.engine.step import BatchStep, RangeStep
 from cg_pipelines.jetstream.connect import ConnectOptions
-from cg_pipelines.jetstream.migration import get_lineage
 from cg_pipelines.sinks.base import TableSink
 
 __all__ = ["check_partitions", "run_partition", "run_partitions", "run_sides"]
 
 
-async def run_sides(sides: Sequence[Side], step: BatchStep, hook: Hook | None) -> RunResult:
+async def run_sides(sides: Sequence[Side], step: BatchStep, hook: Hook | None, *,
+                    after_start: Callable[[], Awaitable[None]] | None = None) -> RunResult:
     """Run the loop (:class:`~cg_pipelines.engine.drain.Drain`) over ``sides`` (in the run's
-    order; their contexts share one :class:`RunResult`) with the processing step ``step``,
-    each side's lease guarded (in leasing order): on any failure every lease taken is given
+    order; their contexts share one :class:`RunResult`) with the processing step ``step``
+    (``after_start``: awaited once the sides started, before the first batch), each side's
+    lease guarded (in leasing order): on any failure every lease taken is given
     back (nak and unpin) before the exception propagates, a
     :class:`~cg_pipelines.core.errors.PartitionRunError` attached.
 
@@ -85,7 +86,7 @@ async def run_sides(sides: Sequence[Side], step: BatchStep, hook: Hook | None) -
     Raises:
         Whatever the run raises (see :func:`run_partition`).
     """
-    loop = Drain(sides, step, hook)
+    loop = Drain(sides, step, hook, after_start=after_start)
     await guard_all([(s.holder, s.holder.ensure) for s in loop.leasing], loop.run)
     return loop.res
 
@@ -253,11 +254,11 @@ async def run_partitions(
                      connect=connect, res=res) for p in parts]
     for c in ctxs:
         c.independent = True
-    follow_lineage(ctxs, await get_lineage(ctxs[0].js, stream, group))
     sides = [Side(c, LeaseHolder(c, lease_consumer_name(c.partition))) for c in ctxs]
     for s in sides:  # one partition: its pin goes at the end, after the upkeep, as ever
         s.holder.unpin_when_drained = len(sides) > 1
-    loop = Drain(sides, RangeStep(ctxs), hook, independent=True)
+    loop = Drain(sides, RangeStep(ctxs), hook, independent=True,
+                 after_start=lambda: follow_lineage(ctxs))
     await guard_each([s.holder for s in loop.leasing], loop.run)
     return loop.res
 

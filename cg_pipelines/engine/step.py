@@ -154,9 +154,8 @@ class SingleStep(BatchStep):
 class JoinStep(BatchStep):
     """A co-partitioned run: one :class:`~cg_pipelines.engine.join_processor.JoinProcessor`
     call per batch with every side's records, by side name. ``sides``: the sides' contexts in
-    the run's order (state reads use the snapshot of the first one's app id); ``parents``: the
-    partitions of earlier epochs a moved key's state is read from (the set was migrated,
-    :func:`~cg_pipelines.engine.context.set_parents`).
+    the run's order (state reads use the snapshot of the first one's app id, and its
+    ``parents`` after a migration, :func:`~cg_pipelines.engine.context.follow_set_lineage`).
 
     Raises:
         EngineConfigError: the processor declares state the sink cannot serve
@@ -165,14 +164,14 @@ class JoinStep(BatchStep):
 
     state: KeyStateCache | None
 
-    def __init__(self, processor: JoinProcessor, sides: Sequence[RunContext],
-                 parents: Sequence[int] = ()) -> None:
+    def __init__(self, processor: JoinProcessor, sides: Sequence[RunContext]) -> None:
         first = sides[0]
         self.processor, self.spec = processor, processor.state
         self.partition, self.sink = first.partition, first.sink
         self.app_ids = {c.name: c.app_id for c in sides}
         self.where = f"join output of partition {first.partition}"
-        self.state = state_cache(processor, first.sink, first.partition, first.app_id, parents)
+        self.state = state_cache(processor, first.sink, first.partition, first.app_id,
+                                 lambda: first.parents)
 
     def process(self, batches: Mapping[str, pa.Table]) -> Output:
         """Every side's batch through ``processor.process_inputs``."""

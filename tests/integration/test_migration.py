@@ -497,3 +497,31 @@ async def test_a_co_partitioned_set_migrates_together(nc, js, unique_name, tmp_p
     assert joined.mismatches(pa.Table.from_pandas(table, preserve_index=False), evs) is None
     for st, _ in groups:
         await _check_wire(js, st, 8)
+
+
+async def test_a_run_reads_the_lineage_after_its_sides_started(nc, js, unique_name, tmp_path,
+                                                                monkeypatch) -> None:
+    """The lineage is read once every side has read the work queue's last sequence (the run
+    reads no further): a run that processes a message of a new epoch then always knows that
+    epoch (the migration writes the lineage before the source that sources it). Read before
+    the start, a migration finishing in between left a run of a new partition processing the
+    new layout's messages without its keys' old state (found by the chaos migration work)."""
+    import cg_pipelines.engine.context as context
+
+    s = unique_name
+    await _group(js, s, 4)
+    await keyed.publish(js, s, keyed.events(n_keys=7, n_events=60))
+    await _sourced(js, s, 60)
+    order: list[str] = []
+    real = context.get_lineage
+
+    async def watched(*args, **kwargs):
+        order.append("lineage")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(context, "get_lineage", watched)
+    r = await run_partitions(nc, s, "g", range(4), keyed.processor(), DeltaSink(
+        str(tmp_path / "t")), EngineOptions(**FAST), hook=lambda step, info: order.append(step))
+    assert r.processed == 60
+    assert order.count("lineage") == 1 and order.count("leased") >= 2
+    assert order.index("lineage") > max(i for i, x in enumerate(order) if x == "leased"), order

@@ -125,7 +125,7 @@ def test_a_join_reads_state_from_the_runs_own_snapshot() -> None:
 
     sink = Recording()
     sides = [cast(RunContext, SimpleNamespace(name=n, app_id=f"{n}/g/3", partition=3,
-                                              sink=sink)) for n in ("a", "b")]
+                                              sink=sink, parents=())) for n in ("a", "b")]
     proc = ArrowJoinProcessor({"a": None, "b": None}, lambda t, c: t,  # type: ignore[dict-item]
                               state=KeyedState("k", ("n",)))
     step = JoinStep(proc, sides)
