@@ -258,7 +258,15 @@ class _Run:
         self.starting("drained", rec)
         deadline = time.monotonic() + self.opt.drain_timeout_s
         while True:
-            left = int((await self.wq_info())["state"].get("messages") or 0)
+            info = await self.wq_info()
+            if info["config"].get("sources"):
+                # the removal did not last (e.g. a server killed before it stored the
+                # update): the old source sourced on, so cut again, from what is there now
+                rec = await self.remove_source(Migration(
+                    rec.from_partitions, rec.to_partitions, "planned", rec.before, None,
+                    rec.source))
+                continue
+            left = int(info["state"].get("messages") or 0)
             if not left:
                 return await self.record(rec.at("drained"))
             if time.monotonic() >= deadline:
@@ -289,11 +297,20 @@ class _Run:
             rec.to_partitions, rec.cut.first_origin_seq, rec.cut.first_wq_seq)).encode())
         info = await self.wq_info()
         config = info["config"]
-        if not config.get("sources"):
+        want = work_queue_stream_config(
+            self.stream, self.group, cfg, replicas=int(config.get("num_replicas") or 1),
+            storage=str(config.get("storage") or "file"))["sources"][0]
+        there = config.get("sources") or []
+        if there and [s.get("subject_transforms") for s in there] != \
+                [want["subject_transforms"]]:
+            raise StateError(
+                f"{self.wq} sources {[s.get('name') for s in there]} with transforms "
+                f"{[s.get('subject_transforms') for s in there]}, not the migration's "
+                f"{want['subject_transforms']}: the source's removal was undone (a server "
+                "restart before it was stored?) after the config changed; remove that source "
+                "(its messages are of the old layout) and run the migration again")
+        if not there:
             await self._drop_retired_consumers(rec.to_partitions)
-            want = work_queue_stream_config(
-                self.stream, self.group, cfg, replicas=int(config.get("num_replicas") or 1),
-                storage=str(config.get("storage") or "file"))["sources"][0]
             source = {**rec.source, "subject_transforms": want["subject_transforms"],
                       "opt_start_seq": rec.cut.first_origin_seq}
             await self.api.update_stream({**config, "sources": [source]})
