@@ -16,6 +16,8 @@ import pytest
 from flights.data import load_flights
 from flights.reference import reference_legs
 from tests.chaos.harness import (
+    MEMBERSHIP,
+    MIGRATION_KILL_POINTS,
     RANDOM_KILL,
     RESTART,
     SLOW,
@@ -76,6 +78,34 @@ def test_chaos_ranges(flights, tmp_path, report) -> None:
     assert rep.range_runs >= 3, text
     for label in (*STEP_KILLS, RANDOM_KILL, ZOMBIE, SLOW, RESTART):
         assert rep.faults[label] >= 1, f"{label} never injected\n{text}"
+
+
+MIGRATION = ChaosConfig(seed=0, flights=4000, partitions=8, batch=120, windows=24,
+                        window_pause_s=0.6, step_kills=1, step_at_max=1, random_kills=2,
+                        zombies=1, slow_runs=1, server_restarts=1, membership_changes=2,
+                        step_downs=1, time_limit_s=140.0, d_schedule=(4, 16), d_every_s=10.0,
+                        migrate_to=64, migrate_at_s=4.0, migration_faults=3,
+                        migration_restarts=1)
+
+
+def test_chaos_migration(flights, tmp_path, report) -> None:
+    """Issue 51: the group migrates 8 -> 64 partitions with events flowing and runs over
+    ranges of partitions draining, kill -9 of the migrating process at every one of its 16
+    kill points (each next process resumes it), under the same faults (kill -9 of runs at
+    each engine step and at random, a SIGSTOP'd zombie, an ack-wait expiry, a nats-server
+    restart, membership changes, a step-down), one more nats-server restart under a
+    migration process, some run faults kept for the new layout's runs: 0 lost, 0 duplicated,
+    0 reordered per aircraft, each aircraft's legs continuous across the migration (the
+    pandas reference), every row in its key's partition of its layout, the lineage [8, 64]."""
+    rep, text = _chaos(MIGRATION, flights, tmp_path, report)
+    assert rep.migration_kills == list(MIGRATION_KILL_POINTS), text
+    assert rep.migration_done_s is not None, text
+    assert [e[0] for e in rep.lineage] == [8, 64] and rep.layout_errors == 0, text
+    assert rep.counts == [8, 64], text  # the runs followed the KV config, once
+    assert rep.new_layout_rows > 0 and rep.new_layout_faults >= 1, text
+    for label in (*STEP_KILLS, RANDOM_KILL, ZOMBIE, SLOW, MEMBERSHIP, STEP_DOWN):
+        assert rep.faults[label] >= 1, f"{label} never injected\n{text}"
+    assert rep.faults[RESTART] >= 2, text
 
 
 def test_effect_counts_detect_loss_duplicates_and_reorder(flights) -> None:

@@ -16,6 +16,10 @@ them), ``table`` (Delta table URI), ``options`` (EngineOptions fields) and
 
 Prints one JSON line: the run result plus ``fired`` (whether the fault was injected), or
 ``{"error": ...}`` when the run raised.
+
+With ``CG_CHAOS_TRACE=<dir>`` in the environment, every engine hook call (step, partition,
+sequences) is appended to ``<dir>/<pid>.jsonl`` with its time: what each run leased, read,
+committed, purged and acked, to follow a failing schedule message by message.
 """
 
 from __future__ import annotations
@@ -54,8 +58,15 @@ async def _connect(url: str) -> Client:
 async def main(spec: dict) -> dict:
     fault = spec.get("fault")
     state = {"seen": 0, "fired": False}
+    trace_dir = os.environ.get("CG_CHAOS_TRACE")
+    trace = open(Path(trace_dir) / f"{os.getpid()}.jsonl", "a") if trace_dir else None
 
     def hook(step: str, info: dict) -> None:
+        if trace is not None:
+            trace.write(json.dumps({"t": time.time(), "step": step, "parts": spec["partitions"],
+                                    **{k: v for k, v in info.items()
+                                       if isinstance(v, (int, str, float))}}) + "\n")
+            trace.flush()
         if not fault or state["fired"] or step != fault["step"]:
             return
         state["seen"] += 1
