@@ -174,6 +174,9 @@ class NatsBacklogTrigger(BaseEventTrigger):
                             "run_keys": {str(r.partition): r.run_key for r in fresh},
                             "at": now})
                 except ROUND_ERRORS as e:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise asyncio.CancelledError from e  # the triggerer cancels it
                     log.warning("backlog of %s not read: %s: %s",
                                 inputs_title(self._inputs, self.name), type(e).__name__,
                                 one_line(str(e), 300))

@@ -50,6 +50,9 @@ ALLOWED_CLASSES: dict[tuple[str, str], tuple[str, str]] = {
         ("cli/", "cg members: a second Ctrl-C gives up the clean stop the way Python's own "
                  "Ctrl-C does"),
     ("builtins", "SystemExit"): ("cli/", "a CLI command's exit status"),
+    ("asyncio.exceptions", "CancelledError"):
+        ("airflow/", "the backlog trigger ends as the triggerer cancels it when a NATS error "
+                     "(a request timeout) took the cancellation's place on the way out"),
     ("dagster._core.definitions.events", "Failure"):
         ("dagster/", "Dagster shows a step's Failure (description, metadata) in the UI; only "
                      "Failure does"),
