@@ -24,7 +24,8 @@ family, by layer:
   ``PublishError``); a run heartbeat not stored: ``HeartbeatError``;
   connections: ``NatsConnectError``, ``NatsAuthError``, ``NatsTLSError``;
 - engine and sinks: ``FenceConflictError``, ``EngineConfigError``, ``NatsUnavailableError``,
-  ``RebuildError``, ``CoverageLogError``;
+  ``RebuildError``, ``CoverageLogError``, ``WorkQueueLossError`` (a purge removed messages no
+  read returned: a server-side skip, named loudly);
 - Spark and local servers: ``JavaNotFoundError``, ``NatsServerError``,
   ``NatsServerNotFoundError``, ``NatsServerStartError``, ``NatsClusterError``,
   ``PostgresServerError``.

@@ -19,7 +19,7 @@ from cg_pipelines.engine.join_processor import (
     JoinProcessed,
     JoinProcessor,
 )
-from cg_pipelines.engine.options import EngineConfigError, EngineOptions
+from cg_pipelines.engine.options import EngineConfigError, EngineOptions, WorkQueueLossError
 from cg_pipelines.engine.processing import ArrowProcessor
 from cg_pipelines.engine.processor import (
     BatchContext,
@@ -56,6 +56,7 @@ __all__ = [
     "RunResult",
     "RunStatus",
     "SideResult",
+    "WorkQueueLossError",
     "rebuild_copartitioned",
     "rebuild_partition",
     "run_copartitioned",

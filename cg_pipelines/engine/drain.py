@@ -403,7 +403,7 @@ class Drain:
         lease is acked), then, with ``take_next`` and no halt, take its next lease."""
         span = prep.spans[side.name]
         t = time.monotonic()
-        await side.settled(span.first, span.last, purged=purged)
+        await side.settled(span.first, span.last, purged=purged, messages=span.messages)
         self.first.timed("settle", t)
         if prep.halted:
             side.lease = None  # acknowledged: the run stops

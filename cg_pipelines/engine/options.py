@@ -27,6 +27,37 @@ class EngineConfigError(CgError, RuntimeError):
     config, or streaming member consumers already hold the partition's subjects)."""
 
 
+class WorkQueueLossError(CgError, RuntimeError):
+    """A purge of what a run committed removed more messages than the run read: the work
+    queue held messages of the partition that the server's read or lease skipped, and they
+    left it uncommitted. The engine purges a partition below the last sequence it committed
+    (one request per batch) and checks the count the server returns against the messages it
+    read; this is raised when the server's count is higher (seen with nats-server 2.15.1 after
+    it logged "Stream state encountered internal inconsistency", ``notes/RANGE_RUNS.md`` §10).
+
+    The commit stands and nothing later is processed by this run; the lost messages are still
+    in the origin stream: rebuild the partition (a backfill of its partition key) to recompute
+    it from there.
+
+    Attributes:
+        read_stream: the work queue; ``partition`` the group partition (None: a purge of
+            several partitions at once); ``below`` the purge's sequence (messages below it);
+        read: messages the run read below ``below``; ``purged``: messages the server removed.
+    """
+
+    def __init__(self, read_stream: str, partition: int | None, below: int, read: int,
+                 purged: int) -> None:
+        self.read_stream, self.partition, self.below = read_stream, partition, below
+        self.read, self.purged = read, purged
+        where = f"partition {partition}" if partition is not None else "the partitions read"
+        super().__init__(
+            f"nats-server removed {purged - read} message(s) of {where} of {read_stream} below "
+            f"sequence {below} that no read of this run returned ({purged} purged, {read} "
+            f"read and committed): they left the work queue uncommitted. They are still in "
+            f"the origin stream: rebuild the partition (a backfill of its partition key) to "
+            f"recompute it. A server-side skip (notes/RANGE_RUNS.md §10), not a data error")
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """Tuning of one partition run.

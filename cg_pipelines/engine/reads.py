@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 
 from cg_pipelines.core.record import RECORD_SCHEMA
 from cg_pipelines.engine.commit import Span
+from cg_pipelines.engine.options import WorkQueueLossError
 from cg_pipelines.engine.side import Side, bounds, drop_prefetch, take_prefetch
 from cg_pipelines.jetstream.rangeread import RangeBatch, read_range
 
@@ -51,6 +52,10 @@ __all__ = ["AT_ONCE", "Reads", "SplitRead", "Window", "at_once", "reads_split"]
 
 AT_ONCE = 32
 """Most sides of one run doing a step (start, read, settle) concurrently."""
+
+ALL_PARTITIONS = "*.>"
+"""Every subject of an elastic group's work queue (``<p>.<origin subject>``): the filter of a
+split read's one purge (:meth:`SplitRead.purge_below`)."""
 
 _X = TypeVar("_X")
 _T = TypeVar("_T")
@@ -154,12 +159,25 @@ class SplitRead:
 
     async def purge_below(self, window: Window, committed: int) -> bool:
         """After the commit of ``committed`` messages read as ``window``: purge the work queue
-        below ``window.end + 1`` with ONE unfiltered purge when that removes exactly them,
-        i.e. when they are every message the read found (``window.read_rows``) and the queue
-        holds nothing below ``window.start`` (its first sequence, asked now); sequences below
-        ``end`` only ever go away, so nothing else is there. True: purged (each side then only
-        acks; its seconds in the run's ``timings["purge_split"]``); False: the sides purge their
-        own partitions."""
+        below ``window.end + 1`` with ONE purge of every partition's subjects (``*.>``) when
+        that removes exactly them, i.e. when they are every message the read found
+        (``window.read_rows``) and the queue holds nothing below ``window.start`` (its first
+        sequence, asked now); sequences below ``end`` only ever go away, so nothing else is
+        there. True: purged (each side then only acks; its seconds in the run's
+        ``timings["purge_split"]``); False: the sides purge their own partitions.
+
+        Why ``*.>`` (every work-queue subject is ``<p>.<origin subject>``) and not an
+        unfiltered purge: nats-server 2.15.1 turns a purge without a filter (or with ``>``)
+        into a compaction of the store, and that compaction, with other partitions purged and
+        acknowledged concurrently and the source storing new messages, removed messages above
+        its sequence and left the stream's state inconsistent ("Stream state encountered
+        internal inconsistency on write"): in loops of two range runs draining one queue at
+        once (``bench/wq_consistency.py``), 2 of 6 lost messages and all 6 logged that
+        warning; with ``*.>``, 0 of 18 and none (``notes/RANGE_RUNS.md`` §12). A filtered
+        purge takes the server's per-message path.
+
+        Raises :class:`~cg_pipelines.engine.options.WorkQueueLossError` when the server
+        purged more than the read found."""
         if window.start is None or window.end is None or committed != window.read_rows:
             return False
         c = self.ctx
@@ -167,7 +185,10 @@ class SplitRead:
         if int(info["state"].get("first_seq") or 0) < window.start:
             return False
         end, t = window.end, time.monotonic()
-        await c.retry.call("purge", lambda: c.api.purge(c.read_stream, seq=end + 1))
+        purged = await c.retry.call(
+            "purge", lambda: c.api.purge(c.read_stream, filter=ALL_PARTITIONS, seq=end + 1))
+        if purged > window.read_rows:  # stored below end + 1 and no read returned it
+            raise WorkQueueLossError(c.read_stream, None, end + 1, window.read_rows, purged)
         c.timed("purge_split", t)
         return True
 

@@ -26,6 +26,7 @@ from cg_pipelines.engine.context import RunContext
 from cg_pipelines.engine.deadletter import ensure_dlq_stream, publish_dead_letters, record_halt
 from cg_pipelines.engine.executor_read import credentials_shown, executor_connect_options
 from cg_pipelines.engine.lease import Lease, LeaseHolder
+from cg_pipelines.engine.options import WorkQueueLossError
 from cg_pipelines.engine.processor import DeadLetter
 from cg_pipelines.jetstream.leader import confirm_empty_range
 from cg_pipelines.jetstream.rangeread import read_range
@@ -97,6 +98,7 @@ class Side:
         self.name = ctx.name
         self.settle: Settle = settle or self.purge_and_ack
         self.lease: Lease | None = None
+        self.settling: int | None = None  # messages read of the batch being settled
         self.start_last = 0
         self.dense = False
         self.queue_messages = 0
@@ -247,28 +249,43 @@ class Side:
             c.api, c.stream, c.group, max_age_s=c.opt.dlq_max_age_s))
         self._dlq_ready = True
 
-    async def purge(self, below: int) -> None:
-        """Purge the partition's messages below sequence ``below`` (idempotent; retried)."""
+    async def purge(self, below: int, read: int | None = None) -> None:
+        """Purge the partition's messages below sequence ``below`` (idempotent; retried).
+
+        ``read``: the messages of the partition below ``below`` this run read (its batch's;
+        nothing of the partition is below the batch's first message, the lease). Raises
+        :class:`~cg_pipelines.engine.options.WorkQueueLossError` when the server purged more
+        (a retried purge whose first attempt applied counts 0: only more is a loss)."""
         c = self.ctx
-        await c.retry.call("purge", lambda: c.api.purge(c.read_stream, filter=c.flt, seq=below))
+        purged = await c.retry.call(
+            "purge", lambda: c.api.purge(c.read_stream, filter=c.flt, seq=below))
+        if read is not None and purged > read:
+            raise WorkQueueLossError(c.read_stream, c.partition, below, read, purged)
 
     async def purge_and_ack(self, lease: Lease, last: int) -> None:
-        """Settle for a work queue: purge the partition below ``last + 1``, then ack the
-        lease."""
-        await self.purge(last + 1)
+        """Settle for a work queue: purge the partition below ``last + 1`` (checked against
+        the messages read, :meth:`purge`), then ack the lease."""
+        await self.purge(last + 1, self.settling)
         self.ctx.step("purged", last_seq=last)
         await self.holder.ack(lease)
 
-    async def settled(self, first: int, last: int, *, purged: bool = False) -> None:
+    async def settled(self, first: int, last: int, *, purged: bool = False,
+                      messages: int | None = None) -> None:
         """After a commit through ``last``: release the keep-alive, settle (purge and ack; only
-        ack when the run ``purged`` the range already, with other partitions'), record it."""
+        ack when the run ``purged`` the range already, with other partitions'), record it.
+        ``messages``: the batch's messages of this side (its read, ``first`` to ``last``):
+        what the purge must remove, no more."""
         assert self.lease is not None
         await self.holder.release(self.lease)
         if purged:
             self.ctx.step("purged", last_seq=last)
             await self.holder.ack(self.lease)
         else:
-            await self.settle(self.lease, last)
+            self.settling = messages
+            try:
+                await self.settle(self.lease, last)
+            finally:
+                self.settling = None
         c = self.ctx
         c.settled_through = last
         if c.inflight is not None and c.inflight[1] <= last:

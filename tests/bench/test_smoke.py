@@ -110,6 +110,11 @@ BENCHES: dict[str, tuple[str, ...]] = {
              rf"^two single runs: {_N} msg/s \(\d+ commits\)$"),
     "range_runs": (rf"^run over 1 partition: {_F} s, {_N} msg/s \(\d+ commits\); seconds in: ",
                    rf"^run over 4 partitions: {_F} s, {_N} msg/s \(\d+ commits\); seconds in: "),
+    "wq_consistency": (
+        r"^seed 1: \d+ runs, rows [\d,]+ of [\d,]+ \(exact\), runs failed with "
+        r"WorkQueueLossError 0, server 'internal inconsistency' 0, ",
+        r"^split purge filter '\*\.>': 0 of 1 loops lost messages; server inconsistency in 0 "
+        r"of 1$"),
     "sensor_ticks": (rf"^sensor tick 16 partitions: {_F} s",
                      rf"^sensor tick 64 partitions: {_F} s",
                      rf"^sensor tick 64 partitions \(postgres\): {_F} s"),

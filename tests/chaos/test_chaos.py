@@ -88,11 +88,6 @@ MIGRATION = ChaosConfig(seed=0, flights=4000, partitions=8, batch=120, windows=2
                         migration_restarts=1)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open (notes/RANGE_RUNS.md §10): about 1 run in 15-30 loses a few work-queue messages "
-    "that were stored and left the queue uncommitted, with nats-server 2.15.1 logging "
-    "'Stream state encountered internal inconsistency on write'; seen before the migration "
-    "starts too (range runs, server restarts), not root-caused"))
 def test_chaos_migration(flights, tmp_path, report) -> None:
     """Issue 51: the group migrates 8 -> 64 partitions with events flowing and runs over
     ranges of partitions draining, kill -9 of the migrating process at every one of its 16
