@@ -144,7 +144,7 @@ RATIOS: dict[str, str] = {
 ORDER = ("scale", "baseline", "spark_read", "soak", "spark_path", "chaos", "sensor_ticks",
          "failure_output", "members", "aging", "delta_commit", "range_read", "iceberg_vs_delta",
          "merge", "reconcile", "join", "range_runs", "partition_drain", "delta_log_cost",
-         "bench_jetstream_api")
+         "wq_consistency", "bench_jetstream_api")
 
 
 @dataclass
