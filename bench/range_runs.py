@@ -35,9 +35,19 @@ candidate read paths for the next step of issue 51 (see ``notes/RANGE_RUNS.md``)
 - the reference: the same unfiltered read of a 1-partition group of the same messages (what a
   run over one partition reads).
 
+With ``--purges`` it first measures what settling costs nats-server, per purge size (5,000,
+20,000 and 50,000 messages): a work queue holding ``--messages`` purged from its first
+message to its last in steps of that size, ``"*.>"`` on a 32-partition group's queue (a split
+read's purge) and ``"0.>"`` on a 1-partition group's (a one-partition run's), rounds
+interleaved, median seconds for the whole queue: the reason a run settles several commits at
+once (``EngineOptions.settle_interval_s``, ``notes/RANGE_RUNS.md`` §13).
+``--settle-interval S`` runs every contender with that ``settle_interval_s`` (default: the
+engine's; ``0``: a settle after every commit).
+
 Run: ``.venv/bin/python bench/range_runs.py [--messages 100000] [--keys 10000]
-[--partitions 8,32] [--rounds 3] [--batch 20000] [--read-paths]``; ``--smoke``: 2,000
-messages, k = 4, one round (checks the script runs, in seconds; figures meaningless).
+[--partitions 8,32] [--rounds 3] [--batch 20000] [--read-paths] [--purges]
+[--settle-interval S]``; ``--smoke``: 2,000 messages, k = 4, one round, with
+``--purges`` (checks the script runs, in seconds; figures meaningless).
 """
 
 from __future__ import annotations
@@ -114,11 +124,13 @@ def cpu_s(pid: int) -> float:
 
 
 async def contender(nc: nats.NATS, stream: str, group: str, k: int, uri: str, batch: int,
-                    server_pid: int) -> tuple[float, RunResult, int, float, float]:
+                    server_pid: int, settle_interval: float | None = None
+                    ) -> tuple[float, RunResult, int, float, float]:
     """One drain: (wall seconds, result, rows in its table, client CPU s, server CPU s)."""
     sink = DeltaSink(uri)
     proc = ArrowProcessor(DECODER, transform)
-    opts = EngineOptions(batch_max_msgs=batch)
+    settle = {} if settle_interval is None else {"settle_interval_s": settle_interval}
+    opts = EngineOptions(batch_max_msgs=batch, **settle)
     c0, s0 = cpu_s(os.getpid()), cpu_s(server_pid)
     t = time.perf_counter()
     if k == 1:
@@ -199,6 +211,39 @@ async def read_paths(nc: nats.NATS, ks: list[int], args: argparse.Namespace) -> 
                   f"{statistics.median(rates[name]):,.0f} msg/s", flush=True)
 
 
+PURGE_SIZES = (5_000, 20_000, 50_000)
+
+
+async def purges(nc: nats.NATS, args: argparse.Namespace) -> None:
+    """The ``--purges`` figures (see the module docstring)."""
+    api = JetStreamAPI(nc, timeout=60)
+    kinds = {"32 partitions, '*.>'": (32, "*.>"), "1 partition, '0.>'": (1, "0.>")}
+    secs: dict[tuple[str, int], list[float]] = {}
+    try:
+        for r in range(args.rounds):
+            for size in PURGE_SIZES if r % 2 == 0 else reversed(PURGE_SIZES):
+                stream = f"P{r}s{size}"
+                await make_stream(nc, stream, {"q32": 32, "q1": 1}, args.messages, args.keys,
+                                  seed=r)
+                order = list(kinds.items()) if r % 2 == 0 else list(reversed(kinds.items()))
+                for name, (k, flt) in order:
+                    wq, purged = f"{stream}-q{k}", 0
+                    t = time.perf_counter()
+                    for below in range(size + 1, args.messages + size + 1, size):
+                        purged += await api.purge(wq, filter=flt, seq=below)
+                    secs.setdefault((name, size), []).append(time.perf_counter() - t)
+                    assert purged == args.messages, (name, size, purged)
+                for g in ("q32", "q1"):
+                    await nc.jetstream().delete_stream(f"{stream}-{g}")
+                await nc.jetstream().delete_stream(stream)
+    finally:
+        await api.close()
+    for (name, size), v in sorted(secs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        n = -(-args.messages // size)
+        print(f"purge of {args.messages:,} messages, {name}, {n} purges of {size:,}: "
+              f"{statistics.median(v):.2f} s", flush=True)
+
+
 def name_of(k: int) -> str:
     return f"run over {k} partition{'s' if k > 1 else ''}"
 
@@ -215,6 +260,8 @@ async def main(args: argparse.Namespace) -> None:
         try:
             if args.read_paths:
                 await read_paths(nc, args.partitions, args)
+            if args.purges:
+                await purges(nc, args)
             for r in range(args.rounds):
                 stream = f"R{r}"
                 groups = {("one" if k == 1 else f"p{k}"): k for k in ks}
@@ -224,7 +271,8 @@ async def main(args: argparse.Namespace) -> None:
                     order.reverse()
                 for g, k in order:
                     s, res, rows, cc, sc = await contender(
-                        nc, stream, g, k, f"{tmp}/{stream}{g}", args.batch, srv.pid or 0)
+                        nc, stream, g, k, f"{tmp}/{stream}{g}", args.batch, srv.pid or 0,
+                        args.settle_interval)
                     cpu[k][0].append(cc / args.messages * 1e6)
                     cpu[k][1].append(sc / args.messages * 1e6)
                     assert rows == args.messages == res.processed, \
@@ -264,9 +312,14 @@ if __name__ == "__main__":
     ap.add_argument("--batch", type=int, default=20_000, help="Messages per batch in all.")
     ap.add_argument("--read-paths", action="store_true",
                     help="First measure the candidate read paths alone.")
+    ap.add_argument("--purges", action="store_true",
+                    help="First measure nats-server's purge of a work queue per purge size.")
+    ap.add_argument("--settle-interval", type=float, default=None,
+                    help="EngineOptions.settle_interval_s of every contender (seconds; "
+                         "default: the engine's).")
     ap.add_argument("--smoke", action="store_true", help="2,000 messages, k = 4, one round")
     args = ap.parse_args()
     if args.smoke:
         args.messages, args.keys, args.rounds, args.batch = 2_000, 200, 1, 500
-        args.partitions = [4]
+        args.partitions, args.purges = [4], True
     asyncio.run(main(args))

@@ -367,6 +367,10 @@ class PartitionRunsResource(ConfigurableResource):
         "committed once on the driver (a Spark processor; None: off; bench/spark_read.py).")
     dlq_max_age_s: float | None = Field(default=_ENGINE.dlq_max_age_s, description="Seconds the "
                                         "dead-letter stream keeps a dead letter (None: for ever).")
+    settle_interval_s: float = Field(
+        default=_ENGINE.settle_interval_s, description="Seconds: a commit within this long of "
+        "the run's last settle is purged and acknowledged with the commits after it, in one "
+        "purge (0: after every commit); never before its commit.")
     # ------------------------------------------------------------ the deployment and the sensor
     run_timeout_s: float = Field(default=3600.0, description="Upper bound of one partition run.")
     partitions_per_run: int = Field(

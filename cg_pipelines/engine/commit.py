@@ -111,6 +111,13 @@ async def commit_batch(sides: Sequence[Side], prep: Prepared, watermarks: Mappin
         FenceConflictError: a side's watermark moved (nothing written).
         The sink's other errors, unchanged.
     """
+    # the coverage texts and lineage too are made in the thread, off the event loop
+    await asyncio.to_thread(_commit, sides, prep, watermarks, independent)
+
+
+def _commit(sides: Sequence[Side], prep: Prepared, watermarks: Mapping[str, int],
+            independent: bool) -> None:
+    """:func:`commit_batch`'s work, in the calling thread."""
     sink = sides[0].ctx.sink
     if independent:
         sides = [s for s in sides if s.name in prep.spans]
@@ -122,9 +129,8 @@ async def commit_batch(sides: Sequence[Side], prep: Prepared, watermarks: Mappin
         one = {"stream": c.stream, "group": c.group, "partition": c.partition,
                "first_seq": span.first, "last_seq": span.last,
                "last_origin_seq": span.last_origin, COVERAGE_KEY: prep.coverage(c.name)}
-        await asyncio.to_thread(sink.commit, prep.table, {c.app_id: (watermarks[c.name],
-                                                                      span.last)},
-                                markers=markers, lineage=one)
+        sink.commit(prep.table, {c.app_id: (watermarks[c.name], span.last)},
+                    markers=markers, lineage=one)
         return
     fences: dict[str, tuple[int, int]] = {}
     marks: dict[str, int] = {}
@@ -150,5 +156,4 @@ async def commit_batch(sides: Sequence[Side], prep: Prepared, watermarks: Mappin
                    JOIN_LINEAGE_KEY: joint}
     else:
         lineage = {"partition": sides[0].ctx.partition, JOIN_LINEAGE_KEY: joint}
-    await asyncio.to_thread(sink.commit, prep.table, fences, markers=marks or None,
-                            lineage=lineage)
+    sink.commit(prep.table, fences, markers=marks or None, lineage=lineage)

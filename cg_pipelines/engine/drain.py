@@ -30,8 +30,13 @@ fenced by the watermarks read):
 6. **Settle.** For each side with messages in the batch: release the lease's keep-alive,
    purge the partition below ``last + 1`` and ack the lease (a static group acks each
    delivered message instead); the partitions of a run over several settle concurrently,
-   each in that order. A halted side stops the run here.
-7. **Next.** Pull each settled side's next message as its next lease and go on from 1.
+   each in that order. A halted side stops the run here. In the batch loop a commit less than
+   ``EngineOptions.settle_interval_s`` after the run's last settle is not settled yet: the
+   next settle covers it with the commits after it, in one purge
+   (:class:`~cg_pipelines.engine.unsettled.Unsettled`; a purge costs per call, not per
+   message), and the loop settles what it owes before it leaves.
+7. **Next.** Pull each settled side's next message as its next lease and go on from 1 (a side
+   with commits owed keeps its lease and reads on after its last commit).
 
 Pipelining: batch k+1 is read (prefetched) and processed while batch k commits, settles and
 the next leases come back; a processed batch that no longer starts where the sides' next
@@ -54,6 +59,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -68,6 +74,7 @@ from cg_pipelines.engine.processor import DeadLetter
 from cg_pipelines.engine.reads import Reads, Window, at_once
 from cg_pipelines.engine.side import Side
 from cg_pipelines.engine.step import BatchStep, Output
+from cg_pipelines.engine.unsettled import Unsettled
 from cg_pipelines.sinks.base import FenceConflictError, MaintainedSink
 
 __all__ = ["Drain", "merge_figures"]
@@ -124,6 +131,9 @@ class Drain:
         self.independent = independent
         self.after_start = after_start
         self.reads = Reads(self.sides, independent=independent)
+        #: committed batches of the batch loop not settled yet, and when the last settle was
+        self.owed: Unsettled | None = None
+        self.settled_at = time.monotonic()
 
     def _step(self, name: str, **info: object) -> None:
         if self.hook is not None:
@@ -165,8 +175,13 @@ class Drain:
         """Independent sides: start every side at once (:func:`~cg_pipelines.engine.reads.
         at_once`), so held sides cost one ``hold_wait_s``, not one each. On a failure the
         other starts are cancelled and waited for before it propagates (no lease is taken
-        after the run gave its leases back)."""
-        await at_once(self.leasing, Side.start)
+        after the run gave its leases back). The sides reading one stream share one stream
+        info request."""
+        infos: dict[str, Mapping[str, Any]] = {}
+        for c in {s.ctx.read_stream: s.ctx for s in self.leasing}.values():
+            infos[c.read_stream] = await c.retry.call(
+                "stream info", lambda c=c: c.api.stream_info(c.read_stream))
+        await at_once(self.leasing, lambda s: s.start(infos[s.ctx.read_stream]))
 
     def _end_sides(self) -> None:
         """Independent sides: each side's status (a side with none yet carries the run's stop
@@ -254,8 +269,8 @@ class Drain:
                      and s.ctx.side.status != "handed_over"]
             if not sides:
                 return
-            figures = [await asyncio.to_thread(sink.maintain, c.partition, c.app_id)
-                       for c in sides]
+            figures = await asyncio.to_thread(
+                lambda: [sink.maintain(c.partition, c.app_id) for c in sides])
             self.res.maintenance = figures[0] if len(self.sides) == 1 else merge_figures(figures)
         self.first.timed("maintain", t)
 
@@ -363,49 +378,49 @@ class Drain:
                    seconds=time.monotonic() - self.first.t0, **self._ranges(prep.spans))
         return False
 
-    async def _settle(self, prep: Prepared, take_next: bool, window: Window | None = None
-                      ) -> bool:
-        """Steps 6-7 for each side with messages in the committed ``prep``, in leasing order
-        (the sides of a run over several partitions concurrently,
-        :func:`~cg_pipelines.engine.reads.at_once`, after ONE purge of them all when ``prep``
-        is all that a split read ``window`` found, :meth:`~cg_pipelines.engine.reads.SplitRead.
-        purge_below`): :meth:`_settle_side`. True: the run stops (halted, handed over; status
-        set)."""
-        sides = [s for s in self.leasing if s.name in prep.spans]
+    async def _settle(self, done: Unsettled, halted: Mapping[str, DeadLetter],
+                      take_next: bool) -> bool:
+        """Steps 6-7 for each side with messages in the committed batches ``done`` (``halted``:
+        the halted sides of the last of them), in leasing order (the sides of a run over
+        several partitions concurrently, :func:`~cg_pipelines.engine.reads.at_once`, after ONE
+        purge of them all when ``done`` is all that its split reads found,
+        :meth:`~cg_pipelines.engine.reads.SplitRead.purge_below`): :meth:`_settle_side`. True:
+        the run stops (halted, handed over; status set)."""
+        sides = [s for s in self.leasing if s.name in done.spans]
         if self.independent and len(sides) > 1:
             purged = False
             split = self.reads.split
-            if split is not None and window is not None and not prep.halted:
-                purged = await split.purge_below(
-                    window, sum(r.num_rows for r in prep.records.values()))
-            await at_once(sides, lambda s: self._settle_side(s, prep, take_next, purged))
-            stop = (take_next and not prep.halted and all(s.lease is None for s in self.sides)
+            if split is not None and done.window is not None and not halted:
+                purged = await split.purge_below(done.window, done.committed)
+            await at_once(sides, lambda s: self._settle_side(s, done.spans[s.name], halted,
+                                                             take_next, purged))
+            stop = (take_next and not halted and all(s.lease is None for s in self.sides)
                     and any(s.ctx.side.status == "handed_over" for s in sides))
         else:
             stop = False
             for side in sides:
-                await self._settle_side(side, prep, take_next)
-                if take_next and not prep.halted and (
+                await self._settle_side(side, done.spans[side.name], halted, take_next)
+                if take_next and not halted and (
                         self.res.status == "handed_over" or (
                             self.independent and side.ctx.side.status == "handed_over"
                             and all(s.lease is None for s in self.sides))):
                     return True
-        if prep.halted:
+        self.settled_at = time.monotonic()
+        if halted:
             # A bad message is now its partition's first: leave it for an operator.
-            await self._halt(prep.halted)
+            await self._halt(halted)
             return True
         return stop
 
-    async def _settle_side(self, side: Side, prep: Prepared, take_next: bool,
-                           purged: bool = False) -> None:
-        """Settle ``side``'s part of the committed ``prep`` (release the keep-alive, then
-        purge, unless ``purged`` already, and ack: no keep-alive pull may be waiting when a
-        lease is acked), then, with ``take_next`` and no halt, take its next lease."""
-        span = prep.spans[side.name]
+    async def _settle_side(self, side: Side, span: Span, halted: Mapping[str, DeadLetter],
+                           take_next: bool, purged: bool = False) -> None:
+        """Settle ``side``'s committed ``span`` (release the keep-alive, then purge, unless
+        ``purged`` already, and ack: no keep-alive pull may be waiting when a lease is acked),
+        then, with ``take_next`` and no halt, take its next lease."""
         t = time.monotonic()
         await side.settled(span.first, span.last, purged=purged, messages=span.messages)
         self.first.timed("settle", t)
-        if prep.halted:
+        if halted:
             side.lease = None  # acknowledged: the run stops
             return
         side.ctx.step("acked", first_seq=span.first, last_seq=span.last)
@@ -420,11 +435,28 @@ class Drain:
             await side.halt(bad)
 
     async def _commit_and_next(self, prep: Prepared, watermarks: Mapping[str, int],
-                               window: Window | None = None) -> bool:
-        """Steps 5-7: :meth:`_commit`, then :meth:`_settle` (of ``prep`` read as ``window``)
-        with each settled side's next lease. True: the run stops (status set)."""
-        return (await self._commit(prep, watermarks)
-                or await self._settle(prep, True, window))
+                               window: Window | None = None, *, defer: bool = False) -> bool:
+        """Steps 5-7: :meth:`_commit`, then :meth:`_settle` (of ``prep`` read as ``window``,
+        with the batches owed before it) with each settled side's next lease; with ``defer``
+        (the batch loop), a commit less than ``settle_interval_s`` after the last settle is
+        owed instead (:meth:`_settle_owed`). True: the run stops (status set)."""
+        if await self._commit(prep, watermarks):
+            return True
+        done = Unsettled.of(prep, window)
+        if self.owed is not None:
+            done = self.owed.then(done)
+        if (defer and not prep.halted
+                and time.monotonic() - self.settled_at < self.opt.settle_after_s()):
+            self.owed = done
+            return False
+        self.owed = None
+        return await self._settle(done, prep.halted, True)
+
+    async def _settle_owed(self) -> bool:
+        """Settle the committed batches owed, if any, with each side's next lease. True: the
+        run stops (status set)."""
+        owed, self.owed = self.owed, None
+        return owed is not None and await self._settle(owed, {}, True)
 
     async def process_and_commit(self, lease: Lease, records: pa.Table, watermark: int
                                  ) -> bool:
@@ -440,7 +472,7 @@ class Drain:
             return True
         await self._dead_letter(prep)
         return (await self._commit(prep, {side.name: watermark})
-                or await self._settle(prep, False))
+                or await self._settle(Unsettled.of(prep, None), prep.halted, False))
 
     async def _executor_batch(self, watermarks: Mapping[str, int]) -> bool:
         """Steps 2-3 on the executors for a large backlog, then 4-7 as any batch (a step that
@@ -506,24 +538,30 @@ class Drain:
                     stop, pending = await pending, None
                     if stop:
                         return
-                    if not self.reads.lines_up(spans, window) or self.first.limit_hit():
+                    owed = self.owed.spans if self.owed is not None else {}
+                    if not self.reads.lines_up(spans, window, owed) or self.first.limit_hit():
                         # Not where this batch starts (or a limit): drop it, and the state it
-                        # added to the cache, and let the outer loop decide.
+                        # added to the cache, settle what is owed and let the outer loop
+                        # decide.
                         if self.proc.state is not None:
                             self.proc.state.reset()
+                        await self._settle_owed()
                         return
                 if not prep.spans:  # halted at every side's first message
-                    await self._halt(prep.halted)
+                    if not await self._settle_owed():
+                        await self._halt(prep.halted)
                     return
                 # 4. Dead-letter.
                 await self._dead_letter(prep)
                 # 5.-7. off the critical path: commit (fenced), settle, next leases.
-                pending = asyncio.create_task(self._commit_and_next(prep, wms, window))
+                pending = asyncio.create_task(
+                    self._commit_and_next(prep, wms, window, defer=True))
                 wms = {**wms, **{n: s.last for n, s in prep.spans.items()}}
                 nxt = None if prep.halted else await self.reads.following(window, spans)
                 if nxt is None:
                     task, pending = pending, None
-                    await task
+                    if not await task:
+                        await self._settle_owed()
                     return
                 window = nxt
         finally:

@@ -107,6 +107,18 @@ class EngineOptions:
             crossover; on 2 local cores the driver read wins at every size).
         dlq_max_age_s: seconds the group's dead-letter stream keeps a dead letter (its
             ``max_age``; default 30 days; ``None``: for ever). An existing stream is updated.
+        settle_interval_s: seconds. A committed batch is settled (its messages purged from
+            the work queue, the lease acknowledged and the next one taken) at once when the
+            run's last settle is at least this long ago, else together with the batches
+            committed after it, and always before the run leaves its batch loop. nats-server
+            takes about as long for a purge of 5,000 messages as for one of 50,000 (a work
+            queue's interior purge costs per call, not per message: ``bench/range_runs.py``,
+            ``notes/RANGE_RUNS.md`` §13), so fewer purges make a run faster. Nothing is
+            acknowledged before its commit either way; a run that stops in between leaves
+            committed messages in the work queue, which the partition's next run purges
+            unread (step 1, below its watermark). ``0``: settle after every commit. Never
+            more than a sixth of ``priority_timeout_s`` (:meth:`settle_after_s`): the lease
+            held meanwhile then needs no more keep-alive pulls than a batch's.
 
     Raises:
         ConfigError: a field out of range (the message names it: ``"<field>: <rule>"``).
@@ -128,6 +140,13 @@ class EngineOptions:
     nats_retry_max_backoff_s: float = 3.0
     executor_read_min_msgs: int | None = None
     dlq_max_age_s: float | None = 30 * 24 * 3600.0
+    settle_interval_s: float = 1.0
+
+    def settle_after_s(self) -> float:
+        """Seconds after a run's last settle from which a commit is settled at once:
+        ``settle_interval_s``, at most a sixth of ``priority_timeout_s`` (the lease's pin
+        keep-alive pulls every third of it)."""
+        return min(self.settle_interval_s, self.priority_timeout_s / 6)
 
     def __post_init__(self) -> None:
         """Raises :class:`~cg_pipelines.core.errors.ConfigError` (a ``ValueError``) naming the
@@ -152,6 +171,9 @@ class EngineOptions:
         if self.dlq_max_age_s is not None and self.dlq_max_age_s <= 0:
             raise ConfigError("dlq_max_age_s", f"must be > 0 seconds (or None: keep for ever), "
                               f"got {self.dlq_max_age_s!r}")
+        if not self.settle_interval_s >= 0:
+            raise ConfigError("settle_interval_s", f"must be >= 0 seconds (0: after every "
+                              f"commit), got {self.settle_interval_s!r}")
         if self.dead_letter_policy not in ("dlq", "halt"):
             raise ConfigError("dead_letter_policy", f"must be 'dlq' or 'halt', not "
                               f"{self.dead_letter_policy!r}")

@@ -200,6 +200,24 @@ class Processor(Protocol):
         """
         ...
 
+    def process_partitions(self, batches: Sequence[tuple[pa.Table, BatchContext]]
+                           ) -> list[Processed]:
+        """Several partitions' batches of one run over a range of partitions of a group
+        (:func:`~cg_pipelines.engine.runner.run_partitions`), one :class:`Processed` per
+        ``(batch, ctx)``, in order, each exactly what :meth:`process` would give it.
+
+        Called: instead of :meth:`process` once per partition, when a batch of such a run
+        holds messages of two or more partitions. Optional (:class:`ProcessorBase`'s default
+        calls :meth:`process` for each): a processor overrides it to share work across the
+        partitions, e.g. :class:`~cg_pipelines.engine.processing.ArrowProcessor` decodes every
+        partition's payloads in one call (what costs per call, not per message, is then paid
+        once per batch instead of once per partition).
+
+        Raises:
+            As :meth:`process`.
+        """
+        ...
+
 
 _NO_OPTIONS: Mapping[str, str | int | bool] = MappingProxyType({})
 
@@ -223,6 +241,12 @@ class ProcessorBase(ABC):
         """The batch's rows to commit and its dead letters (the contract:
         :meth:`Processor.process`)."""
 
+    def process_partitions(self, batches: Sequence[tuple[pa.Table, BatchContext]]
+                           ) -> list[Processed]:
+        """:meth:`process` for each ``(batch, ctx)``, in order (the contract:
+        :meth:`Processor.process_partitions`)."""
+        return [self.process(batch, ctx) for batch, ctx in batches]
+
 
 class _Defaulted(ProcessorBase):
     """A processor written without :class:`ProcessorBase`, with the hooks it lacks defaulted
@@ -235,6 +259,8 @@ class _Defaulted(ProcessorBase):
                 setattr(self, hook, getattr(inner, hook))
         if hasattr(inner, "process_range"):  # an executor-read processor stays one
             self.process_range = inner.process_range
+        if hasattr(inner, "process_partitions"):
+            self.process_partitions = inner.process_partitions  # type: ignore[method-assign]
 
     def bind(self, spark: Any) -> Processor:
         return with_defaults(self.inner.bind(spark)) if hasattr(self.inner, "bind") else self

@@ -205,19 +205,21 @@ class SplitRead:
         which = pc.index_in(head, value_set=self.labels).fill_null(n)
         idx = which.to_numpy(zero_copy_only=False)
         counts = np.bincount(idx, minlength=n + 1)
-        ordered = table.take(pa.array(np.argsort(idx, kind="stable")))  # stream order kept
+        order = np.argsort(idx, kind="stable")  # stream order kept within each side
+        ordered = table.take(pa.array(order))
         col = ordered.schema.get_field_index("subject")
-        field = ordered.schema.field(col)
+        # the "<p>." prefix cut off every subject at once (one call, not one per side)
+        ordered = ordered.set_column(col, ordered.schema.field(col), pc.replace_substring_regex(
+            ordered["subject"], r"^[^.]*\.", "", max_replacements=1))
+        seqs = ordered["seq"].to_numpy()
         off = 0
         for i, s in enumerate(self.sides):
-            part = ordered.slice(off, int(counts[i]))
-            off += int(counts[i])
-            if part.num_rows and part["seq"][part.num_rows - 1].as_py() > s.start_last:
-                keep = np.searchsorted(part["seq"].to_numpy(), s.start_last, side="right")
-                part = part.slice(0, int(keep))
-            prefix = len(str(s.ctx.partition)) + 1  # "<p>."
-            tables[s.name] = part.set_column(
-                col, field, pc.utf8_slice_codeunits(part["subject"], prefix))
+            n = int(counts[i])
+            keep = n
+            if n and seqs[off + n - 1] > s.start_last:
+                keep = int(np.searchsorted(seqs[off:off + n], s.start_last, side="right"))
+            tables[s.name] = ordered.slice(off, keep)
+            off += n
         return Window(tables, through, end)
 
     def read_ahead(self, from_seq: int, size: int) -> None:
@@ -381,13 +383,20 @@ class Reads:
         window = Window(tables, through)
         return window if window.rows else None
 
-    def lines_up(self, spans: Mapping[str, Span], window: Window) -> bool:
+    def lines_up(self, spans: Mapping[str, Span], window: Window,
+                 owed: Mapping[str, Span] | None = None) -> bool:
         """Whether a batch read ahead (``window``, its sides with messages have ``spans``)
         starts where each side's next lease does: a side with messages in it at its lease; a
         side without, with no lease or one past what the read covered of it (one that arrived
-        after the run started, say)."""
+        after the run started, say). A side with commits ``owed`` (not settled yet: its lease
+        is still the one before them) lines up while it holds that lease: its reads go on
+        back to back after its last commit."""
         for side in self.sides:
             span = spans.get(side.name)
+            if owed and side.name in owed:
+                if side.lease is None:
+                    return False
+                continue
             if span is None:
                 if (side.lease is not None
                         and side.lease.seq <= window.through.get(side.name, side.start_last)):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -108,11 +108,14 @@ class Side:
 
     # ------------------------------------------------------------------ start and leases
 
-    async def start(self) -> None:
+    async def start(self, info: Mapping[str, Any] | None = None) -> None:
         """The stream's last sequence now (the run reads no further), the first lease (None:
-        the partition is empty or held, status set) and whether to read unfiltered."""
+        the partition is empty or held, status set) and whether to read unfiltered.
+        ``info``: the stream info of the stream read, asked just before (the sides of a run
+        over several partitions of one group share one request); None: asked here."""
         c = self.ctx
-        info = await c.retry.call("stream info", lambda: c.api.stream_info(c.read_stream))
+        if info is None:
+            info = await c.retry.call("stream info", lambda: c.api.stream_info(c.read_stream))
         self.start_last = int(info["state"].get("last_seq") or 0)
         self.lease = await self.holder.take()
         # Dense partition: when it holds 90 % of the work queue's messages or more, reading the

@@ -30,7 +30,7 @@ from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.context import RunContext, state_cache
 from cg_pipelines.engine.executor_read import RangeProcessed, RangeProcessor
 from cg_pipelines.engine.join_processor import JoinContext, JoinProcessor
-from cg_pipelines.engine.processor import BatchContext, DeadLetter
+from cg_pipelines.engine.processor import BatchContext, DeadLetter, Processed
 from cg_pipelines.engine.side import bounds
 from cg_pipelines.engine.state import KeyStateCache
 from cg_pipelines.sinks.base import PARTITION_COLUMN, with_partition_column
@@ -125,16 +125,27 @@ class SingleStep(BatchStep):
 
     def process(self, batches: Mapping[str, pa.Table]) -> Output:
         """The one side's batch through ``processor.process``."""
-        c = self.ctx
-        records = batches[c.name]
+        records = batches[self.ctx.name]
+        processed = self.ctx.processor.process(records, self.context(records))
+        return self.output(processed, records)
+
+    def context(self, records: pa.Table) -> BatchContext:
+        """The :class:`~cg_pipelines.engine.processor.BatchContext` of the side's batch
+        ``records``."""
         first, last = bounds(records) or (0, 0)
-        processed = c.processor.process(records, self._context(first, last))
+        return self._context(first, last)
+
+    def output(self, processed: Processed, records: pa.Table) -> Output:
+        """The processor's output for the side's batch ``records``, held to the contract, the
+        partition column set."""
+        c = self.ctx
         if processed.table is not None:  # one line naming a missing or mistyped column
+            first, last = bounds(records) or (0, 0)
             check_output(processed.table.schema, self.spec,
                          where=f"transform output of partition {c.partition} of "
                                f"{c.read_stream} (sequences {first}..{last})")
         table = with_partition_column(processed.table, c.partition)
-        return table, check_dead({c.name: processed.dead}, batches)
+        return table, check_dead({c.name: processed.dead}, {c.name: records})
 
     def range_processor(self) -> RangeProcessor | None:
         """The processor when it implements the executor read."""
@@ -214,16 +225,20 @@ class RangeState:
 class RangeStep(BatchStep):
     """A run over several partitions of one group (:func:`~cg_pipelines.engine.runner.
     run_partitions`): the run's one-input :class:`~cg_pipelines.engine.processor.Processor`
-    called once per side with records, in the sides' order, each call with that side's own
+    given every side with records, in the sides' order, each with its own
     :class:`~cg_pipelines.engine.processor.BatchContext` (its partition, app id, sequence
-    bounds and state), exactly as a one-partition run calls it (:class:`SingleStep`); the
-    outputs (each with its side's partition column) are concatenated into one table.
-    ``sides``: the sides' contexts in the run's order.
+    bounds and state), in ONE :meth:`~cg_pipelines.engine.processor.Processor.
+    process_partitions` call (its default: :meth:`~cg_pipelines.engine.processor.Processor.
+    process` per side, exactly as a one-partition run calls it, :class:`SingleStep`); each
+    output held to the contract as a one-partition run's, then (each with its side's
+    partition column) concatenated into one table. ``sides``: the sides' contexts in the
+    run's order (one processor).
     """
 
     def __init__(self, sides: Sequence[RunContext]) -> None:
         self.steps = {c.name: SingleStep(c) for c in sides}
         first = sides[0]
+        self.processor = first.processor
         self.spec = first.processor.state
         caches = {c.partition: c.state for c in sides if c.state is not None}
         self.state = RangeState(caches) if caches else None
@@ -239,12 +254,18 @@ class RangeStep(BatchStep):
         """
         tables: list[pa.Table] = []
         dead: dict[str, list[DeadLetter]] = {}
-        for name, step in self.steps.items():
-            records = batches.get(name)
-            if records is None or records.num_rows == 0:
-                continue
+        todo = [(step, records) for name, step in self.steps.items()
+                if (records := batches.get(name)) is not None and records.num_rows]
+        for step, _ in todo:
             step.mode = self.mode
-            table, letters = step.process({name: records})
+        outs = (self.processor.process_partitions([(r, step.context(r)) for step, r in todo])
+                if len(todo) > 1 else
+                [self.processor.process(r, step.context(r)) for step, r in todo])
+        if len(outs) != len(todo):
+            raise ContractError(f"process_partitions returned {len(outs)} results for "
+                                f"{len(todo)} partitions' batches")
+        for (step, records), processed in zip(todo, outs, strict=True):
+            table, letters = step.output(processed, records)
             if table is not None:
                 tables.append(table)
             dead.update(letters)

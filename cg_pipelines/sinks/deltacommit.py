@@ -6,7 +6,7 @@ fencing rules are the sink's (:mod:`cg_pipelines.sinks.delta`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import pyarrow as pa
@@ -16,7 +16,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from cg_pipelines.core.errors import UsageError
 from cg_pipelines.core.write import Append, Merge
 from cg_pipelines.sinks.base import PARTITION_COLUMN, FenceConflictError, Fences, check_fences
-from cg_pipelines.sinks.deltahandle import DeltaHandle, txn
+from cg_pipelines.sinks.deltahandle import DeltaHandle, known_txn, known_txns, txn
 from cg_pipelines.sinks.deltaread import partition_rows
 from cg_pipelines.sinks.deltawrite import cut_snapshot, delta_schema, merge_into
 from cg_pipelines.sinks.lineage import CommitLineage
@@ -30,24 +30,27 @@ CONFLICT_RETRIES: Final = 3
 watermark (a compaction of the same files, for instance); a moved watermark is a fence."""
 
 
-def _moved(dt: DeltaTable | None, watermarks: Mapping[str, tuple[int, int]]
+def _moved(dt: DeltaTable | None, watermarks: Mapping[str, tuple[int, int]],
+           lookup: Callable[[DeltaTable | None, str], int] = txn
            ) -> tuple[str, int, int] | None:
-    """``(app id, expected, found)`` of the first watermark not as expected in ``dt``, or None."""
+    """``(app id, expected, found)`` of the first watermark not as expected in ``dt``, or None
+    (``lookup``: how a watermark is read, :func:`~cg_pipelines.sinks.deltahandle.txn`)."""
     for app_id, (expected, _) in watermarks.items():
-        found = txn(dt, app_id)
+        found = lookup(dt, app_id)
         if found != expected:
             return app_id, expected, found
     return None
 
 
-def _stale(dt: DeltaTable | None, watermarks: Mapping[str, tuple[int, int]]) -> bool:
+def _stale(dt: DeltaTable | None, watermarks: Mapping[str, tuple[int, int]],
+           lookup: Callable[[DeltaTable | None, str], int] = txn) -> bool:
     """Whether held snapshot ``dt`` cannot decide the fence: a watermark is not as expected
     in it (it may only be older than the caller's read), or the log window deleted the log
     entries after it (:func:`~cg_pipelines.sinks.deltawrite.cut_snapshot`: delta-rs can
     neither read its transactions nor commit from it). Either way the latest snapshot
     decides."""
     try:
-        return _moved(dt, watermarks) is not None
+        return _moved(dt, watermarks, lookup) is not None
     except DeltaError as e:
         if cut_snapshot(e):
             return True
@@ -107,15 +110,18 @@ class DeltaWriter:
         version = watermarks[app_id][1]
         with self._t.guard(), self._t.app_lock(app_id):
             remembered, dt, base = self._t.held(app_id)
+            checked = False  # every fence found as expected in dt (no second look)
             if not remembered or self._t.stale(dt, base):
                 dt, base = self._t.fresh()  # see SNAPSHOT_RELOAD_VERSIONS; safe as below
-            elif _stale(dt, watermarks):
+            elif _stale(dt, watermarks, known_txn):  # a cut dt fails its write: handled below
                 # The remembered snapshot may just be older than the caller's ``expected`` (it
                 # read the watermark elsewhere), or cut by the log window: decide on the latest
                 # snapshot. Safe because an app id's versions only grow (``expected <
                 # version`` is enforced), so a watermark that moved away from ``expected``
                 # never comes back to it.
                 dt, base = self._t.fresh()
+            else:
+                checked = True
             if dt is None:
                 if any(exp for exp, _ in watermarks.values()):
                     first = next(a for a, (exp, _) in watermarks.items() if exp)
@@ -128,10 +134,10 @@ class DeltaWriter:
                     raise UsageError(f"{self._t.safe_uri()}: no table yet and no schema to create "
                                      "it with: pass schema= or call ensure_table() first")
                 self.ensure_table(schema)
-                dt, base = self._t.fresh()
+                dt, base, checked = *self._t.fresh(), False
                 if dt is None:  # ensure_table returned, so someone deleted it since
                     raise TableNotFoundError(f"{self._t.safe_uri()}: table vanished after creation")
-            conflict = _moved(dt, watermarks)
+            conflict = None if checked else _moved(dt, watermarks)
             if conflict is not None:
                 self._t.hold(app_id, dt, base)
                 raise FenceConflictError(*conflict)
@@ -185,6 +191,9 @@ class DeltaWriter:
                 written = self._find_version(dt, before, moving, watermarks[moving][1])
             else:
                 written = dt.version()
+                # what this commit wrote is what dt holds at its version
+                known_txns(dt, written, {
+                    **{a: v for a, (_, v) in watermarks.items()}, **(markers or {})})
             self._t.hold(app_id, dt, base)
             if written is not None:
                 self._t.wrote(watermarks, written)

@@ -140,22 +140,27 @@ async def test_dense_and_sparse_partitions_read_only_their_messages(nc, js, uniq
 
 
 def _worker(url: str, stream: str, partition: int, uri: str, step: str, at: int,
-            sig: str = "KILL", batch: int = 40) -> subprocess.Popen:
+            sig: str = "KILL", batch: int = 40, settle_interval_s: float | None = None
+            ) -> subprocess.Popen:
+    settle = [] if settle_interval_s is None else [str(settle_interval_s)]
     return subprocess.Popen(
         [sys.executable, str(ROOT / "tests/support/engine_worker.py"), url, stream, "g",
-         str(partition), uri, str(batch), str(FAST["ack_wait_s"]), step, str(at), sig],
+         str(partition), uri, str(batch), str(FAST["ack_wait_s"]), step, str(at), sig,
+         *settle],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.parametrize("step", ["read", "committed", "purged"])
 async def test_crash_points(nats_server, nc, js, unique_name, tmp_path, step) -> None:
     """SIGKILL the worker after read (before commit), after commit (before purge), after purge
-    (before ack); a rerun completes with the reference result and an empty work queue."""
+    (before ack), each batch settled at once (``settle_interval_s=0``; the default settles
+    several commits together: ``test_settle_interval.py``); a rerun completes with the
+    reference result and an empty work queue."""
     stream = unique_name
     evs = keyed.events(11, 400)
     api = await _setup(js, stream, evs, n=1)
     uri = str(tmp_path / "t")
-    proc = _worker(nats_server.url, stream, 0, uri, step, at=2)
+    proc = _worker(nats_server.url, stream, 0, uri, step, at=2, settle_interval_s=0)
     out, err = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == -signal.SIGKILL, err
     sink = DeltaSink(uri)

@@ -62,16 +62,7 @@ def _events(counts: dict[int, int], n: int, per: int = 3) -> list[tuple[str, int
 
 
 async def _setup(js, stream: str, n: int, evs: list[tuple[str, int]]) -> JetStreamAPI:
-    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"], allow_direct=True))
-    await admin.create_elastic(js, stream, "g", ElasticConfig(
-        n, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
-    await keyed.publish(js, stream, evs)
-    api = JetStreamAPI.from_js(js)
-    for _ in range(200):
-        if (await api.stream_info(f"{stream}-g"))["state"]["messages"] >= len(evs):
-            return api
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{stream}-g did not receive {len(evs)} messages")
+    return await keyed.elastic_group(js, stream, evs, n)
 
 
 async def _left(api: JetStreamAPI, wq: str, partition: int | None = None) -> int:

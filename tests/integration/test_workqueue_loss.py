@@ -11,21 +11,17 @@ paths: a partition's own filtered purge and the one unfiltered purge of a split 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pyarrow as pa
 import pytest
-from nats.js.api import StreamConfig
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.core.errors import PartitionRunError
 from cg_pipelines.engine import WorkQueueLossError
 from cg_pipelines.engine import reads as reads_mod
 from cg_pipelines.engine import side as side_mod
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.runner import run_partition, run_partitions
-from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.jetstream.rangeread import RangeBatch
 from cg_pipelines.sinks.base import app_id_for
@@ -37,16 +33,7 @@ FAST = dict(ack_wait_s=1.5, priority_timeout_s=1.5, hold_wait_s=6.0)
 
 
 async def _setup(js, stream: str, evs: list[tuple[str, int]]) -> JetStreamAPI:
-    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"], allow_direct=True))
-    await admin.create_elastic(js, stream, "g", ElasticConfig(
-        N, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
-    await keyed.publish(js, stream, evs)
-    api = JetStreamAPI.from_js(js)
-    for _ in range(200):
-        if (await api.stream_info(f"{stream}-g"))["state"]["messages"] >= len(evs):
-            return api
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{stream}-g did not receive {len(evs)} messages")
+    return await keyed.elastic_group(js, stream, evs, N)
 
 
 def _skipping(real, skipped: list[int]):

@@ -1,7 +1,8 @@
 """Runs one partition in its own process, for crash (SIGKILL) and zombie (SIGSTOP) tests.
 
 Usage: python tests/support/engine_worker.py URL STREAM GROUP PARTITION TABLE_URI
-       BATCH ACK_WAIT_S SIGNAL_STEP SIGNAL_AT SIGNAL   (SIGNAL: KILL or STOP; step "-" = none)
+       BATCH ACK_WAIT_S SIGNAL_STEP SIGNAL_AT SIGNAL [SETTLE_INTERVAL_S]
+       (SIGNAL: KILL or STOP; step "-" = none; SETTLE_INTERVAL_S: 0 if absent)
 Prints the run result as one JSON line.
 """
 
@@ -26,7 +27,7 @@ async def main() -> None:
     url, stream, group, part, uri, batch, ack_wait, step, at, sig = sys.argv[1:11]
     hook = signal_at(step, at, sig)
     nc = await nats.connect(url)
-    opts = worker_options(batch, ack_wait)
+    opts = worker_options(batch, ack_wait, sys.argv[11] if len(sys.argv) > 11 else None)
     res = await run_partition(nc, stream, group, int(part), keyed.processor(), DeltaSink(uri),
                               opts, hook=hook)
     await nc.close()

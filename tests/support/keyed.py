@@ -14,11 +14,15 @@ import json
 
 import pandas as pd
 import pyarrow as pa
+from nats.js.api import StreamConfig
 
+from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.core.decode import JsonDecoder, JsonField
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.processing import ArrowProcessor
 from cg_pipelines.engine.processor import BatchContext
+from cg_pipelines.jetstream import admin
+from cg_pipelines.jetstream.api import JetStreamAPI
 
 DECODER = JsonDecoder([JsonField("key", "string", nullable=False),
                        JsonField("n", "int", nullable=False)])
@@ -61,6 +65,22 @@ async def publish(js, stream: str, evs: list[tuple[str, int]]) -> None:
     acks = [await js.publish_async(f"{stream}.{k}", json.dumps({"key": k, "n": n}).encode())
             for k, n in evs]
     await asyncio.gather(*acks)
+
+
+async def elastic_group(js, stream: str, evs: list[tuple[str, int]], n: int) -> JetStreamAPI:
+    """Stream ``stream`` (``<stream>.>``, direct gets allowed) with an elastic group ``g`` of
+    ``n`` partitions on the key token (member ``m1``), ``evs`` published and sourced into the
+    work queue ``<stream>-g``; a JetStream API on ``js``'s connection."""
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"], allow_direct=True))
+    await admin.create_elastic(js, stream, "g", ElasticConfig(
+        n, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
+    await publish(js, stream, evs)
+    api = JetStreamAPI.from_js(js)
+    for _ in range(200):
+        if (await api.stream_info(f"{stream}-g"))["state"]["messages"] >= len(evs):
+            return api
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{stream}-g did not receive {len(evs)} messages")
 
 
 def reference(evs: list[tuple[str, int]]) -> pd.DataFrame:

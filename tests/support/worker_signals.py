@@ -25,7 +25,13 @@ def signal_at(step: str, at: str, sig: str) -> Callable[[str, dict], None]:
     return hook
 
 
-def worker_options(batch: str, ack_wait: str) -> EngineOptions:
-    """Engine options from the worker's ``BATCH`` and ``ACK_WAIT_S`` arguments."""
+def worker_options(batch: str, ack_wait: str, settle_interval: str | None = None
+                   ) -> EngineOptions:
+    """Engine options from the worker's ``BATCH``, ``ACK_WAIT_S`` and optional
+    ``SETTLE_INTERVAL_S`` arguments. Without the last, every commit is settled at once
+    (``settle_interval_s=0``), so that the N-th ``purged`` or ``acked`` step, where the tests
+    kill a worker, is the N-th batch's (the default settles several commits together; its
+    kill test passes an interval)."""
     return EngineOptions(batch_max_msgs=int(batch), ack_wait_s=float(ack_wait),
-                         priority_timeout_s=float(ack_wait), hold_wait_s=4 * float(ack_wait))
+                         priority_timeout_s=float(ack_wait), hold_wait_s=4 * float(ack_wait),
+                         settle_interval_s=float(settle_interval or 0))

@@ -61,6 +61,7 @@ def test_the_origin_sequence_column_is_named_once() -> None:
     ({"nats_retry_backoff_s": 4.0}, "nats_retry_backoff_s"),
     ({"executor_read_min_msgs": 0}, "executor_read_min_msgs"),
     ({"dlq_max_age_s": 0.0}, "dlq_max_age_s"),
+    ({"settle_interval_s": -1.0}, "settle_interval_s"),
     ({"dead_letter_policy": "drop"}, "dead_letter_policy"),
 ])
 def test_engine_options_out_of_range_raise_config_error_naming_the_field(
