@@ -127,10 +127,12 @@ def legs_processor() -> SparkProcessor:
     payload (:func:`~flights.data.validate_subject`): a payload that fails either is a dead
     letter. Declares :data:`LEG_STATE`; the result is cast to :data:`~flights.data.LEGS_SCHEMA`
     (Spark reports every computed column as nullable) and sorted by ``_seq``. The session comes
-    from the run (the Dagster Spark resource binds it).
+    from the run (the Dagster Spark resource binds it). ``key_local``: the transform's windows
+    are per tail number, the key the group partitions on, so a run over several partitions
+    transforms them in one Spark job per batch.
     """
     return SparkProcessor(DECODER, legs_transform, state=LEG_STATE, validate=validate_subject,
-                          schema=LEGS_SCHEMA)
+                          schema=LEGS_SCHEMA, key_local=True)
 
 
 # ------------------------------------------------------------------------------ Arrow / pandas

@@ -29,8 +29,9 @@ import copy
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import StorageLevel
@@ -48,11 +49,17 @@ from pyspark.sql.types import (
 
 from cg_pipelines.core.batching import CostModel
 from cg_pipelines.core.decode import JsonDecoder
-from cg_pipelines.core.errors import ColumnNotFoundError, InvariantError, StateError, UsageError
+from cg_pipelines.core.errors import (
+    ColumnNotFoundError,
+    ContractError,
+    InvariantError,
+    StateError,
+    UsageError,
+)
 from cg_pipelines.core.record import RECORD_SCHEMA, SEQ_COLUMN
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.executor_read import RangeProcessed
-from cg_pipelines.engine.processing import Validate, decode_batch, with_state
+from cg_pipelines.engine.processing import Validate, decode_batch, decode_batches, with_state
 from cg_pipelines.engine.processor import BatchContext, DeadLetter, Processed, ProcessorBase
 from cg_pipelines.spark.datasource import SOURCE_NAME, register_jetstream_source
 from cg_pipelines.spark.session import get_spark
@@ -112,6 +119,18 @@ class SparkProcessor(ProcessorBase):
             ``tls_ca``/``tls_cert``/``tls_key`` when the engine's connection uses TLS, or
             ``servers`` and credentials when executors reach NATS by another address than the
             driver. They win over what the engine derives, except the range itself.
+        key_local: the transform computes each key's rows from that key's rows and state
+            alone (window functions partitioned by the key, no aggregate over the batch) and
+            keeps ``_seq``. Then a run over several partitions of a group (a key never spans
+            two) transforms all their rows in ONE Spark job per batch
+            (:meth:`process_partitions`), not one job per partition: each partition's rows
+            decoded and given its own state first, the result handed back to each partition
+            by ``_seq``. That one call's ``ctx`` is the first partition's, with
+            ``first_seq``/``last_seq`` spanning every partition's batch: such a transform must
+            not depend on ``ctx.partition`` or ``ctx.app_id``. Raises
+            :class:`~cg_pipelines.core.errors.ContractError` when the result lacks ``_seq`` or
+            holds a ``_seq`` of no input row. ``False`` (default): one call per partition,
+            exactly as a one-partition run.
 
     ``process`` returns ``Processed(None, dead)`` when no record decodes (Spark is not
     touched), else ``Processed(table, dead)`` with the transform's result as an Arrow table.
@@ -130,6 +149,7 @@ class SparkProcessor(ProcessorBase):
         order_by: str | None = SEQ_COLUMN,
         schema: pa.Schema | None = None,
         read_options: Mapping[str, str | int | bool] | None = None,
+        key_local: bool = False,
     ) -> None:
         self.decoder = decoder
         self.transform = transform
@@ -139,6 +159,7 @@ class SparkProcessor(ProcessorBase):
         self.order_by = order_by
         self.schema = schema
         self.read_options = dict(read_options or {})
+        self.key_local = key_local
         self.cost_model = CostModel()  # shared by bound copies: batch sizing learns across runs
 
     def bind(self, spark: SparkSession) -> SparkProcessor:
@@ -173,6 +194,49 @@ class SparkProcessor(ProcessorBase):
         table = with_state(table, self.state, ctx)
         out = self.transform(self.spark, self.to_dataframe(table), ctx).toArrow()
         return Processed(self._finish(out), dead)
+
+    def process_partitions(self, batches: Sequence[tuple[pa.Table, BatchContext]]
+                           ) -> list[Processed]:
+        """Several partitions' batches of one run: with ``key_local``, every partition's
+        payloads decoded in one call (:func:`~cg_pipelines.engine.processing.decode_batches`),
+        each given its own state, and ONE transform (one Spark job) over all their rows, the
+        result split back by ``_seq``; without it, :meth:`process` per partition.
+
+        Raises:
+            ContractError: (``key_local``) the result lacks ``_seq`` or holds a ``_seq`` of no
+                input row.
+            As :meth:`process`.
+        """
+        if not self.key_local or len(batches) < 2:
+            return [self.process(b, c) for b, c in batches]
+        decoded = decode_batches([b for b, _ in batches], self.decoder, self.validate)
+        parts = [(i, with_state(table, self.state, batches[i][1]))
+                 for i, (table, _) in enumerate(decoded) if table.num_rows]
+        if not parts:
+            return [Processed(None, dead) for _, dead in decoded]
+        first = batches[parts[0][0]][1]
+        ctx = dataclasses.replace(first, first_seq=min(c.first_seq for _, c in batches),
+                                  last_seq=max(c.last_seq for _, c in batches))
+        joined = pa.concat_tables([t for _, t in parts], promote_options="default")
+        out = self.transform(self.spark, self.to_dataframe(joined), ctx).toArrow()
+        if SEQ_COLUMN not in out.column_names:
+            raise ContractError(f"a key_local transform must keep {SEQ_COLUMN!r}; its result "
+                                f"has {out.column_names}")
+        # each result row's partition: the one whose input row has its _seq
+        owner = np.repeat([i for i, _ in parts], [t.num_rows for _, t in parts])
+        at = pc.index_in(out[SEQ_COLUMN].cast(pa.int64()),
+                         value_set=joined[SEQ_COLUMN].cast(pa.int64()))
+        if at.null_count:
+            raise ContractError(f"a key_local transform returned {at.null_count} row(s) whose "
+                                f"{SEQ_COLUMN!r} is no input row's")
+        side = owner[at.to_numpy(zero_copy_only=False)]
+        results: list[Processed] = []
+        for i, (table, dead) in enumerate(decoded):
+            if not table.num_rows:
+                results.append(Processed(None, dead))
+                continue
+            results.append(Processed(self._finish(out.filter(pa.array(side == i))), dead))
+        return results
 
     def _finish(self, out: pa.Table) -> pa.Table:
         if self.order_by is not None and self.order_by in out.column_names:

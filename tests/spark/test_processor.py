@@ -203,3 +203,51 @@ def test_declared_state_without_a_reader_is_an_error(spark) -> None:
     ctx = BatchContext("S", "g", 0, "S/g/0", 1, 1, TableSink(OUT_SCHEMA.empty_table()))
     with pytest.raises(RuntimeError, match="no state reader"):
         proc.process(records([(1, ev("a", 1))]), ctx)
+
+
+def _partition_ctx(sink: TableSink, p: int, first: int, last: int) -> BatchContext:
+    cache = KeyStateCache(STATE, lambda keys: sink.last_rows(
+        STATE.key, keys, STATE.read_columns, STATE.order_by))
+    return BatchContext("S", "g", p, f"S/g/{p}", first, last, sink, cache)  # type: ignore[arg-type]
+
+
+def test_key_local_transforms_every_partition_in_one_call(spark) -> None:
+    # Three partitions of one group (keys never shared), committed state for a and b, a bad
+    # payload in one: ONE transform call gives each partition what its own call gives.
+    committed = pa.table({"key": ["a", "b"], "value": [9, 19], "count": [3, 1],
+                          "_seq": [0, 0]})
+    sink = TableSink(committed)
+    events = {0: [(1, ev("a", 10)), (4, ev("a", 11)), (7, b"{bad")],
+              1: [(2, ev("b", 20)), (5, ev("d", 40)), (8, ev("b", 21))],
+              2: [(3, ev("c", 30)), (6, ev("c", 31))]}
+    items = [(records(e), _partition_ctx(sink, p, e[0][0], e[-1][0])) for p, e in events.items()]
+    calls: list[int] = []
+
+    def counted(spark, df, ctx):
+        calls.append(ctx.partition)
+        return running_count_and_prev(spark, df, ctx)
+
+    fused = SparkProcessor(DECODER, counted, state=STATE, spark=spark, key_local=True)
+    got = fused.process_partitions(items)
+    assert calls == [0]  # one Spark job for the three partitions
+    alone = SparkProcessor(DECODER, counted, state=STATE, spark=spark)
+    want = [alone.process(b, _partition_ctx(sink, c.partition, c.first_seq, c.last_seq))
+            for b, c in items]
+    assert calls == [0, 0, 1, 2]
+    for g, w in zip(got, want, strict=True):
+        assert g.dead == w.dead
+        pd.testing.assert_frame_equal(as_frame(g.table), as_frame(w.table))
+    assert [d.seq for d in got[0].dead] == [7]
+    assert as_frame(got[0].table)["count"].tolist() == [4, 5]  # a continues from its state
+
+
+def test_a_key_local_transform_must_keep_seq(spark) -> None:
+    from cg_pipelines.core.errors import ContractError
+
+    sink = TableSink(OUT_SCHEMA.empty_table())
+    items = [(records([(1, ev("a", 1))]), _partition_ctx(sink, 0, 1, 1)),
+             (records([(2, ev("b", 2))]), _partition_ctx(sink, 1, 2, 2))]
+    proc = SparkProcessor(DECODER, lambda s, df, c: df.select("key"), state=STATE,
+                          spark=spark, key_local=True)
+    with pytest.raises(ContractError, match="must keep '_seq'"):
+        proc.process_partitions(items)
