@@ -36,13 +36,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from nats.js.api import StreamConfig
 
-from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.engine import rebuild_partition
 from cg_pipelines.engine.options import EngineOptions
 from cg_pipelines.engine.runner import run_partition
-from cg_pipelines.jetstream import admin
 from cg_pipelines.jetstream.api import JetStreamAPI
 from cg_pipelines.sinks.base import origin_marker
 from tests.iceberg.conftest import Backend
@@ -53,16 +50,7 @@ WORKER = Path(__file__).resolve().parent / "worker.py"
 
 
 async def _setup(js, stream: str, publish, evs, n: int = 1) -> JetStreamAPI:
-    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
-    await admin.create_elastic(js, stream, "g", ElasticConfig(
-        n, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
-    await publish(js, stream, evs)
-    api = JetStreamAPI.from_js(js)
-    for _ in range(200):
-        if (await api.stream_info(f"{stream}-g"))["state"]["messages"] >= len(evs):
-            return api
-        await asyncio.sleep(0.05)
-    raise AssertionError("the work queue did not receive every message")
+    return await keyed.elastic_group(js, stream, evs, n, publish)
 
 
 async def _left(api: JetStreamAPI, stream: str) -> int:

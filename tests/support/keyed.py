@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 import pandas as pd
 import pyarrow as pa
@@ -67,14 +68,16 @@ async def publish(js, stream: str, evs: list[tuple[str, int]]) -> None:
     await asyncio.gather(*acks)
 
 
-async def elastic_group(js, stream: str, evs: list[tuple[str, int]], n: int) -> JetStreamAPI:
+async def elastic_group(js, stream: str, evs: list, n: int,
+                        publisher: Callable[..., Awaitable[None]] | None = None) -> JetStreamAPI:
     """Stream ``stream`` (``<stream>.>``, direct gets allowed) with an elastic group ``g`` of
-    ``n`` partitions on the key token (member ``m1``), ``evs`` published and sourced into the
-    work queue ``<stream>-g``; a JetStream API on ``js``'s connection."""
+    ``n`` partitions on the key token (member ``m1``), ``evs`` published (by ``publisher``,
+    default :func:`publish`) and sourced into the work queue ``<stream>-g``; a JetStream API
+    on ``js``'s connection."""
     await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"], allow_direct=True))
     await admin.create_elastic(js, stream, "g", ElasticConfig(
         n, (PartitioningFilter(f"{stream}.*", (1,)),), members=("m1",)))
-    await publish(js, stream, evs)
+    await (publisher or publish)(js, stream, evs)
     api = JetStreamAPI.from_js(js)
     for _ in range(200):
         if (await api.stream_info(f"{stream}-g"))["state"]["messages"] >= len(evs):
