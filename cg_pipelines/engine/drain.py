@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -180,7 +181,7 @@ class Drain:
         infos: dict[str, Mapping[str, Any]] = {}
         for c in {s.ctx.read_stream: s.ctx for s in self.leasing}.values():
             infos[c.read_stream] = await c.retry.call(
-                "stream info", lambda c=c: c.api.stream_info(c.read_stream))
+                "stream info", functools.partial(c.api.stream_info, c.read_stream))
         await at_once(self.leasing, lambda s: s.start(infos[s.ctx.read_stream]))
 
     def _end_sides(self) -> None:

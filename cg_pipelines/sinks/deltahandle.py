@@ -15,6 +15,7 @@ their last fresh load.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from contextlib import AbstractContextManager
@@ -97,7 +98,7 @@ def known_txns(dt: DeltaTable, version: int, found: dict[str, int]) -> None:
         got = _TXNS.get(key)
         if got is None or got[0]() is not dt or got[1] != version:
             ref = got[0] if got is not None and got[0]() is dt else weakref.ref(
-                dt, lambda r, k=key: _forget(k, r))
+                dt, functools.partial(_forget, key))
             got = _TXNS[key] = (ref, version, {})
         got[2].update(found)
 
