@@ -196,7 +196,7 @@ class DeltaWriter:
                     **{a: v for a, (_, v) in watermarks.items()}, **(markers or {})})
             self._t.hold(app_id, dt, base)
             if written is not None:
-                self._t.wrote(watermarks, written)
+                self._t.wrote(watermarks, written, carrier=app_id)
                 with self._t.lock:
                     self._versions.append(written)
 

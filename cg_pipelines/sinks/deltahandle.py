@@ -128,9 +128,9 @@ class DeltaHandle:
         # app id -> the view of its run's snapshot (see run_view): present from a watermark
         # read to the run's upkeep; None until a state read takes it.
         self._views: dict[str, TableView | None] = {}
-        # app id -> the version of the last commit that carried its fence, from the commit to
-        # its run's upkeep (see end_run)
-        self._committed: dict[str, int] = {}
+        # app id -> the version of the last commit that carried its fence and the app id whose
+        # snapshot it was made from, from the commit to its run's upkeep (see end_run)
+        self._committed: dict[str, tuple[int, str]] = {}
         self._latest_view: TableView | None = None
         self._reader: DeltaTable | None = None
         self._reader_base = -1
@@ -264,13 +264,15 @@ class DeltaHandle:
             self._views.pop(app_id, None)
             self._committed.pop(app_id, None)
 
-    def wrote(self, app_ids: Iterable[str], version: int) -> None:
+    def wrote(self, app_ids: Iterable[str], version: int, carrier: str | None = None) -> None:
         """Version ``version`` was committed with the fences of ``app_ids`` (a commit of a run
-        over several partitions carries one per partition; only the first app id's snapshot
-        is advanced to it, see :meth:`end_run`)."""
+        over several partitions carries one per partition) from the snapshot of ``carrier``
+        (the first app id by default), the only one advanced to it (see :meth:`end_run`)."""
         with self.lock:
             for a in app_ids:
-                self._committed[a] = max(version, self._committed.get(a, -1))
+                prev = self._committed.get(a)
+                if prev is None or version >= prev[0]:
+                    self._committed[a] = (version, carrier or a)
 
     def _run_dataset(self, app_id: str) -> pads.Dataset | None:
         """The dataset of ``app_id``'s run snapshot as it is now (under its lock: not in the
@@ -321,17 +323,18 @@ class DeltaHandle:
         """End ``app_id``'s run (see :meth:`run_view`) and return the snapshot its upkeep
         works on: during a run, the snapshot its watermark read loaded as its commits
         advanced it, with no reload (the upkeep comes after the run's last commit, under its
-        lease), when it holds the last commit that carried ``app_id``'s fence; else the
-        latest version (one load for every side of a run over several partitions: their
-        commits advanced only the first side's snapshot, see :meth:`wrote`). None: no
-        table."""
+        lease), when it holds the last commit that carried ``app_id``'s fence, or else the
+        snapshot that commit was made from when it holds it (a side of a run over several
+        partitions: their commits advance only the first side's snapshot, see :meth:`wrote`);
+        else the latest version. None: no table."""
         with self.lock:
             on = app_id in self._views
             self._views.pop(app_id, None)
-            committed = self._committed.pop(app_id, -1)
+            committed, carrier = self._committed.pop(app_id, (-1, app_id))
         if on:
-            with self.app_lock(app_id):
-                _, dt, _ = self.held(app_id)
-                if dt is not None and dt.version() >= committed:
-                    return TableView.of(dt, self.filesystem())
+            for holder in dict.fromkeys((app_id, carrier)):  # its own first
+                with self.app_lock(holder):
+                    _, dt, _ = self.held(holder)
+                    if dt is not None and dt.version() >= committed:
+                        return TableView.of(dt, self.filesystem())
         return self.latest_view()

@@ -44,11 +44,13 @@ def test_what_a_commit_wrote_is_remembered_at_its_version_only(tmp_path: Path) -
 def test_an_entry_goes_with_its_snapshot(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
     _commit(uri, 1, range(2))
+    gc.collect()  # earlier tests' snapshots gone first
     before = len(deltahandle._TXNS)
     snaps = [DeltaTable(uri) for _ in range(20)]
     for dt in snaps:
         known_txn(dt, "s/g/0")
-    assert len(deltahandle._TXNS) == before + 20
+    keys = {id(dt) for dt in snaps}
+    assert keys <= set(deltahandle._TXNS)
     del snaps, dt
     gc.collect()
-    assert len(deltahandle._TXNS) == before
+    assert len(deltahandle._TXNS) <= before
