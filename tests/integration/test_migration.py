@@ -215,16 +215,17 @@ KILL_POINTS = [
 goes on to the next point; ``planned`` twice: the removal re-records the freshest view)."""
 
 
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 async def test_a_migration_killed_at_every_step_finishes_when_run_again(
-        nc, js, nats_url, unique_name, tmp_path) -> None:
+        nc, js, nats_url, unique_name, tmp_path, request, table_format: str) -> None:
     """kill -9 of the migrating process at every step (before each action, after each NATS
     change before its record, after each record), each time run again from the start, with
-    traffic flowing and runs draining: one run finishes it and the table equals the
-    reference (8 -> 32)."""
+    traffic flowing and runs draining: one run finishes it and the table (Delta, Iceberg)
+    equals the reference (8 -> 32)."""
     s = unique_name
     await _group(js, s, 8)
-    evs = keyed.events(n_keys=61, n_events=2400)
-    sink = DeltaSink(str(tmp_path / "t"))
+    evs = keyed.events(n_keys=61, n_events=2400 if table_format == "delta" else 1200)
+    sink = _sink(table_format, request, tmp_path)
     await keyed.publish(js, s, evs[:600])
     runs = Runs(nc, s, sink)
     traffic = Traffic(js, s, evs[600:], per_s=400)
