@@ -130,7 +130,7 @@ WHEEL=$(ls "$WORK"/dist/*.whl)
 TEST_DEPS=$("$DEV/python" - "$REPO/pyproject.toml" <<'PYEOF'
 import re, sys, tomllib
 dev = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["dev"]
-print("\n".join(r for r in dev if re.match(r"pytest-asyncio\b", r)))
+print("\n".join(r for r in dev if re.match(r"pytest-(asyncio|timeout)\b", r)))
 PYEOF
 )
 

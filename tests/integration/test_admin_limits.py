@@ -38,6 +38,8 @@ from cg_pipelines.jetstream.members import GroupMsg, MemberConfig, elastic_consu
 from tests.support.wait import wait_for
 
 HANG_GUARD_S = 20  # a hang guard, not a timing test: each call returns at once
+# hang_guard owns SIGALRM here: pytest-timeout watches these tests from a thread instead.
+pytestmark = pytest.mark.timeout(method="thread")
 
 
 class Hung(Exception):
