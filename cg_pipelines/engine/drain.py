@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -153,7 +152,7 @@ class Drain:
             await self._start_all()
             self.reads.choose()
         for side in self.leasing if not self.independent else ():
-            await side.start()
+            await side.start(await side.stream_info())
             if self.res.status == "held":
                 if len(self.sides) > 1:
                     self.res.detail = f"input {side.name}: {self.res.detail}"
@@ -179,9 +178,8 @@ class Drain:
         after the run gave its leases back). The sides reading one stream share one stream
         info request."""
         infos: dict[str, Mapping[str, Any]] = {}
-        for c in {s.ctx.read_stream: s.ctx for s in self.leasing}.values():
-            infos[c.read_stream] = await c.retry.call(
-                "stream info", functools.partial(c.api.stream_info, c.read_stream))
+        for side in {s.ctx.read_stream: s for s in self.leasing}.values():
+            infos[side.ctx.read_stream] = await side.stream_info()
         await at_once(self.leasing, lambda s: s.start(infos[s.ctx.read_stream]))
 
     def _end_sides(self) -> None:

@@ -433,9 +433,10 @@ class LeaseHolder:
                 raise
         await ctx.retry.call("ack", once)
 
-    async def ack_each(self, lease: Lease, last: int) -> None:
+    async def ack_each(self, lease: Lease, last: int, read: int | None = None) -> None:
         """Static groups: ack every held message up to ``last``, nak the rest, and flush (one
-        round trip for all)."""
+        round trip for all). ``read`` (the messages read, a side's settle argument) is not
+        needed: a static group's messages are acked one by one, nothing is purged."""
         ctx = self.ctx
         for m in lease.msgs:
             if m.metadata.sequence.stream <= last:

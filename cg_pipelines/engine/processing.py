@@ -33,6 +33,7 @@ __all__ = [
     "Validate",
     "decode_batch",
     "decode_batches",
+    "prepare_batches",
     "with_state",
 ]
 
@@ -127,6 +128,25 @@ def with_state(table: pa.Table, spec: KeyedState | None, ctx: BatchContext) -> p
     return attach_state(table, ctx.state.lookup(keys_of(table, spec.key)), spec)
 
 
+def prepare_batches(
+    batches: Sequence[tuple[pa.Table, BatchContext]],
+    decoder: JsonDecoder,
+    validate: Validate | None,
+    state: KeyedState | None,
+) -> list[tuple[pa.Table | None, list[DeadLetter]]]:
+    """What a transform sees of each of ``batches`` (one per partition of a run, each with its
+    own context): its good rows decoded (:func:`decode_batches`: one decode for all) with
+    that partition's declared state attached (:func:`with_state`), or ``None`` when no row
+    decoded; and its dead letters. In the order of ``batches``.
+
+    Raises:
+        StateError: as :func:`with_state`.
+    """
+    decoded = decode_batches([b for b, _ in batches], decoder, validate)
+    return [(with_state(table, state, ctx) if table.num_rows else None, dead)
+            for (table, dead), (_, ctx) in zip(decoded, batches, strict=True)]
+
+
 class ArrowProcessor(ProcessorBase):
     """Processing step on Arrow (or pandas): :func:`decode_batch`, then the declared per-key
     state attached (:func:`with_state`), then ``transform(table, ctx)`` on the good rows.
@@ -159,23 +179,21 @@ class ArrowProcessor(ProcessorBase):
 
     def process(self, batch: pa.Table, ctx: BatchContext) -> Processed:
         """Decode, attach state, transform; ``Processed(None, dead)`` when no row decodes."""
-        table, dead = decode_batch(batch, self.decoder, self.validate)
-        return self._transformed(table, dead, ctx)
+        return self.process_partitions([(batch, ctx)])[0]
 
     def process_partitions(self, batches: Sequence[tuple[pa.Table, BatchContext]]
                            ) -> list[Processed]:
         """Several partitions' batches: every payload decoded in ONE call
-        (:func:`decode_batches`), then each partition's rows through the state and the
-        transform with its own context, as :meth:`process` does."""
-        decoded = decode_batches([b for b, _ in batches], self.decoder, self.validate)
+        (:func:`prepare_batches`), then each partition's rows through the transform with its
+        own context, as :meth:`process` does."""
+        prepared = prepare_batches(batches, self.decoder, self.validate, self.state)
         return [self._transformed(table, dead, ctx)
-                for (table, dead), (_, ctx) in zip(decoded, batches, strict=True)]
+                for (table, dead), (_, ctx) in zip(prepared, batches, strict=True)]
 
-    def _transformed(self, table: pa.Table, dead: list[DeadLetter], ctx: BatchContext
+    def _transformed(self, table: pa.Table | None, dead: list[DeadLetter], ctx: BatchContext
                      ) -> Processed:
-        if table.num_rows == 0:
+        if table is None:
             return Processed(None, dead)
-        table = with_state(table, self.state, ctx)
         if not self.pandas:
             return Processed(self.transform(table, ctx), dead)
         out = self.transform(table.to_pandas(), ctx)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -33,8 +34,9 @@ from cg_pipelines.jetstream.rangeread import read_range
 
 __all__ = ["Prefetch", "Settle", "Side", "bounds", "drop_prefetch", "last_origin_seq"]
 
-Settle = Callable[[Lease, int], Awaitable[None]]
-"""``settle(lease, last)``: what a side does after a commit through sequence ``last``."""
+Settle = Callable[[Lease, int, "int | None"], Awaitable[None]]
+"""``settle(lease, last, read)``: what a side does after a commit through sequence ``last``;
+``read``: the messages of the partition the run read up to ``last`` (None: not counted)."""
 
 Prefetch = tuple[int, "asyncio.Task[pa.Table]"]
 """A range read ahead: its first sequence and the task reading it."""
@@ -98,7 +100,6 @@ class Side:
         self.name = ctx.name
         self.settle: Settle = settle or self.purge_and_ack
         self.lease: Lease | None = None
-        self.settling: int | None = None  # messages read of the batch being settled
         self.start_last = 0
         self.dense = False
         self.queue_messages = 0
@@ -108,14 +109,12 @@ class Side:
 
     # ------------------------------------------------------------------ start and leases
 
-    async def start(self, info: Mapping[str, Any] | None = None) -> None:
+    async def start(self, info: Mapping[str, Any]) -> None:
         """The stream's last sequence now (the run reads no further), the first lease (None:
         the partition is empty or held, status set) and whether to read unfiltered.
-        ``info``: the stream info of the stream read, asked just before (the sides of a run
-        over several partitions of one group share one request); None: asked here."""
+        ``info``: the stream info of the stream read (:meth:`stream_info`), asked just before
+        (the sides of a run over several partitions of one group share one request)."""
         c = self.ctx
-        if info is None:
-            info = await c.retry.call("stream info", lambda: c.api.stream_info(c.read_stream))
         self.start_last = int(info["state"].get("last_seq") or 0)
         self.lease = await self.holder.take()
         # Dense partition: when it holds 90 % of the work queue's messages or more, reading the
@@ -124,6 +123,12 @@ class Side:
         # message sent and filtered wins (bench/range_read.py: break-even at about 0.9).
         self.queue_messages = int(info["state"].get("messages") or 0)
         self.dense = 10 * c.pending >= 9 * self.queue_messages
+
+    async def stream_info(self) -> Mapping[str, Any]:
+        """The stream info of the stream this side reads (retried), for :meth:`start`."""
+        c = self.ctx
+        return await c.retry.call("stream info",
+                                  functools.partial(c.api.stream_info, c.read_stream))
 
     def late(self) -> bool:
         """The held lease arrived after the run started (left for the next run)."""
@@ -265,10 +270,10 @@ class Side:
         if read is not None and purged > read:
             raise WorkQueueLossError(c.read_stream, c.partition, below, read, purged)
 
-    async def purge_and_ack(self, lease: Lease, last: int) -> None:
+    async def purge_and_ack(self, lease: Lease, last: int, read: int | None) -> None:
         """Settle for a work queue: purge the partition below ``last + 1`` (checked against
-        the messages read, :meth:`purge`), then ack the lease."""
-        await self.purge(last + 1, self.settling)
+        the ``read`` messages, :meth:`purge`), then ack the lease."""
+        await self.purge(last + 1, read)
         self.ctx.step("purged", last_seq=last)
         await self.holder.ack(lease)
 
@@ -284,11 +289,7 @@ class Side:
             self.ctx.step("purged", last_seq=last)
             await self.holder.ack(self.lease)
         else:
-            self.settling = messages
-            try:
-                await self.settle(self.lease, last)
-            finally:
-                self.settling = None
+            await self.settle(self.lease, last, messages)
         c = self.ctx
         c.settled_through = last
         if c.inflight is not None and c.inflight[1] <= last:

@@ -59,7 +59,7 @@ from cg_pipelines.core.errors import (
 from cg_pipelines.core.record import RECORD_SCHEMA, SEQ_COLUMN
 from cg_pipelines.core.state import KeyedState
 from cg_pipelines.engine.executor_read import RangeProcessed
-from cg_pipelines.engine.processing import Validate, decode_batch, decode_batches, with_state
+from cg_pipelines.engine.processing import Validate, decode_batch, prepare_batches
 from cg_pipelines.engine.processor import BatchContext, DeadLetter, Processed, ProcessorBase
 from cg_pipelines.spark.datasource import SOURCE_NAME, register_jetstream_source
 from cg_pipelines.spark.session import get_spark
@@ -188,17 +188,17 @@ class SparkProcessor(ProcessorBase):
             Whatever the transform or Spark raises (e.g. ``pyspark.errors.AnalysisException``);
             the engine then commits nothing for the batch.
         """
-        table, dead = decode_batch(batch, self.decoder, self.validate)
-        if table.num_rows == 0:
+        [(table, dead)] = prepare_batches([(batch, ctx)], self.decoder, self.validate,
+                                          self.state)
+        if table is None:
             return Processed(None, dead)
-        table = with_state(table, self.state, ctx)
         out = self.transform(self.spark, self.to_dataframe(table), ctx).toArrow()
         return Processed(self._finish(out), dead)
 
     def process_partitions(self, batches: Sequence[tuple[pa.Table, BatchContext]]
                            ) -> list[Processed]:
         """Several partitions' batches of one run: with ``key_local``, every partition's
-        payloads decoded in one call (:func:`~cg_pipelines.engine.processing.decode_batches`),
+        payloads decoded in one call (:func:`~cg_pipelines.engine.processing.prepare_batches`),
         each given its own state, and ONE transform (one Spark job) over all their rows, the
         result split back by ``_seq``; without it, :meth:`process` per partition.
 
@@ -209,11 +209,10 @@ class SparkProcessor(ProcessorBase):
         """
         if not self.key_local or len(batches) < 2:
             return [self.process(b, c) for b, c in batches]
-        decoded = decode_batches([b for b, _ in batches], self.decoder, self.validate)
-        parts = [(i, with_state(table, self.state, batches[i][1]))
-                 for i, (table, _) in enumerate(decoded) if table.num_rows]
+        prepared = prepare_batches(batches, self.decoder, self.validate, self.state)
+        parts = [(i, table) for i, (table, _) in enumerate(prepared) if table is not None]
         if not parts:
-            return [Processed(None, dead) for _, dead in decoded]
+            return [Processed(None, dead) for _, dead in prepared]
         first = batches[parts[0][0]][1]
         ctx = dataclasses.replace(first, first_seq=min(c.first_seq for _, c in batches),
                                   last_seq=max(c.last_seq for _, c in batches))
@@ -231,8 +230,8 @@ class SparkProcessor(ProcessorBase):
                                 f"{SEQ_COLUMN!r} is no input row's")
         side = owner[at.to_numpy(zero_copy_only=False)]
         results: list[Processed] = []
-        for i, (table, dead) in enumerate(decoded):
-            if not table.num_rows:
+        for i, (table, dead) in enumerate(prepared):
+            if table is None:
                 results.append(Processed(None, dead))
                 continue
             results.append(Processed(self._finish(out.filter(pa.array(side == i))), dead))

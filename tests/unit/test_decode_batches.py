@@ -1,4 +1,5 @@
-"""``decode_batches`` and ``ArrowProcessor.process_partitions`` (``engine/processing.py``):
+"""``decode_batches``, ``prepare_batches`` and ``ArrowProcessor.process_partitions``
+(``engine/processing.py``):
 several partitions' batches decoded in ONE call give exactly what one ``decode_batch`` (one
 ``process``) per batch gives: the same rows, the same dead letters on the same batch, with
 malformed payloads, a validation rule and empty batches among them."""
@@ -13,7 +14,13 @@ import pytest
 
 from cg_pipelines.core.decode import JsonDecoder, JsonField
 from cg_pipelines.core.record import RECORD_SCHEMA
-from cg_pipelines.engine.processing import ArrowProcessor, decode_batch, decode_batches
+from cg_pipelines.core.state import KeyedState
+from cg_pipelines.engine.processing import (
+    ArrowProcessor,
+    decode_batch,
+    decode_batches,
+    prepare_batches,
+)
 from cg_pipelines.engine.processor import BatchContext
 
 DECODER = JsonDecoder([JsonField("key", "string", nullable=False),
@@ -83,3 +90,34 @@ def test_process_partitions_gives_each_partition_what_process_gives() -> None:
     for g, w in zip(got, want, strict=True):
         assert g.dead == w.dead
         assert g.table is not None and w.table is not None and g.table.equals(w.table)
+
+
+class _PartitionState:
+    """A partition's state reader: ``v`` of every key is ``10 * partition``; records asks."""
+
+    def __init__(self, partition: int, asked: list[int]) -> None:
+        self.partition, self.asked = partition, asked
+
+    def lookup(self, keys: object) -> pa.Table:
+        self.asked.append(self.partition)
+        ks = sorted(keys)  # type: ignore[call-overload]
+        return pa.table({"key": ks, "_seq": [0] * len(ks), "v": [10 * self.partition] * len(ks)})
+
+
+def test_prepare_batches_attaches_each_partition_s_own_state() -> None:
+    asked: list[int] = []
+    rnd = random.Random(3)
+    bad = _batch(rnd, 1, 5, 1).set_column(4, RECORD_SCHEMA.field("data"), pa.array([b"{"] * 5))
+    batches = [_batch(rnd, 1, 20, 0), bad, _batch(rnd, 2, 20, 2)]
+    items = [(b, BatchContext("s", "g", p, f"app{p}", 1, 100, None,  # type: ignore[arg-type]
+                              state=_PartitionState(p, asked)))
+             for p, b in enumerate(batches)]
+    got = prepare_batches(items, DECODER, None, KeyedState("key", ("v",)))
+    assert asked == [0, 2]  # the batch where nothing decodes asks for no state
+    assert got[1] == (None, decode_batch(bad, DECODER)[1]) and len(got[1][1]) == 5
+    for p in (0, 2):
+        table, dead = got[p]
+        want, want_dead = decode_batch(batches[p], DECODER)
+        assert table is not None and dead == want_dead
+        assert table.drop_columns(["last_v"]).equals(want)
+        assert set(table["last_v"].to_pylist()) == {10 * p}
