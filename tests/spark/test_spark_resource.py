@@ -103,18 +103,22 @@ _REUSE_CHILD = """
             s.release_session_on_close = False
             s.stop()
 
+    # The shared session's window: one window from 1970 to the year 2286, so that no two runs
+    # of this test fall in different windows (with 600 s, a loaded machine's runs straddled a
+    # window's end: the fallback run got the next window's fresh id, with no warning).
+    WINDOW = 1e10
     out = {{}}
-    for reuse in (600.0, 0.0):
+    for name, reuse in (("shared", WINDOW), ("fresh", 0.0)):
         seen.clear()
         res = SparkResource(remote=URL, session_reuse_s=reuse)
         for p in ("p0", "p0", "p1"):
             assert materialize([thing], partition_key=p, resources={{"spark": res}}).success
-        out[str(reuse)] = {{"seen": [list(x) for x in seen], "after": views_of(seen[0][1])}}
+        out[name] = {{"seen": [list(x) for x in seen], "after": views_of(seen[0][1])}}
     # the shared session closed by someone: the next run falls back to a fresh session
-    shared = out["600.0"]["seen"][0][1]
+    shared = out["shared"]["seen"][0][1]
     stop_session(SparkSession.builder.remote(with_session_id(URL, shared)).create())
     seen.clear()
-    res = SparkResource(remote=URL, session_reuse_s=600.0)
+    res = SparkResource(remote=URL, session_reuse_s=WINDOW)
     assert materialize([thing], partition_key="p0", resources={{"spark": res}}).success
     out["fallback"] = [list(x) for x in seen]
     out["warnings"] = [ln for ln in buf.getvalue().splitlines() if "closed by the server" in ln]
@@ -130,15 +134,15 @@ def test_spark_connect_session_reuse(connect_server: SparkConnectServer) -> None
     fresh one, with a warning."""
     out = _child(_REUSE_CHILD.format(url=connect_server.url))
     res = json.loads(out.split("RESULT ", 1)[1])
-    (p0a, id0a, v0a), (p0b, id0b, v0b), (p1, id1, v1) = res["600.0"]["seen"]
+    (p0a, id0a, v0a), (p0b, id0b, v0b), (p1, id1, v1) = res["shared"]["seen"]
     assert (p0a, p0b, p1) == ("p0", "p0", "p1")
     assert id0a == id0b != id1
     assert (v0a, v0b, v1) == ([], ["last"], [])
-    assert res["600.0"]["after"] == ["last"]  # not released: the view is still there
-    ids = [x[1] for x in res["0.0"]["seen"]]
+    assert res["shared"]["after"] == ["last"]  # not released: the view is still there
+    ids = [x[1] for x in res["fresh"]["seen"]]
     assert len(set(ids)) == 3 and not {*ids} & {id0a, id1}
-    assert [x[2] for x in res["0.0"]["seen"]] == [[], [], []]
-    assert res["0.0"]["after"] == "INVALID_HANDLE.SESSION_CLOSED"  # released at the run's end
+    assert [x[2] for x in res["fresh"]["seen"]] == [[], [], []]
+    assert res["fresh"]["after"] == "INVALID_HANDLE.SESSION_CLOSED"  # released at the run's end
     [(p, fresh, views)] = res["fallback"]
     assert p == "p0" and fresh != id0a and views == []
     assert len(res["warnings"]) == 1, res["warnings"]
