@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -39,8 +40,12 @@ SESSION_TOKEN_VAR = "CG_TEST_SESSION_TOKEN"
 """Environment variable every process the suite starts inherits (one token per session)."""
 _SESSION_TOKEN = os.environ.setdefault(SESSION_TOKEN_VAR, uuid.uuid4().hex)
 # ``import airflow`` writes $AIRFLOW_HOME/airflow.cfg and logs/ (default ~/airflow): tests that
-# import cg_pipelines.airflow (or walk the package) use a throwaway home instead.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="cg-airflow-home-"))
+# import cg_pipelines.airflow (or walk the package) use a throwaway home instead, made by the
+# controlling process (xdist workers inherit it) and removed at the end of its session.
+_AIRFLOW_HOME_MADE = None if "AIRFLOW_HOME" in os.environ else tempfile.mkdtemp(
+    prefix="cg-airflow-home-")
+if _AIRFLOW_HOME_MADE is not None:
+    os.environ["AIRFLOW_HOME"] = _AIRFLOW_HOME_MADE
 LEFTOVER_GRACE_S = 10.0
 """Seconds a process may take to exit after the session's fixtures stopped it."""
 _LEFTOVERS: list[str] = []
@@ -93,12 +98,15 @@ def report() -> list[str]:
 @pytest.hookimpl(trylast=True)  # after pytest-xdist's own (also trylast) has ended its workers
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if a process it started is still running (after every fixture's teardown
-    and a grace of :data:`LEFTOVER_GRACE_S`); kill such processes so none outlives the run.
-    Only in the controlling process (``xdist`` workers share its token and report there)."""
+    and a grace of :data:`LEFTOVER_GRACE_S`); kill such processes so none outlives the run;
+    remove the throwaway ``AIRFLOW_HOME``. Only in the controlling process (``xdist`` workers
+    share its token and home and report there)."""
     end_gateway_jvm()  # a test's in-process Spark (the Spark fixture ends it too)
     if hasattr(session.config, "workerinput"):  # an xdist worker: its figures to the controller
         session.config.workeroutput["cg_figures"] = list(FIGURES)  # type: ignore[attr-defined]
         return
+    if _AIRFLOW_HOME_MADE is not None:
+        shutil.rmtree(_AIRFLOW_HOME_MADE, ignore_errors=True)
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := with_token(SESSION_TOKEN_VAR, _SESSION_TOKEN)) and time.monotonic() < deadline:
         time.sleep(0.5)  # poll interval (deadline: LEFTOVER_GRACE_S)
