@@ -142,8 +142,8 @@ def main() -> None:
             out = measure(f"s3://{bucket}/t", s3.storage_options(), args.versions,
                           args.repeats)
     else:
-        out = measure(os.path.join(tempfile.mkdtemp(prefix="cg-log-cost-"), "t"), None,
-                      args.versions, args.repeats)
+        with tempfile.TemporaryDirectory(prefix="cg-log-cost-") as tmp:
+            out = measure(os.path.join(tmp, "t"), None, args.versions, args.repeats)
     (a_n, a), (b_n, b) = out[0], out[-1]
     print(f"delta_log_cost ({args.store}): sink commit {a:.1f} ms at {a_n:,d} log files, "
           f"{b:.1f} ms at {b_n:,d} log files (x{b / a:.2f})")
