@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from cg_pipelines.local.spawn import with_default_signals
+
 DAGSTER_BIN = Path(sys.executable).with_name("dagster")
 DAEMON_BIN = Path(sys.executable).with_name("dagster-daemon")
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
@@ -169,11 +171,6 @@ def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
             continue
 
 
-def _reset_signals() -> None:  # pragma: no cover - runs in the forked child
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-
-
 def run_queued(root: Path, home: Path, env: dict[str, str], partitions: list[str],
                job: str = "aircraft_legs_job", timeout_s: float = 1200.0,
                workspace: str = "workspace.yaml", location: str | None = None
@@ -193,9 +190,9 @@ def run_queued(root: Path, home: Path, env: dict[str, str], partitions: list[str
         _ = (instance.event_log_storage, instance.schedule_storage)
     log = home / "daemon.log"
     with log.open("wb") as out:
-        daemon = subprocess.Popen([str(DAEMON_BIN), "run", "-w", workspace], cwd=root,
-                                  env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True, preexec_fn=_reset_signals)
+        daemon = subprocess.Popen(
+            with_default_signals([str(DAEMON_BIN), "run", "-w", workspace]), cwd=root, env=env,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         sub = subprocess.run(
             [str(DAGSTER_BIN), "job", "backfill", "-w", workspace, "-j", job,

@@ -116,7 +116,7 @@ deptry_area iceberg "iceberg dagster" \
 deptry_area testing "testing" \
   "cg_pipelines/(core|engine|jetstream|cli|airflow|spark|dagster|sinks)/|cg_pipelines/local/spark_cluster\.py|$TOP"
 deptry_area local-spark "spark" \
-  "cg_pipelines/(core|engine|jetstream|cli|airflow|spark|dagster|sinks|testing)/|cg_pipelines/local/(__init__|nats_server|postgres)\.py|$TOP"
+  "cg_pipelines/(core|engine|jetstream|cli|airflow|spark|dagster|sinks|testing)/|cg_pipelines/local/(__init__|nats_server|postgres|spawn)\.py|$TOP"
 [ "${ENDS[*]}" != deptry ] || exit 0   # `stack_matrix.sh deptry`: this step only
 
 # 1. The distributions, once.

@@ -19,7 +19,6 @@ All durations in this module are seconds (``float``).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib.metadata
 import os
@@ -31,11 +30,11 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 from cg_pipelines.core.errors import CgError
+from cg_pipelines.local.spawn import with_default_signals
 
 __all__ = [
     "MIN_NATS_SERVER_VERSION",
@@ -183,28 +182,6 @@ def find_nats_server() -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _reset_signals_in_child() -> None:  # pragma: no cover - runs in the forked child
-    """``preexec_fn``: default SIGINT/SIGTERM dispositions and an empty mask for them.
-
-    Ignored dispositions and blocked masks survive ``exec``; a server started from a process that
-    ignores these signals would otherwise ignore our SIGTERM.
-    """
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-
-
-def _reset_signals_and_die_with_parent() -> None:  # pragma: no cover - forked child
-    """``preexec_fn``: :func:`_reset_signals_in_child` plus ``PR_SET_PDEATHSIG`` = SIGKILL (Linux),
-    so the server is killed when the thread that started it exits."""
-    _reset_signals_in_child()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-
-
 class NatsServer:
     """A local ``nats-server`` process with JetStream, usable as a context manager.
 
@@ -343,12 +320,11 @@ class NatsServer:
         log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                argv,
+                self._launch(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=self._preexec(),
                 close_fds=True,
             )
         try:
@@ -358,12 +334,13 @@ class NatsServer:
             raise
         return self
 
-    def _preexec(self) -> Callable[[], None] | None:
+    def _launch(self, argv: list[str]) -> list[str]:
+        """``argv`` started with default signal dispositions (and, with ``die_with_parent``,
+        ``PR_SET_PDEATHSIG``) on POSIX: :func:`~cg_pipelines.local.spawn.with_default_signals`
+        (no ``preexec_fn``: it can hang a process with threads)."""
         if os.name != "posix":
-            return None
-        if self.die_with_parent and sys.platform.startswith("linux"):
-            return _reset_signals_and_die_with_parent
-        return _reset_signals_in_child
+            return argv
+        return with_default_signals(argv, die_with_parent=self.die_with_parent)
 
     def _log_since(self, offset: int) -> str:
         try:

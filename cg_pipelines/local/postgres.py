@@ -89,13 +89,6 @@ def _run_as() -> pwd.struct_passwd | None:
                               "exists to run PostgreSQL as")
 
 
-def _child_setup() -> None:  # pragma: no cover - runs in the forked child
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-    os.setsid()
-
-
 class PostgresServer:
     """A PostgreSQL server with its own data directory on 127.0.0.1 (stopped by PID).
 
@@ -137,7 +130,11 @@ class PostgresServer:
 
     def _popen_kwargs(self) -> dict[str, object]:
         user = _run_as()
-        kw: dict[str, object] = {"preexec_fn": _child_setup, "env": {
+        # A session of its own (stopped by its group), and no preexec_fn: it can hang a process
+        # with threads (cg_pipelines.local.spawn). The postmaster installs its own handlers for
+        # the signals it is stopped with (SIGINT, SIGTERM, SIGQUIT), so dispositions it
+        # inherits do not matter, and it runs as another user who may not reach this Python.
+        kw: dict[str, object] = {"start_new_session": True, "env": {
             "PATH": os.environ.get("PATH", ""), "LC_ALL": "C", "LANG": "C"}}
         if user is not None:
             kw.update(user=user.pw_uid, group=user.pw_gid, extra_groups=[])

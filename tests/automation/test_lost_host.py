@@ -36,10 +36,11 @@ from nats.js.api import StreamConfig
 from cg_pipelines.core.config import ElasticConfig, PartitioningFilter
 from cg_pipelines.core.subjects import partition_for
 from cg_pipelines.jetstream import admin
+from cg_pipelines.local.spawn import with_default_signals
 from cg_pipelines.sinks.delta import DeltaSink
 from tests.support import keyed
 from tests.support.daemon import BIN, ROOT, make_home, partition_runs, wait_until
-from tests.support.dagster_dev import default_signals, stop_process_group
+from tests.support.dagster_dev import stop_process_group
 from tests.support.procs import kill, with_token
 
 LOCATION = '''\
@@ -101,8 +102,8 @@ def _host(name: str, port: int, location: Path, env: dict[str, str],
            "--host", "127.0.0.1", "--port", str(port), "-f", str(location), "-d", str(ROOT),
            "--location-name", "loc"]
     with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=default_signals)
+        proc = subprocess.Popen(with_default_signals(cmd), cwd=ROOT, env=full, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while subprocess.run([str(BIN / "dagster"), "api", "grpc-health-check", "--port",
@@ -168,9 +169,10 @@ async def test_run_lost_with_its_host_is_retried_and_a_live_one_is_not(
             assert out.returncode == 0, out.stdout + out.stderr
             with (home / "daemon.log").open("ab") as log:
                 daemon = subprocess.Popen(
-                    [str(BIN / "dagster-daemon"), "run", "-w", str(tmp_path / "workspace.yaml")],
+                    with_default_signals([str(BIN / "dagster-daemon"), "run", "-w",
+                                          str(tmp_path / "workspace.yaml")]),
                     cwd=ROOT, env=full, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=default_signals)
+                    start_new_session=True)
             try:
                 # 1. both runs block inside their transform, on host-a
                 for p in (0, 1):

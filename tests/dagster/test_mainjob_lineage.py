@@ -15,7 +15,8 @@ import pytest
 from deltalake import DeltaTable
 
 from cg_pipelines import __version__
-from tests.support.dagster_dev import default_signals, stop_process_group
+from cg_pipelines.local.spawn import with_default_signals
+from tests.support.dagster_dev import stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 2000
@@ -36,10 +37,10 @@ def test_main_job_history_shows_lineage(tmp_path: Path) -> None:
     # Output to a file, the job in its own process group: a child left behind (nats-server,
     # Spark's JVM) can neither hold a pipe open nor outlive the test.
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "mainjob", "--limit", str(LIMIT)],
-                                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=default_signals)
+        proc = subprocess.Popen(
+            with_default_signals([sys.executable, "-m", "mainjob", "--limit", str(LIMIT)]),
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
         try:
             rc = proc.wait(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:

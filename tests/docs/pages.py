@@ -64,7 +64,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.dagster_dev import default_signals, free_port, stop_process_group
+from cg_pipelines.local.spawn import with_default_signals
+from tests.support.dagster_dev import free_port, stop_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```", re.M | re.S)
@@ -280,9 +281,9 @@ class Page:
             log = self.cwd / f".{'-'.join(words[:2])}.log"
         t0 = time.monotonic()
         with open(log, "ab") as out:  # the child keeps its own copy
-            proc = subprocess.Popen(words, cwd=self.cwd, env=self.env, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=default_signals)
+            proc = subprocess.Popen(with_default_signals(words), cwd=self.cwd, env=self.env,
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         self.background.append(Background(words, proc, log))
         if words[:2] not in AIRFLOW_SERVERS:
             return

@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.support.dagster_dev import PROJECT_ROOT, default_signals, free_port
+from cg_pipelines.local.spawn import with_default_signals
+from tests.support.dagster_dev import PROJECT_ROOT, free_port
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -105,9 +106,9 @@ class AirflowStack:
             log = open(self.home / f"{name}.log", "ab")  # the child keeps its own copy
             try:
                 self.procs[name] = subprocess.Popen(
-                    [AIRFLOW, name], env=self.env, cwd=self.home, stdout=log,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True, preexec_fn=default_signals)
+                    with_default_signals([AIRFLOW, name]), env=self.env, cwd=self.home,
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True)
             finally:
                 log.close()
         return self

@@ -15,7 +15,8 @@ from pathlib import Path
 from dagster import DagsterInstance, DagsterRun, RunsFilter
 
 from cg_pipelines.dagster.history import CHECK_MODE, MODE_TAG
-from tests.support.dagster_dev import default_signals, stop_process_group
+from cg_pipelines.local.spawn import with_default_signals
+from tests.support.dagster_dev import stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -63,10 +64,10 @@ def daemon(home: Path, location: Path, env: Mapping[str, str]) -> Iterator[subpr
     (process group, SIGKILL fallback) on exit. Its output goes to ``home/daemon.log``."""
     full = {**os.environ, **env, "DAGSTER_HOME": str(home)}
     with (home / "daemon.log").open("ab") as log:
-        proc = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-f", str(location),
-                                 "-d", str(ROOT)], cwd=ROOT, env=full, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=default_signals)
+        proc = subprocess.Popen(
+            with_default_signals([str(BIN / "dagster-daemon"), "run", "-f", str(location),
+                                  "-d", str(ROOT)]),
+            cwd=ROOT, env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield proc
     finally:

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from cg_pipelines.local.spawn import with_default_signals
 from tests.support.procs import listening
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -52,14 +53,6 @@ def configure_dagster_home(home: Path) -> Path:
     config.setdefault("nux", {})["enabled"] = False
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return home
-
-
-def default_signals() -> None:  # pragma: no cover - runs in the forked child
-    """``preexec_fn``: default SIGINT/SIGTERM/SIGHUP dispositions, unblocked (ignored or
-    blocked signals survive ``exec``)."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], timeout_s: float = 5.0,
@@ -155,9 +148,9 @@ class DagsterWebserver:
         for attempt in range(3 if self._auto_port else 1):
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
-                    self.argv(), cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                    preexec_fn=default_signals, close_fds=True)
+                    with_default_signals(self.argv()), cwd=self.cwd, env=env,
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, close_fds=True)
             try:
                 self.wait_ready()
                 return self

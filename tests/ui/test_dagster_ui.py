@@ -33,12 +33,12 @@ from pathlib import Path
 
 import pytest
 
+from cg_pipelines.local.spawn import with_default_signals
 from tests.support.dagster_dev import (
     PROJECT_ROOT,
     DagsterWebserver,
     asset_partitions,
     configure_dagster_home,
-    default_signals,
     stop_process_group,
 )
 
@@ -77,9 +77,9 @@ def _run_main_job(state: Path, log_path: Path) -> int:
            "CG_ADAPTIVE_MAX_MSGS": "0"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(state), str(LIMIT)], cwd=PROJECT_ROOT, env=env,
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=default_signals)
+            with_default_signals([sys.executable, "-c", _CHILD, str(state), str(LIMIT)]),
+            cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait(timeout=MAIN_JOB_TIMEOUT_S)
         except subprocess.TimeoutExpired:
