@@ -223,9 +223,10 @@ def start_spark_connect(state: Path, stages: Stages) -> SparkConnectServer | Non
 
 def warm_up_in_background(url: str) -> threading.Thread:
     """Warm the Connect server's JVM (:func:`~cg_pipelines.spark.session.warm_up_connect`)
-    while the flights publish. Start it after the nats-server: its gRPC threads make a fork
-    in this process abort the child (seen: the nats-server, whose start runs a
-    ``preexec_fn``, exited -6 with "epoll_wait error: Bad file descriptor")."""
+    while the flights publish. Started after the nats-server (seen when the server's start
+    still ran a ``preexec_fn``: with the gRPC threads running, the forked child exited -6 with
+    "epoll_wait error: Bad file descriptor"; no start runs one now,
+    :mod:`cg_pipelines.local.spawn`)."""
     # imported here, not in the thread: two threads importing cg_pipelines.spark at once (this
     # one and the code-location preload) fail with a partially initialized module
     from cg_pipelines.spark.session import warm_up_connect
