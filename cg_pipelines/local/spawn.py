@@ -20,6 +20,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from cg_pipelines.core.errors import UsageError
+
 __all__ = ["with_default_signals"]
 
 _EXEC = """\
@@ -47,8 +49,8 @@ def with_default_signals(argv: Sequence[str], *, die_with_parent: bool = False) 
     docstring).
 
     Raises:
-        ValueError: ``argv`` is empty.
+        UsageError: ``argv`` is empty.
     """
     if not argv:
-        raise ValueError("with_default_signals: argv must name a program")
+        raise UsageError("with_default_signals: argv must name a program")
     return [sys.executable, "-S", "-c", _EXEC, "1" if die_with_parent else "0", *map(str, argv)]

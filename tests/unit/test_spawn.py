@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cg_pipelines.core.errors import UsageError
 from cg_pipelines.local.spawn import with_default_signals
 
 SIGS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -67,5 +68,5 @@ def test_the_program_is_looked_up_on_the_path_and_gets_its_arguments() -> None:
 
 
 def test_no_program_is_refused() -> None:
-    with pytest.raises(ValueError, match="must name a program"):
+    with pytest.raises(UsageError, match="must name a program"):
         with_default_signals([])
